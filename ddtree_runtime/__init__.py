@@ -1,0 +1,1 @@
+"""ddtree_runtime."""
