@@ -1,0 +1,170 @@
+"""The hot-path seams: tree attention, tree build, tree walk and KV compaction.
+
+Every step of a decoding round that touches the tree goes through one of these methods, so that
+the Triton kernels (`kernels/backend.py`, `TritonBackend`) can replace them on CUDA. `TorchBackend`
+is the CPU path and the oracle the kernels are tested against; it favours clarity over speed.
+
+Tree conventions (DDTree, Ringel & Romano, arXiv 2604.12989): node 0 is the root (the bonus token of
+the last round); for i >= 1 `parents[i] < i`; node i sits at position `start + depth[i]` and its
+K/V are written at cache row `context_len + i`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class TorchBackend:
+    """Plain PyTorch implementation of the seams (SDPA with an explicit boolean mask)."""
+
+    name = "torch"
+
+    def tree_visibility(self, parents: Tensor, depth: Tensor) -> Tensor:
+        """Dense ancestor-or-self matrix `vis[i, j]` (bool [N, N]); `depth` is not needed here."""
+        return _ancestors(parents)
+
+    def attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: int,
+        visibility: Tensor | None,
+        scale: float,
+    ) -> Tensor:
+        """Attention of N new rows over `[0, context_len)` plus the visible new rows.
+
+        q: [Hq, N, D]; k_cache, v_cache: [Hkv, S_max, D] with the new rows already written at
+        `context_len .. context_len + N - 1`. Returns [Hq, N, D] in q's dtype (fp32 inside).
+        """
+        hq, n, _ = q.shape
+        hkv = k_cache.shape[0]
+        if hq % hkv:
+            raise RuntimeError(f"GQA needs Hq % Hkv == 0, got Hq={hq}, Hkv={hkv}")
+        total = context_len + n
+        k = k_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, T, D]
+        v = v_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, T, D]
+        if visibility is None:
+            tree = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        else:
+            tree = visibility
+        mask = torch.cat([torch.ones(n, context_len, dtype=torch.bool, device=q.device), tree], dim=1)
+        out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
+        return out.to(q.dtype)
+
+    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The `budget` most probable prefixes under the product of per-position marginals.
+
+        Best-first search over (depth, rank) with a heap: popping a node pushes its first child
+        (next depth, best token) and its next sibling (same depth, next-ranked token). Scores only
+        fall along both moves, so nodes pop in descending score order, every prefix pops before
+        its extensions (prefix-closed) and a parent always gets a smaller index than its children.
+        """
+        depth_max, vocab = draft_logits.shape
+        capacity = sum(vocab**d for d in range(1, depth_max + 1))
+        if not 1 <= budget <= capacity:
+            raise ValueError(
+                f"tree budget {budget} is outside 1..{capacity} (the number of distinct prefixes of "
+                f"depth <= {depth_max} over a vocabulary of {vocab}); pick a budget in that range"
+            )
+        k = min(budget, vocab)
+        top_scores, top_tokens = torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
+        scores, ranked = top_scores.tolist(), top_tokens.tolist()
+
+        tokens, parents, depths = [int(root_token)], [-1], [0]
+        heap = [(-scores[0][0], 0, 0, 0, 0.0)]  # (-score, depth index, rank, parent node, parent score)
+        while len(tokens) <= budget:
+            neg, d, r, parent, parent_score = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(ranked[d][r])
+            parents.append(parent)
+            depths.append(d + 1)
+            if d + 1 < depth_max:
+                heapq.heappush(heap, (neg - scores[d + 1][0], d + 1, 0, node, -neg))
+            if r + 1 < k:
+                heapq.heappush(heap, (-(parent_score + scores[d][r + 1]), d, r + 1, parent, parent_score))
+        device = draft_logits.device
+        return (
+            torch.tensor(tokens, dtype=torch.int64, device=device),
+            torch.tensor(parents, dtype=torch.int64, device=device),
+            torch.tensor(depths, dtype=torch.int64, device=device),
+        )
+
+    def tree_walk(
+        self,
+        tokens: Tensor,
+        parents: Tensor,
+        logits: Tensor,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Follow the target's own choice from the root while it matches a child.
+
+        Every node gets its choice up front (argmax, or an independent sample of
+        softmax(logits / T)); only the choices along the walk matter, so this is the sequential
+        walk's distribution exactly. Node j lies on the walk iff every node on its root path was
+        chosen by its parent. Siblings carry distinct tokens, so at most one node per depth is on
+        it. Returns path [N] (N - 1 is the deepest a tree of N nodes can be; padded with -1),
+        path_len (0-d, counts the root) and bonus (0-d: the last path node's choice).
+        """
+        n = tokens.shape[0]
+        if temperature > 0:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            choice = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [N]
+        else:
+            choice = logits.argmax(dim=-1)  # [N]
+        chosen = tokens == choice[parents.clamp(min=0)]
+        chosen[0] = True
+        vis = _ancestors(parents)  # ancestor-or-self [N, N]
+        on_path = ~(vis & ~chosen[None, :]).any(dim=1)  # [N]
+        depth = vis.sum(dim=1) - 1
+        slot = torch.where(on_path, depth, torch.full_like(depth, n))  # off-path nodes go to a spare slot
+        path = torch.full((n + 1,), -1, dtype=torch.int64, device=tokens.device)
+        path.scatter_(0, slot, torch.arange(n, device=tokens.device))
+        path = path[:n]
+        path_len = on_path.sum()
+        last = path.gather(0, (path_len - 1).reshape(1)).squeeze(0)
+        return path, path_len, choice[last]
+
+    def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
+        """Move accepted rows `context_len + path[a]` to `context_len + a` in every layer, in place.
+
+        k_cache, v_cache: [L, Hkv, S_max, D]. Rows past path_len copy onto themselves, so the
+        shapes stay static and nothing syncs with the host.
+        """
+        a = torch.arange(path.shape[0], device=path.device)
+        src = context_len + torch.where(a < path_len, path, a)
+        dst = context_len + a
+        for cache in (k_cache, v_cache):
+            cache[:, :, dst] = cache[:, :, src]
+
+
+def _ancestors(parents: Tensor) -> Tensor:
+    """Ancestor-or-self matrix (bool [N, N]) by boolean closure, without a host sync.
+
+    Repeated squaring of `I | parent-edge`: after t squarings it holds every ancestor up to 2**t
+    steps away, and a tree of N nodes is at most N - 1 deep.
+    """
+    n = parents.shape[0]
+    reach = torch.eye(n, device=parents.device, dtype=torch.float32)
+    # parents[0] == -1: clamped, the root points at itself, which the identity already holds.
+    reach[torch.arange(n, device=parents.device), parents.clamp(min=0)] = 1.0
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        reach = (reach @ reach).clamp(max=1.0)
+    return reach > 0
+
+
+def select_backend(device: torch.device) -> TorchBackend:
+    """The Triton backend on CUDA when the kernels package provides it, else the PyTorch one."""
+    if torch.device(device).type == "cuda":
+        try:
+            from kernels.backend import TritonBackend
+        except ImportError:
+            return TorchBackend()
+        return TritonBackend()
+    return TorchBackend()

@@ -1,0 +1,216 @@
+"""Model configs as dataclasses with derived fields, read from Hugging Face `config.json` files.
+
+The target is a Qwen3 dense decoder; the drafter is z-lab's DFlash format, whose drafting settings
+live under `dflash_config` with top-level keys as the fallback (as the reference reads them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A checkpoint config the runtime cannot serve; the message names the file, field and fix."""
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Parse a JSON file, naming the file and line on failure."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing (fix: point at a checkpoint directory with a config.json)") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+
+
+def _rope_theta(raw: dict[str, Any], path: Path) -> float:
+    """rope_theta from the top level or transformers 5's `rope_parameters`; only plain RoPE is served."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        raise ConfigError(f"{path}: rope type {kind!r} is not supported (fix: use a checkpoint with plain RoPE)")
+    return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+
+
+def _require(raw: dict[str, Any], key: str, path: Path) -> Any:
+    if key not in raw:
+        raise ConfigError(f"{path}: missing field {key!r} (fix: add it; it is part of the HF config)")
+    return raw[key]
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    """The dense Qwen3 target (also the shape of each DFlash draft layer)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def q_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], path: Path) -> Qwen3Config:
+        model_type = raw.get("model_type", "qwen3")
+        if model_type != "qwen3":
+            raise ConfigError(
+                f"{path}: model_type {model_type!r} is not served by this runtime (fix: use a dense "
+                "Qwen3 target, model_type 'qwen3')"
+            )
+        heads = int(_require(raw, "num_attention_heads", path))
+        hidden = int(_require(raw, "hidden_size", path))
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        if heads % kv_heads:
+            raise ConfigError(
+                f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
+        eos = raw.get("eos_token_id")
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+        return cls(
+            vocab_size=int(_require(raw, "vocab_size", path)),
+            hidden_size=hidden,
+            intermediate_size=int(_require(raw, "intermediate_size", path)),
+            num_hidden_layers=int(_require(raw, "num_hidden_layers", path)),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(raw, path),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            eos_token_ids=eos_ids,
+        )
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> Qwen3Config:
+        path = Path(directory) / "config.json"
+        return cls.from_dict(read_json(path), path)
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """A DFlash drafter: Qwen3-shaped draft layers fed by the target's hidden states."""
+
+    layers: Qwen3Config
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    is_causal: bool | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+
+    @property
+    def causal(self) -> tuple[bool, ...]:
+        """Per layer: sliding layers are causal and full ones are not, unless `is_causal` is set."""
+        if self.is_causal is not None:
+            return (self.is_causal,) * len(self.layer_types)
+        return tuple(t == "sliding_attention" for t in self.layer_types)
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Per layer: the sliding window, or None for full attention."""
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], path: Path) -> DFlashConfig:
+        nested = raw.get("dflash_config") or {}
+
+        def value(name: str, default: Any = None) -> Any:
+            return nested.get(name, raw.get(name, default))
+
+        layers = Qwen3Config.from_dict({**raw, "model_type": "qwen3"}, path)
+        n_layers = layers.num_hidden_layers
+        num_target = int(value("num_target_layers", 0))
+        ids = value("target_layer_ids")
+        if ids is None:
+            if not num_target:
+                raise ConfigError(
+                    f"{path}: neither dflash_config.target_layer_ids nor num_target_layers is set "
+                    "(fix: add dflash_config.target_layer_ids)"
+                )
+            ids = default_target_layer_ids(num_target, n_layers)
+        mask = value("mask_token_id")
+        if mask is None:
+            raise ConfigError(f"{path}: dflash_config.mask_token_id is missing (fix: add the target's mask id)")
+        types = tuple(raw.get("layer_types") or ("full_attention",) * n_layers)
+        if len(types) != n_layers:
+            raise ConfigError(
+                f"{path}: layer_types has {len(types)} entries for {n_layers} layers (fix: one per layer)"
+            )
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ConfigError(f"{path}: unknown layer_types {unknown} (fix: full_attention or sliding_attention)")
+        window = raw.get("sliding_window")
+        if "sliding_attention" in types and not window:
+            raise ConfigError(f"{path}: sliding layers need a sliding_window (fix: set sliding_window)")
+        block = int(value("block_size", 16))
+        if block < 2:
+            raise ConfigError(f"{path}: block_size {block} leaves no draft positions (fix: block_size >= 2)")
+        causal = raw.get("is_causal")
+        softcap = value("final_logit_softcapping")
+        return cls(
+            layers=layers,
+            block_size=block,
+            mask_token_id=int(mask),
+            target_layer_ids=tuple(int(i) for i in ids),
+            num_target_layers=num_target,
+            layer_types=types,
+            sliding_window=int(window) if window else None,
+            is_causal=None if causal is None else bool(causal),
+            input_embedding_scale=float(value("input_embedding_scale", 1.0)),
+            output_multiplier=float(value("output_multiplier", 1.0)),
+            final_logit_softcapping=float(softcap) if softcap else None,
+        )
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> DFlashConfig:
+        path = Path(directory) / "config.json"
+        return cls.from_dict(read_json(path), path)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's default spread of captured layers: from layer 1 to L - 3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def check_pair(target_dir: Path, drafter_dir: Path) -> None:
+    """Refuse a drafter that does not fit its target, with the `specops config lint` findings.
+
+    The lint (ops/drafter_config) is the one set of rules; running it here means a bad pair fails at
+    load time with a DFL code and a fix, never deep inside a matmul.
+    """
+    from ops.drafter_config.findings import format_findings
+    from ops.drafter_config.lint import lint_pair
+    from ops.drafter_config.source import LintInputError
+
+    try:
+        report = lint_pair(str(drafter_dir), str(target_dir))
+    except LintInputError as e:
+        raise ConfigError(str(e)) from None
+    if report.errors:
+        raise ConfigError(
+            f"drafter {drafter_dir} does not fit target {target_dir}:\n{format_findings(report)}"
+        )

@@ -1,0 +1,99 @@
+"""Load Hugging Face checkpoint directories into our modules.
+
+Weights are memory-mapped with `safetensors.safe_open` (one file, or the shards an
+`model.safetensors.index.json` names) and cast to the requested dtype as they move to the device;
+modules are built on the meta device first so that no random initialisation is ever paid for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from ddtree_runtime.config import ConfigError, DFlashConfig, Qwen3Config, check_pair
+from ddtree_runtime.models.dflash import DFlashDrafter
+from ddtree_runtime.models.qwen3 import Qwen3
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the index's shards, else `*.safetensors`."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (directory / s).exists()]
+        if missing:
+            raise ConfigError(f"{index}: shards {missing} are missing (fix: download the whole checkpoint)")
+        return [directory / s for s in shards]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"{directory}: no *.safetensors weights (fix: point at a checkpoint directory)")
+    return files
+
+
+def read_state_dict(
+    directory: Path, rename: Callable[[str], str | None], device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    """Every tensor `rename` keeps (None drops it), memory-mapped, then cast on the device."""
+    state = {}
+    for file in weight_files(directory):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                name = rename(key)
+                if name is not None:
+                    state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+    return state
+
+
+def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ConfigError(
+            f"{directory}: weights do not match the config: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]} (fix: check config.json against the checkpoint)"
+        )
+
+
+def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3:
+    """A Qwen3 target; HF names lose their `model.` prefix and a tied head shares the embedding."""
+    directory = Path(directory)
+    cfg = Qwen3Config.from_dir(directory)
+    with torch.device("meta"):
+        model = Qwen3(cfg)
+
+    def rename(key: str) -> str | None:
+        if key.startswith("mtp."):
+            return None
+        return key.removeprefix("model.")
+
+    state = read_state_dict(directory, rename, device, dtype)
+    if (cfg.tie_word_embeddings or "lm_head.weight" not in state) and "embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    _load_into(model, state, directory)
+    return model.eval()
+
+
+def load_drafter(directory: str | Path, device: torch.device, dtype: torch.dtype) -> DFlashDrafter:
+    """A DFlash drafter (z-lab names: `layers.*`, `fc`, `hidden_norm`, `norm`)."""
+    directory = Path(directory)
+    cfg = DFlashConfig.from_dir(directory)
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    state = read_state_dict(directory, lambda k: k.removeprefix("model."), device, dtype)
+    _load_into(model, state, directory)
+    return model.eval()
+
+
+def load_pair(
+    target_dir: str | Path, drafter_dir: str | Path | None, device: torch.device, dtype: torch.dtype
+) -> tuple[Qwen3, DFlashDrafter | None]:
+    """Target and drafter, refusing a drafter that does not fit before any weight is read."""
+    if drafter_dir is not None:
+        check_pair(Path(target_dir), Path(drafter_dir))
+    target = load_target(target_dir, device, dtype)
+    drafter = None if drafter_dir is None else load_drafter(drafter_dir, device, dtype)
+    return target, drafter

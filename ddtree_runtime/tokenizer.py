@@ -1,0 +1,71 @@
+"""Tokenizer from `tokenizer.json` (the `tokenizers` library) plus the chat template, if any.
+
+The chat template lives in `tokenizer_config.json` (or `chat_template.jinja`) and is rendered with a
+sandboxed Jinja2 environment set up the way transformers renders it, so prompts match the model's
+training format without importing transformers on the GPU host.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from ddtree_runtime.config import ConfigError, read_json
+
+
+def _raise(message: str) -> None:
+    raise ConfigError(f"chat template: {message}")
+
+
+class Tokenizer:
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        path = directory / "tokenizer.json"
+        if not path.exists():
+            raise ConfigError(f"{path}: missing (fix: copy the model's tokenizer.json next to its config.json)")
+        self.tok = HFTokenizer.from_file(str(path))
+        cfg_path = directory / "tokenizer_config.json"
+        cfg = read_json(cfg_path) if cfg_path.exists() else {}
+        template = cfg.get("chat_template")
+        jinja_file = directory / "chat_template.jinja"
+        if template is None and jinja_file.exists():
+            template = jinja_file.read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template = template
+        self.special = {k: _token_text(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
+        self.eos_token_id = self.token_id(self.special["eos_token"])
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self.tok.token_to_id(text)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
+        """The prompt text for a conversation, ending with the assistant's turn opened."""
+        if self.chat_template is None:
+            raise ConfigError("this tokenizer has no chat template (fix: send a plain prompt)")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        template = env.from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=True, **self.special)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Token ids for a user prompt: through the chat template when the model has one."""
+        if self.chat_template is not None:
+            text = self.apply_chat_template([{"role": "user", "content": text}])
+        return self.encode(text)
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config stores special tokens as strings or as AddedToken dicts."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value

@@ -1,0 +1,64 @@
+"""TritonBackend: the DDTree hot-path seams of ``ddtree_runtime.backend.TorchBackend``, on Triton.
+
+Same method names, arguments and results as TorchBackend (the oracle), composed of this package's
+kernels (DDTree, Ringel & Romano, arXiv 2604.12989): ``tree_visibility`` returns ancestor bitmasks
+(``TreeVisibility``) instead of a dense [N, N] mask, and everything stays on the device with no
+host sync. ``ddtree_runtime.backend.select_backend`` picks this class on CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels.kv_compact import compact
+from kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
+from kernels.tree_build import build_tree, candidate_pairs
+from kernels.tree_walk import tree_walk
+
+
+class TritonBackend:
+    """The Triton kernels behind TorchBackend's interface; holds the per-budget candidate tables."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int, torch.device], tuple[Tensor, Tensor]] = {}
+
+    def tree_visibility(self, parents: Tensor, depth: Tensor) -> TreeVisibility:
+        """Ancestor-or-self bitmasks int32 [N, ceil(N / 32)], built by one launch."""
+        return tree_visibility(parents, depth)
+
+    def attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: int,
+        visibility: TreeVisibility | None,
+        scale: float,
+    ) -> Tensor:
+        """q [Hq, N, D] over the context and the visible tree rows; [Hq, N, D] in q's dtype."""
+        return tree_attention(q, k_cache, v_cache, context_len, visibility, scale)
+
+    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens, parents, depth [budget + 1] of the top-budget prefixes (same set as the heap)."""
+        key = (budget, min(budget, draft_logits.shape[1]), draft_logits.device)
+        if key not in self._pairs:
+            self._pairs[key] = candidate_pairs(*key)
+        return build_tree(draft_logits, budget, root_token, self._pairs[key])
+
+    def tree_walk(
+        self,
+        tokens: Tensor,
+        parents: Tensor,
+        logits: Tensor,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """path [N], path_len, bonus: the target's own choices followed down the tree."""
+        return tree_walk(tokens, parents, logits, temperature, generator)
+
+    def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
+        """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
+        compact(k_cache, v_cache, context_len, path, path_len)

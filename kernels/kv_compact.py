@@ -1,0 +1,85 @@
+"""KV compaction: move the accepted path's K/V rows into place, every layer, one launch.
+
+After a DDTree round (Ringel & Romano, arXiv 2604.12989) the accepted nodes ``path[0..a)`` sit at
+cache rows ``C + path[a]`` (C = context_len); the next round needs them contiguous at ``C + a``.
+Node indices grow along a root path (``parents[i] < i``), so ``path[a] >= a``: a row never moves
+up, and in a single pass over ``a`` in increasing order no destination overwrites a source that is
+still to be read, *provided* each chunk of rows is fully read before it is written. One program
+per (layer, KV head, K or V) copies ``path_len`` rows of D elements in chunks of BLOCK_P rows, with
+a barrier between a chunk's loads and its stores. Rows with ``path[a] == a`` are skipped.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _compact_kernel(
+    K, V, PATH, PATH_LEN,
+    stride_kh, stride_ks, stride_kd,
+    stride_vh, stride_vs, stride_vd,
+    context_len, n_path,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    head = tl.program_id(0)  # layer * Hkv + kv head: the caches are [L * Hkv, S_max, D] here
+    if tl.program_id(1) == 0:
+        base = K + head * stride_kh
+        stride_s = stride_ks
+        stride_d = stride_kd
+    else:
+        base = V + head * stride_vh
+        stride_s = stride_vs
+        stride_d = stride_vd
+    dims = tl.arange(0, D_PAD)
+    dim_ok = dims < HEAD_DIM
+    length = tl.minimum(tl.load(PATH_LEN).to(tl.int32), n_path)
+    for start in range(0, length, BLOCK_P):
+        a = start + tl.arange(0, BLOCK_P)
+        src = tl.load(PATH + a, mask=a < length, other=0).to(tl.int32)
+        move = (a < length) & (src != a)
+        rows = tl.load(
+            base + (context_len + src)[:, None] * stride_s + dims[None, :] * stride_d,
+            mask=move[:, None] & dim_ok[None, :],
+        )
+        tl.debug_barrier()
+        tl.store(
+            base + (context_len + a)[:, None] * stride_s + dims[None, :] * stride_d,
+            rows,
+            mask=move[:, None] & dim_ok[None, :],
+        )
+
+
+def compact(k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
+    """In place: for a < path_len, row ``context_len + path[a]`` -> ``context_len + a`` in [L, Hkv, S_max, D]."""
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise RuntimeError(
+            f"compact wants k/v caches [L, Hkv, S_max, D] of one shape, got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}"
+        )
+    layers, hkv, s_max, d = k_cache.shape
+    if context_len + path.shape[0] > s_max:
+        raise RuntimeError(f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows")
+    k3 = k_cache.view(layers * hkv, s_max, d)  # view: needs the layer and head dims mergeable
+    v3 = v_cache.view(layers * hkv, s_max, d)
+    _compact_kernel[(layers * hkv, 2)](
+        k3, v3, path, path_len,
+        *k3.stride(), *v3.stride(),
+        context_len, path.shape[0],
+        HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_P=16,
+        num_warps=4,
+    )
+
+
+def compact_reference(k_cache: Tensor, v_cache: Tensor, context_len: int, path: list[int]) -> None:
+    """Row-by-row copy in increasing order on the host-visible tensors (the test oracle)."""
+    for a, src in enumerate(path):
+        for cache in (k_cache, v_cache):
+            cache[:, :, context_len + a] = cache[:, :, context_len + src].clone()
+
+
+__all__ = ["compact", "compact_reference"]

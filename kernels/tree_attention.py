@@ -1,0 +1,402 @@
+"""Tree attention: N tree queries over the cached context plus their own ancestors.
+
+DDTree (Ringel & Romano, arXiv 2604.12989) verifies a whole draft tree in one target pass. Node i
+(best-first order, ``parents[i] < i``) sits at cache row ``C + i`` (C = context_len) and sees
+
+    every context row p < C,   and tree row C + j   iff   j is i or an ancestor of i.
+
+**Visibility description: per-node ancestor bitmasks.** ``bits[i, j // 32] >> (j % 32) & 1`` is 1
+iff j is an ancestor-or-self of i (int32 words, [N, ceil(N / 32)]: 132 KB for N = 1025). We chose
+bitmasks over DFS pre/post-order intervals because the seam hands us best-first order: intervals
+need a depth-first renumbering (subtree sizes, then a prefix sum over siblings), a sequential scan
+or several launches per round, while a bitmask row is one independent walk up the parent chain per
+node (``tree_visibility``: one launch, ``depth[i] + 1`` dependent loads per program, no host sync).
+Inside the attention kernel the bitmask costs one gathered word per (query, key) pair on the
+<= N / BLOCK_N tree tiles only; ``benchmarks/kernels_bench.py`` measures it against the causal
+chain (no gather at all), which bounds what intervals could save. Because ``parents[i] < i``,
+ancestors of i have indices <= i, so key tiles past a query tile's last node are skipped (the same
+saving as a causal mask). ``visibility=None`` is that causal chain (ar prefill, decode = N = 1).
+
+**Kernel.** One program per (block of packed query rows, KV head, key split). GQA is packed: the
+``G = Hq / Hkv`` query heads that share a KV head become rows ``r = node * G + g`` of one tile, so K/V
+are read once per group. Online softmax in base 2 with fp32 accumulators: for each key tile,
+``m' = max(m, max_j s_j)``, ``l' = l * 2^(m - m') + sum_j 2^(s_j - m')``,
+``acc' = acc * 2^(m - m') + P V``; the output is ``acc / l``. When the tree is small the context is
+split into S key ranges (split-K) so that the grid fills the GPU; each split writes ``(acc, m, l)``
+and a second kernel merges them: ``M = max_s m_s``, ``out = sum_s 2^(m_s - M) acc_s /
+sum_s 2^(m_s - M) l_s``. Tiles wholly inside the context take an unmasked path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class TreeVisibility:
+    """Ancestor-or-self bitmasks of a tree: ``bits`` int32 [N, ceil(N / 32)] on the device."""
+
+    bits: Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return self.bits.shape[0]
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Launch configuration; ``splits=None`` lets the wrapper choose split-K from the grid size."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    splits: int | None = None
+
+
+@triton.jit
+def _visibility_kernel(
+    PARENTS, DEPTH, BITS,
+    stride_bn,
+    WORDS: tl.constexpr,
+    WORDS_PAD: tl.constexpr,
+):
+    """Program i walks from node i to the root, setting one bit per node it passes."""
+    node = tl.program_id(0)
+    words = tl.arange(0, WORDS_PAD)
+    acc = tl.zeros([WORDS_PAD], dtype=tl.int32)
+    steps = tl.load(DEPTH + node).to(tl.int32) + 1
+    cur = node.to(tl.int32)
+    for _ in range(steps):
+        bit = (tl.full([WORDS_PAD], 1, tl.int32) << (cur % 32)).to(tl.int32)
+        acc = tl.where(words == cur // 32, acc | bit, acc)
+        cur = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
+    tl.store(BITS + node * stride_bn + words, acc, mask=words < WORDS)
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """PRECISION 0: native (bf16/fp16 tensor cores), 1: fp32 "ieee", 2: upcast to fp32 first.
+
+    2 exists for the CPU interpreter, which stores bf16 as uint16 and would multiply the raw bits.
+    """
+    if PRECISION == 2:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif PRECISION == 1:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _tree_attention_kernel(
+    Q, K, V, BITS, OUT, PART_ACC, PART_ML,
+    stride_qh, stride_qn, stride_qd,
+    stride_kh, stride_ks, stride_kd,
+    stride_vh, stride_vs, stride_vd,
+    stride_oh, stride_on, stride_od,
+    stride_bn,
+    stride_ps, stride_ph, stride_pn,
+    n_nodes, context_len, keys_per_split, qk_scale,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    pid_m = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: node * GROUP + g
+    node = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = node < n_nodes
+    dims = tl.arange(0, D_PAD)
+    dim_ok = dims < HEAD_DIM
+    q = tl.load(
+        Q + head[:, None] * stride_qh + node[:, None] * stride_qn + dims[None, :] * stride_qd,
+        mask=row_ok[:, None] & dim_ok[None, :],
+        other=0.0,
+    )
+
+    # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
+    # last node is visible (causal skip).
+    last_node = tl.minimum((pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
+    lo = split * keys_per_split
+    hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
+    ctx_full = (context_len // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    k_base = K + kvh * stride_kh + dims[:, None] * stride_kd
+    v_base = V + kvh * stride_vh + dims[None, :] * stride_vd
+
+    # phase 1: whole tiles inside the context, every key visible
+    for start in range(lo, tl.minimum(hi, ctx_full), BLOCK_N):
+        pos = start + offs_n
+        k = tl.load(k_base + pos[None, :] * stride_ks, mask=dim_ok[:, None], other=0.0)
+        s = _dot(q, k, PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + pos[:, None] * stride_vs, mask=dim_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        m_i = m_new
+
+    # phase 2: the context's ragged tail and the tree rows, masked
+    for start in range(tl.maximum(lo, ctx_full), hi, BLOCK_N):
+        pos = start + offs_n
+        key_ok = pos < hi
+        k = tl.load(k_base + pos[None, :] * stride_ks, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
+        s = _dot(q, k, PRECISION) * qk_scale
+        j = pos - context_len  # tree index of the key (negative inside the context)
+        in_tree = (j >= 0) & key_ok
+        if TREE:
+            word = tl.load(
+                BITS + node[:, None] * stride_bn + (tl.maximum(j, 0) // 32)[None, :],
+                mask=row_ok[:, None] & in_tree[None, :],
+                other=0,
+            )
+            seen = ((word >> (tl.maximum(j, 0) % 32)[None, :]) & 1) != 0
+        else:
+            seen = j[None, :] <= node[:, None]
+        visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + pos[:, None] * stride_vs, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        m_i = m_new
+
+    out_mask = row_ok[:, None] & dim_ok[None, :]
+    if SPLIT:
+        part = split * stride_ps + head * stride_ph + node * stride_pn
+        tl.store(PART_ACC + part[:, None] + dims[None, :], acc, mask=out_mask)
+        tl.store(PART_ML + 2 * (part // D_PAD), m_i, mask=row_ok)
+        tl.store(PART_ML + 2 * (part // D_PAD) + 1, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i == 0 only on padding rows
+        tl.store(
+            OUT + head[:, None] * stride_oh + node[:, None] * stride_on + dims[None, :] * stride_od,
+            out.to(OUT.dtype.element_ty),
+            mask=out_mask,
+        )
+
+
+@triton.jit
+def _merge_splits_kernel(
+    PART_ACC, PART_ML, OUT,
+    stride_ps, stride_ph, stride_pn,
+    stride_oh, stride_on, stride_od,
+    n_nodes, n_splits,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Merge the splits' (acc, m, l) of BLOCK_R nodes of one head: one log-sum-exp per row."""
+    node = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    head = tl.program_id(1)
+    dims = tl.arange(0, D_PAD)
+    row_ok = node < n_nodes
+    m_all = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    for s in range(n_splits):
+        base = (s * stride_ps + head * stride_ph + node * stride_pn) // D_PAD
+        m_all = tl.maximum(m_all, tl.load(PART_ML + 2 * base, mask=row_ok, other=float("-inf")))
+    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
+    for s in range(n_splits):
+        part = s * stride_ps + head * stride_ph + node * stride_pn
+        m_s = tl.load(PART_ML + 2 * (part // D_PAD), mask=row_ok, other=float("-inf"))
+        l_s = tl.load(PART_ML + 2 * (part // D_PAD) + 1, mask=row_ok, other=0.0)
+        w = tl.math.exp2(m_s - m_safe)
+        l_all += w * l_s
+        a_s = tl.load(PART_ACC + part[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+        acc += w[:, None] * a_s
+    out = acc / tl.where(row_ok, l_all, 1.0)[:, None]
+    tl.store(
+        OUT + head * stride_oh + node[:, None] * stride_on + dims[None, :] * stride_od,
+        out.to(OUT.dtype.element_ty),
+        mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :],
+    )
+
+
+def _precision(dtype: torch.dtype) -> int:
+    if dtype == torch.float32:
+        return 1
+    return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 0
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _default_config(rows: int, device: torch.device) -> AttentionConfig:
+    """Small row counts (decode, small trees) are memory-bound: short tiles, many splits."""
+    if rows <= 16:
+        return AttentionConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+    if rows <= 256:
+        return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int, visibility) -> None:
+    if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
+        raise RuntimeError(
+            f"tree attention wants q [Hq, N, D] and k/v caches [Hkv, S_max, D] of one shape, got "
+            f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}, v {tuple(v_cache.shape)}"
+        )
+    hq, n, d = q.shape
+    hkv, s_max, dk = k_cache.shape
+    if dk != d or hq % hkv:
+        raise RuntimeError(f"tree attention needs equal head dims and Hq % Hkv == 0, got q {tuple(q.shape)}, k {tuple(k_cache.shape)}")
+    if not 0 <= context_len <= s_max - n:
+        raise RuntimeError(f"context_len {context_len} + {n} tree rows does not fit the cache of {s_max} rows")
+    if d < 16:
+        raise RuntimeError(f"tree attention needs head_dim >= 16 (tl.dot tiles), got {d}")
+    if visibility is not None and visibility.num_nodes != n:
+        raise RuntimeError(f"visibility describes {visibility.num_nodes} nodes but q has {n} rows")
+
+
+def tree_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    context_len: int,
+    visibility: TreeVisibility | None,
+    scale: float,
+    config: AttentionConfig | None = None,
+) -> Tensor:
+    """q [Hq, N, D] over cache rows [0, context_len) plus the visible tree rows; returns [Hq, N, D]."""
+    _check_inputs(q, k_cache, v_cache, context_len, visibility)
+    hq, n, d = q.shape
+    hkv = k_cache.shape[0]
+    group = hq // hkv
+    rows = n * group
+    cfg = config or _default_config(rows, q.device)
+    d_pad = max(16, triton.next_power_of_2(d))
+    m_tiles = triton.cdiv(rows, cfg.block_m)
+    total = context_len + n
+    key_tiles = triton.cdiv(total, cfg.block_n)
+    splits = cfg.splits
+    if splits is None:
+        want = 2 * _num_sms(q.device)
+        splits = min(max(1, want // (m_tiles * hkv)), max(1, key_tiles // 4))
+    tiles_per_split = triton.cdiv(key_tiles, max(1, splits))
+    keys_per_split = tiles_per_split * cfg.block_n
+    splits = triton.cdiv(total, keys_per_split)
+
+    out = torch.empty_like(q)
+    bits = visibility.bits if visibility is not None else q.new_zeros(1, 1, dtype=torch.int32)
+    if splits > 1:
+        part_acc = torch.empty(splits, hq, n, d_pad, device=q.device, dtype=torch.float32)
+        part_ml = torch.empty(splits, hq, n, 2, device=q.device, dtype=torch.float32)
+    else:
+        part_acc = part_ml = out  # unused
+    _tree_attention_kernel[(m_tiles, hkv, splits)](
+        q, k_cache, v_cache, bits, out, part_acc, part_ml,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        bits.stride(0),
+        hq * n * d_pad, n * d_pad, d_pad,
+        n, context_len, keys_per_split, scale * _LOG2E,
+        GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        TREE=visibility is not None, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        block_r = 16
+        _merge_splits_kernel[(triton.cdiv(n, block_r), hq)](
+            part_acc, part_ml, out,
+            hq * n * d_pad, n * d_pad, d_pad,
+            *out.stride(),
+            n, splits,
+            HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=block_r,
+            num_warps=4,
+        )
+    return out
+
+
+def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
+    """Ancestor-or-self bitmasks from ``parents`` (parents[i] < i, root -1) and ``depth``, on the device."""
+    if parents.dim() != 1 or depth.shape != parents.shape:
+        raise RuntimeError(f"parents and depth must be [N], got {tuple(parents.shape)} and {tuple(depth.shape)}")
+    n = parents.shape[0]
+    words = triton.cdiv(n, 32)
+    bits = torch.empty(n, words, device=parents.device, dtype=torch.int32)
+    _visibility_kernel[(n,)](
+        parents, depth, bits, bits.stride(0),
+        WORDS=words, WORDS_PAD=triton.next_power_of_2(words),
+        num_warps=1,
+    )
+    return TreeVisibility(bits)
+
+
+def ancestors_reference(parents: Tensor) -> Tensor:
+    """Dense ancestor-or-self matrix (bool [N, N]) by walking parents on the host: the test oracle."""
+    n = parents.shape[0]
+    par = parents.tolist()
+    vis = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            vis[i, j] = True
+            j = par[j]
+    return vis.to(parents.device)
+
+
+def tree_attention_reference(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int, parents: Tensor | None, scale: float
+) -> Tensor:
+    """SDPA in fp32 with the dense mask built from ``parents`` (None: causal chain)."""
+    hq, n, _ = q.shape
+    hkv = k_cache.shape[0]
+    total = context_len + n
+    k = k_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)
+    v = v_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)
+    if parents is None:
+        tree = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    else:
+        tree = ancestors_reference(parents)
+    mask = torch.cat([torch.ones(n, context_len, dtype=torch.bool, device=q.device), tree], dim=1)
+    return F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale).to(q.dtype)
+
+
+def attention_flops(hq: int, n: int, context_len: int, head_dim: int) -> float:
+    """Useful FLOPs of tree attention if every query saw every key (the dense-SDPA count)."""
+    return 4.0 * hq * n * (context_len + n) * head_dim
+
+
+__all__ = [
+    "AttentionConfig",
+    "TreeVisibility",
+    "ancestors_reference",
+    "attention_flops",
+    "tree_attention",
+    "tree_attention_reference",
+    "tree_visibility",
+]
+

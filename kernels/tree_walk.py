@@ -1,0 +1,159 @@
+"""Tree-walk acceptance: follow the target's own choice from the root while it matches a child.
+
+DDTree (Ringel & Romano, arXiv 2604.12989) verifies a draft tree with the target alone: at the
+current node (starting at the root, node 0) the target *chooses* a token (argmax at T = 0, a sample
+of softmax(logits / T) at T > 0); if a child carries that token the walk moves there, otherwise the
+choice is the bonus token and the round ends. Invariant: the tokens emitted are exactly the tokens
+plain decoding would emit (T = 0), or a sample from the target's own distribution (T > 0), because
+each choice is made from the target's logits at a node whose prefix is already accepted.
+
+Two launches, no host sync:
+  1. ``_choice_kernel``: every node's choice in parallel (programs over rows; a running argmax over
+     vocabulary chunks, first index on ties like ``torch.argmax``). Sampling is Gumbel-max,
+     ``argmax_t(logits_t / T - log(-log u_t))`` with ``u`` from Philox seeded on the device, which
+     draws exactly from softmax(logits / T). Choices off the walk are never used, so drawing them
+     up front does not change the walk's distribution.
+  2. ``_walk_kernel``: one program holds ``parents`` and ``tokens`` in registers and steps down the
+     tree: next = the child of ``cur`` whose token equals ``choice[cur]`` (siblings carry distinct
+     tokens, so at most one matches).
+Outputs, matching ``TorchBackend.tree_walk``: path [N] int64 (node indices from 0, padded with -1),
+path_len (0-d, counts the root) and bonus (0-d, the last path node's choice).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _choice_kernel(
+    LOGITS, SEED, CHOICE,
+    stride_ln, stride_lv,
+    n_rows, vocab, inv_temperature,
+    SAMPLE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, BLOCK_V)
+    best = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    best_idx = tl.zeros([BLOCK_R], dtype=tl.int32)
+    if SAMPLE:
+        seed = tl.load(SEED)
+    for start in range(0, vocab, BLOCK_V):
+        idx = start + cols
+        ok = row_ok[:, None] & (idx < vocab)[None, :]
+        x = tl.load(LOGITS + rows[:, None] * stride_ln + idx[None, :] * stride_lv, mask=ok, other=float("-inf"))
+        x = x.to(tl.float32)
+        if SAMPLE:
+            u = tl.rand(seed, rows[:, None] * vocab + idx[None, :])
+            x = x * inv_temperature - tl.log(-tl.log(u))
+            x = tl.where(ok, x, float("-inf"))
+        chunk_max = tl.max(x, 1)
+        chunk_idx = tl.min(tl.where(x == chunk_max[:, None], idx[None, :], 2147483647), 1)
+        take = chunk_max > best
+        best_idx = tl.where(take, chunk_idx, best_idx)
+        best = tl.where(take, chunk_max, best)
+    tl.store(CHOICE + rows, best_idx.to(tl.int64), mask=row_ok)
+
+
+@triton.jit
+def _walk_kernel(
+    TOKENS, PARENTS, CHOICE, PATH, PATH_LEN, BONUS,
+    n_nodes,
+    N_PAD: tl.constexpr,
+):
+    idx = tl.arange(0, N_PAD)
+    ok = idx < n_nodes
+    par = tl.load(PARENTS + idx, mask=ok, other=-2)
+    tok = tl.load(TOKENS + idx, mask=ok, other=-1)
+    path = tl.where(idx == 0, 0, -1).to(tl.int64)
+    length = tl.full([], 1, tl.int32)
+    bonus = tl.load(CHOICE)
+    cur = tl.full([], 0, tl.int32)
+    while cur >= 0:
+        choice = tl.load(CHOICE + cur)
+        hit = (par == cur) & (tok == choice)
+        nxt = tl.max(tl.where(hit, idx, -1), 0)
+        path = tl.where(idx == length, nxt.to(tl.int64), path)
+        length += (nxt >= 0).to(tl.int32)
+        bonus = tl.where(nxt < 0, choice, bonus)
+        cur = nxt
+    tl.store(PATH + idx, path, mask=ok)
+    tl.store(PATH_LEN, length.to(tl.int64))
+    tl.store(BONUS, bonus)
+
+
+def _seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """A Philox seed drawn on the device from ``generator`` (a device-side draw, no host sync)."""
+    gen_device = generator.device if generator is not None else device
+    seed = torch.randint(0, 2**31 - 1, (1,), device=gen_device, generator=generator, dtype=torch.int64)
+    return seed.to(device)
+
+
+def node_choices(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+    """Each row's choice ([N] int64): argmax (T == 0) or a Gumbel-max sample of softmax(logits / T)."""
+    if logits.dim() != 2:
+        raise RuntimeError(f"logits must be [N, V], got {tuple(logits.shape)}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    n, vocab = logits.shape
+    choice = torch.empty(n, dtype=torch.int64, device=logits.device)
+    sample = temperature > 0
+    seed = _seed(generator, logits.device) if sample else choice
+    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 4
+    block_r = max(1, min(16, triton.next_power_of_2(max(1, n // (2 * sms)))))
+    block_v = min(4096 // block_r, triton.next_power_of_2(vocab))
+    _choice_kernel[(triton.cdiv(n, block_r),)](
+        logits, seed, choice,
+        *logits.stride(),
+        n, vocab, 1.0 / temperature if sample else 1.0,
+        SAMPLE=sample, BLOCK_R=block_r, BLOCK_V=block_v,
+        num_warps=4 if block_v >= 1024 else 1,
+    )
+    return choice
+
+
+def tree_walk(
+    tokens: Tensor, parents: Tensor, logits: Tensor, temperature: float, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """path [N], path_len (0-d), bonus (0-d), all int64 on the device; see the module docstring."""
+    n = tokens.shape[0]
+    if parents.shape != (n,) or logits.shape[0] != n:
+        raise RuntimeError(
+            f"tree walk wants tokens [N], parents [N], logits [N, V]; got {tuple(tokens.shape)}, "
+            f"{tuple(parents.shape)}, {tuple(logits.shape)}"
+        )
+    choice = node_choices(logits, temperature, generator)
+    return walk_choices(tokens, parents, choice)
+
+
+def walk_choices(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The walk itself, given every node's choice ([N] int64)."""
+    n = tokens.shape[0]
+    path = torch.empty(n, dtype=torch.int64, device=tokens.device)
+    path_len = torch.empty((), dtype=torch.int64, device=tokens.device)
+    bonus = torch.empty((), dtype=torch.int64, device=tokens.device)
+    _walk_kernel[(1,)](
+        tokens, parents, choice, path, path_len, bonus,
+        n,
+        N_PAD=max(16, triton.next_power_of_2(n)),
+        num_warps=4,
+    )
+    return path, path_len, bonus
+
+
+def tree_walk_reference(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[list[int], int]:
+    """Host walk given each node's choice: (path node indices, bonus)."""
+    tok, par, ch = tokens.tolist(), parents.tolist(), choice.tolist()
+    children: dict[int, dict[int, int]] = {}
+    for i in range(1, len(tok)):
+        children.setdefault(par[i], {})[tok[i]] = i
+    path = [0]
+    while (nxt := children.get(path[-1], {}).get(ch[path[-1]])) is not None:
+        path.append(nxt)
+    return path, ch[path[-1]]

@@ -1,0 +1,560 @@
+"""One interface over SSH hosts (Fabric/Paramiko) and the local machine (subprocess).
+
+Steps talk to a `Connection` only: `run` a shell command, ranged `read_bytes`, atomic
+`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`. Both backends share the behaviour that
+steps rely on:
+
+- `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
+  name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does).
+- Every command, stdout and stderr string returned or logged goes through the `Redactor`, after
+  the host's resolvable secrets were registered with it.
+- ``run(..., sudo=True)`` goes through sudo only when the host says ``sudo: true`` (otherwise the
+  connecting user is trusted to have the rights, e.g. root or a user-owned base). The password
+  never touches argv: ``sudo -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
+  and without that secret ``sudo -n`` fails at once instead of waiting for a prompt.
+- Writes are atomic: a temp file in the target's directory, then a rename. With mode None a
+  replaced file keeps its mode; a new one gets the source file's mode (put) or 0644 (write).
+- Paths that are not absolute are relative to the login directory on both backends.
+
+The SSH side opens lazily on first use, with a bounded retry on connect (never on host-key or
+authentication errors), and executes through Paramiko channels so stdin is closed once sent
+and stdout/stderr are read together (no deadlock on large stderr).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import pwd
+import signal
+import socket
+import stat as stat_mod
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import fabric
+import paramiko
+
+from ops.errors import HostKeyError, HostUnreachable, SpecopsError
+from ops.hostkeys import changed_key_error, prepare_client
+from ops.inventory import SUDO_PASSWORD, Host
+from ops.redact import Redactor
+from ops.shell import join
+
+__all__ = [
+    "CommandResult", "Connection", "FileStat", "HostKeyError", "HostUnreachable", "LocalConnection",
+    "SshConnection", "connect",
+]
+
+log = logging.getLogger("specops.connection")
+
+CONNECT_ATTEMPTS = 3
+CONNECT_BACKOFF_S = (0.2, 0.5)
+TIMEOUT_EXIT = 124
+SIGNALLED_EXIT = 255  # what ssh(1) reports when the remote command dies without an exit status
+_CHUNK = 1 << 16
+_NEW_FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command did, already redacted."""
+
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class FileStat:
+    """The few stat fields steps compare; `mode` holds permission bits only (0o755)."""
+
+    size: int
+    mode: int
+    is_dir: bool
+
+
+def sudo_wrap(command: str, password: str | None) -> str:
+    """The command line that runs `command` as root; the password, if any, goes on stdin."""
+    inner = join(["/bin/sh", "-c", command])
+    if password is None:
+        return f"sudo -n -- {inner}"
+    return f"sudo -S -p '' -- {inner}"
+
+
+def _as_bytes(data: bytes | str | None) -> bytes:
+    if data is None:
+        return b""
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+def _temp_name(path: str) -> str:
+    """A unique name beside `path`, so the final rename stays on one filesystem."""
+    head, tail = posixpath.split(path)
+    return posixpath.join(head, f".{tail}.specops-{uuid.uuid4().hex[:12]}.tmp")
+
+
+class Connection:
+    """Base class: the shared run/sudo/redaction logic; subclasses move bytes."""
+
+    host: Host
+
+    def __init__(self, host: Host, redactor: Redactor | None = None):
+        self.host = host
+        self.redactor = redactor if redactor is not None else Redactor()
+        self._secrets: dict[str, str] | None = None
+
+    # -- public API
+
+    def run(self, command: str | Sequence[str], *, sudo: bool = False, stdin: bytes | str | None = None,
+            timeout: float | None = None) -> CommandResult:
+        """Run a shell command line (a sequence is quoted through ops.shell.join)."""
+        line = command if isinstance(command, str) else join(command)
+        self._load_secrets()
+        feed = _as_bytes(stdin)
+        wire = line
+        if sudo and self.host.sudo:
+            password = None
+            if SUDO_PASSWORD in self.host.secrets:  # resolved again here to raise the precise reason
+                password = (self._secrets or {}).get(SUDO_PASSWORD) or self.host.secrets[SUDO_PASSWORD].resolve(
+                    self.host.name)
+            wire = sudo_wrap(line, password)
+            if password is not None:
+                feed = password.encode() + b"\n" + feed
+        shown = self.redactor.redact(line)
+        log.debug("%s: run %s", self.host.name, shown)
+        code, out, err = self._execute(wire, feed, timeout)
+        return CommandResult(
+            command=shown,
+            exit_code=code,
+            stdout=self.redactor.redact(out.decode("utf-8", "replace")),
+            stderr=self.redactor.redact(err.decode("utf-8", "replace")),
+        )
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Read `length` bytes (None: to the end) from `offset`, without reading the rest."""
+        raise NotImplementedError
+
+    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
+        raise NotImplementedError
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        raise NotImplementedError
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        raise NotImplementedError
+
+    def stat(self, path: str) -> FileStat | None:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- shared helpers
+
+    def _load_secrets(self) -> None:
+        if self._secrets is None:
+            self._secrets = self.host.resolve_secrets(self.redactor, strict=False)
+
+    def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _check_range(offset: int, length: int | None) -> None:
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError(f"offset and length must be >= 0, got offset={offset} length={length}")
+
+    @staticmethod
+    def _timeout_note(timeout: float) -> bytes:
+        return f"\n[specops] command timed out after {timeout:g}s\n".encode()
+
+
+# ---------------------------------------------------------------- local
+
+
+class LocalConnection(Connection):
+    """The controller itself, through subprocess and the os module (the demo host)."""
+
+    def __init__(self, host: Host, redactor: Redactor | None = None):
+        super().__init__(host, redactor)
+        entry = pwd.getpwuid(os.getuid())
+        self._home = Path(entry.pw_dir)
+        self._shell = entry.pw_shell if os.access(entry.pw_shell or "", os.X_OK) else "/bin/sh"
+
+    def _path(self, path: str | Path) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() else self._home / p
+
+    def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
+        # Same shell and start directory as sshd would use, so steps behave alike on both backends.
+        proc = subprocess.Popen([self._shell, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=self._home, start_new_session=True)
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    out, err = proc.communicate(timeout=2)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
+                out, err = b"", b""
+            assert timeout is not None
+            return TIMEOUT_EXIT, out, err + self._timeout_note(timeout)
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        self._check_range(offset, length)
+        with open(self._path(path), "rb") as fh:
+            fh.seek(offset)
+            return fh.read() if length is None else fh.read(length)
+
+    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+        target = self._path(path)
+        try:
+            final_mode = stat_mod.S_IMODE(target.stat().st_mode) if mode is None else mode
+        except FileNotFoundError:
+            final_mode = default_mode
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.specops-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+            os.chmod(tmp, final_mode)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
+        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        src = Path(local_path)
+        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
+        with open(src, "rb") as source:
+            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        with open(self._path(remote_path), "rb") as source:
+            _atomic_local(Path(local_path), lambda fh: _copy(source, fh))
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            st = os.stat(self._path(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode))
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(self._path(path)))
+
+    def close(self) -> None:
+        """Nothing to release; present so both backends are used the same way."""
+
+
+def _copy(source: IO[bytes], dest: IO[bytes]) -> None:
+    while chunk := source.read(_CHUNK):
+        dest.write(chunk)
+
+
+def _atomic_local(target: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write a controller-side file through a temp file beside it and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.specops-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---------------------------------------------------------------- ssh
+
+
+class SshConnection(Connection):
+    """A host over SSH: Fabric builds the client, we own host keys, exec and SFTP."""
+
+    def __init__(self, host: Host, redactor: Redactor | None = None):
+        if not host.address:
+            raise SpecopsError(f"host '{host.name}' has no address (fix: set address: in the inventory)")
+        super().__init__(host, redactor)
+        self._lock = threading.RLock()
+        self._fabric: fabric.Connection | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+
+    # -- opening
+
+    def _new_fabric(self) -> fabric.Connection:
+        # lazy=True: no ~/.ssh/config and no invoke/fabric config files; the inventory is the truth.
+        config = fabric.Config(lazy=True)
+        connect_kwargs: dict[str, object] = {
+            "banner_timeout": self.host.connect_timeout,
+            "auth_timeout": self.host.connect_timeout,
+        }
+        if self.host.key_file:
+            connect_kwargs["key_filename"] = self.host.key_file
+            connect_kwargs["look_for_keys"] = False
+        conn = fabric.Connection(self.host.address, user=self.host.user, port=self.host.port, config=config,
+                                 connect_timeout=self.host.connect_timeout, connect_kwargs=connect_kwargs,
+                                 inline_ssh_env=False)
+        prepare_client(conn.client, self.host)
+        return conn
+
+    def _transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._fabric is not None and self._fabric.is_connected:
+                return self._fabric.transport
+            self._drop()
+            last: BaseException | None = None
+            for attempt in range(CONNECT_ATTEMPTS):
+                conn = self._new_fabric()
+                try:
+                    conn.open()
+                except HostKeyError:
+                    conn.close()
+                    raise
+                except paramiko.BadHostKeyException as exc:
+                    conn.close()
+                    raise changed_key_error(self.host, exc) from None
+                except paramiko.AuthenticationException as exc:
+                    conn.close()
+                    raise HostUnreachable(
+                        self.host.name, f"authentication as {conn.user} refused: {exc}",
+                        "check user and key_file in the inventory and the host's authorized_keys",
+                    ) from None
+                except (OSError, EOFError, paramiko.SSHException) as exc:
+                    conn.close()
+                    last = exc
+                    if attempt < CONNECT_ATTEMPTS - 1:
+                        time.sleep(CONNECT_BACKOFF_S[min(attempt, len(CONNECT_BACKOFF_S) - 1)])
+                    continue
+                self._fabric = conn
+                return conn.transport
+            raise HostUnreachable(
+                self.host.name,
+                f"cannot connect to {self.host.address}:{self.host.port} after {CONNECT_ATTEMPTS} attempts: "
+                f"{_describe(last)}",
+                f"check that the host is up and sshd listens on port {self.host.port} "
+                f"(connect_timeout is {self.host.connect_timeout:g}s)",
+            )
+
+    def _lost(self, what: str, exc: BaseException | None = None) -> HostUnreachable:
+        self._drop()
+        cause = f"connection lost during {what}" + (f": {_describe(exc)}" if exc else "")
+        return HostUnreachable(self.host.name, cause)
+
+    def _drop(self) -> None:
+        with self._lock:
+            if self._sftp is not None:
+                with contextlib.suppress(Exception):
+                    self._sftp.close()
+                self._sftp = None
+            if self._fabric is not None:
+                with contextlib.suppress(Exception):
+                    self._fabric.close()
+                self._fabric = None
+
+    def close(self) -> None:
+        self._drop()
+
+    # -- commands
+
+    def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
+        transport = self._transport()
+        try:
+            chan = transport.open_session(timeout=self.host.connect_timeout)
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise self._lost("command start", exc) from None
+        try:
+            return self._collect(chan, transport, timeout)
+        finally:
+            chan.close()
+
+    def _collect(self, chan: paramiko.Channel, transport: paramiko.Transport,
+                 timeout: float | None) -> tuple[int, bytes, bytes]:
+        """Read stdout here and stderr in a helper thread (both block on events, no polling)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+
+        def drain_stderr() -> None:
+            while True:
+                try:
+                    data = chan.recv_stderr(_CHUNK)
+                except TimeoutError:  # the shared channel timeout is set for stdout's sake
+                    continue
+                if not data:
+                    return
+                err.extend(data)
+
+        reader = threading.Thread(target=drain_stderr, name=f"stderr-{self.host.name}", daemon=True)
+        reader.start()
+        timed_out = False
+        while True:
+            chan.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.001))
+            try:
+                data = chan.recv(_CHUNK)
+            except TimeoutError:
+                timed_out = True
+                break
+            if not data:
+                break
+            out.extend(data)
+        if not timed_out:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            timed_out = not chan.status_event.wait(remaining)
+        if timed_out:
+            chan.close()
+            reader.join()
+            assert timeout is not None
+            return TIMEOUT_EXIT, bytes(out), bytes(err) + self._timeout_note(timeout)
+        reader.join()
+        if chan.exit_status != -1:
+            return chan.exit_status, bytes(out), bytes(err)
+        # Closed without a status: the command died of a signal, or the transport is going down
+        # (Paramiko closes the channels just before it marks the transport inactive).
+        if self._transport_dies(transport):
+            raise self._lost("a command")
+        return SIGNALLED_EXIT, bytes(out), bytes(err) + b"\n[specops] the command ended without an " \
+            b"exit status (killed by a signal?)\n"
+
+    @staticmethod
+    def _transport_dies(transport: paramiko.Transport, wait_s: float = 0.5) -> bool:
+        deadline = time.monotonic() + wait_s
+        while transport.is_active():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    # -- files
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            transport = self._transport()
+            if self._sftp is None:
+                try:
+                    self._sftp = paramiko.SFTPClient.from_transport(transport)
+                except (OSError, EOFError, paramiko.SSHException) as exc:
+                    raise self._lost("sftp start", exc) from None
+                if self._sftp is None:
+                    raise self._lost("sftp start")
+            return self._sftp
+
+    @contextlib.contextmanager
+    def _sftp_op(self, what: str):
+        """Turn transport failures into HostUnreachable; file errors (ENOENT, EACCES) pass through."""
+        sftp = self._sftp_client()
+        try:
+            yield sftp
+        except OSError as exc:
+            if exc.errno is None and not (self._fabric and self._fabric.is_connected):
+                raise self._lost(what, exc) from None
+            raise
+        except (EOFError, paramiko.SSHException) as exc:
+            raise self._lost(what, exc) from None
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        self._check_range(offset, length)
+        with self._sftp_op(f"read of {path}") as sftp, sftp.open(path, "rb") as fh:
+            fh.seek(offset)
+            if length is None:
+                return fh.read()
+            return fh.read(length)
+
+    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+        tmp = _temp_name(path)
+        with self._sftp_op(f"write of {path}") as sftp:
+            if mode is None:
+                try:
+                    mode = stat_mod.S_IMODE(sftp.stat(path).st_mode)
+                except FileNotFoundError:
+                    mode = default_mode
+            try:
+                with sftp.open(tmp, "wb") as fh:
+                    fh.set_pipelined(True)
+                    write(fh)
+                sftp.chmod(tmp, mode)
+                sftp.posix_rename(tmp, path)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    sftp.remove(tmp)
+                raise
+
+    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
+        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
+
+    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
+        src = Path(local_path)
+        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
+        with open(src, "rb") as source:
+            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
+
+    def get_file(self, remote_path: str, local_path: str | Path) -> None:
+        with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:
+            source.prefetch()
+            _atomic_local(Path(local_path), lambda fh: _copy(source, fh))
+
+    def stat(self, path: str) -> FileStat | None:
+        with self._sftp_op(f"stat of {path}") as sftp:
+            try:
+                st = sftp.stat(path)
+            except FileNotFoundError:
+                return None
+        return FileStat(size=st.st_size or 0, mode=stat_mod.S_IMODE(st.st_mode or 0),
+                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0))
+
+    def listdir(self, path: str) -> list[str]:
+        with self._sftp_op(f"listing of {path}") as sftp:
+            return sorted(sftp.listdir(path))
+
+
+def _describe(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown error"
+    if isinstance(exc, socket.timeout):
+        return "timed out"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = {os.strerror(e.errno) if e.errno else str(e) for e in exc.errors.values()}
+        return ", ".join(sorted(reasons))
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
+def connect(host: Host, *, redactor: Redactor | None = None) -> Connection:
+    """A connection for `host`; nothing is opened until the first use."""
+    if host.connection == "local":
+        return LocalConnection(host, redactor)
+    return SshConnection(host, redactor)

@@ -1,0 +1,317 @@
+"""Playbooks: load and validate the YAML, then render each step's arguments per host.
+
+Everything that can be checked before touching a host is checked at load time (keys, step
+names, argument names, literal argument types, Jinja syntax), so a typo costs one error naming
+``file:line`` and the key, not a half-applied run. What depends on the host (variables, ``when:``)
+is rendered per host with ``StrictUndefined``: an undefined variable is an error, never "".
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from ops.errors import InputFileError
+from ops.steps import REGISTRY, get_step
+from ops.steps.base import ArgError
+
+STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
+TOP_KEYS = ("name", "steps")
+_WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\{\{|\}\}).)*)\}\}\s*$", re.S)
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+
+
+class RenderError(Exception):
+    """A per-host rendering failure (undefined variable, bad filter use); the runner adds host/step."""
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One playbook entry, validated; ``args`` are still templates until :func:`render`."""
+
+    index: int
+    name: str
+    step: str
+    args: dict[str, Any]
+    when: bool | str | None = None
+    tags: tuple[str, ...] = ()
+    register: str | None = None
+    retries: int = 0
+    ignore_errors: bool = False
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Playbook:
+    path: Path
+    name: str
+    steps: tuple[StepSpec, ...] = field(default=())
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+
+# ---------------------------------------------------------------- YAML with line numbers
+class _LineDict(dict):
+    """A mapping that remembers the line of itself and of each key (1-based)."""
+
+    line = 0
+    key_lines: dict[str, int]
+
+
+class _LineList(list):
+    line = 0
+    item_lines: list[int]
+
+
+class YamlInt(int):
+    """An int that remembers how it was written, so ``mode: 755`` means 0o755, as with chmod."""
+
+    raw = ""
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> YamlInt:
+    value = YamlInt(loader.construct_yaml_int(node))
+    value.raw = node.value
+    return value
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _LineDict:
+    loader.flatten_mapping(node)
+    mapping = _LineDict()
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in mapping:
+            raise InputFileError(loader.name, line, f"duplicate key '{key}'", "keep only one")
+        mapping[key] = loader.construct_object(value_node, deep=True)
+        mapping.key_lines[key] = line
+    return mapping
+
+
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> _LineList:
+    items = _LineList(loader.construct_object(child, deep=True) for child in node.value)
+    items.line = node.start_mark.line + 1
+    items.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return items
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def load_yaml(text: str, name: str | Path) -> Any:
+    """YAML with line numbers on mappings/lists and ints that keep their text; errors carry file:line."""
+    loader = _Loader(text)
+    loader.name = str(name)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise InputFileError(name, mark.line + 1 if mark else None, f"invalid YAML: {exc.problem}",
+                             "check indentation and quoting") from None
+    finally:
+        loader.dispose()
+
+
+def _line_of(mapping: Any, key: str, default: int) -> int:
+    return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", default))
+
+
+def _hint(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(choices))}"
+
+
+# ---------------------------------------------------------------- loading and validation
+def load_playbook(path: str | Path) -> Playbook:
+    """Parse and validate a playbook; every problem is an InputFileError with file:line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputFileError(path, None, f"cannot read playbook: {exc.strerror}",
+                             "check the path (relative paths start at the current directory)") from None
+    doc = load_yaml(text, path)
+    if not isinstance(doc, dict):
+        raise InputFileError(path, 1, "a playbook is a mapping with 'name' and 'steps'",
+                             "start the file with 'name: ...' then 'steps:'")
+    for key in doc:
+        if key not in TOP_KEYS:
+            raise InputFileError(path, _line_of(doc, key, 1), f"unknown key '{key}'", _hint(key, TOP_KEYS))
+    name = doc.get("name", path.stem)
+    if not isinstance(name, str) or not name.strip():
+        raise InputFileError(path, _line_of(doc, "name", 1), "'name' must be a non-empty string")
+    steps = doc.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise InputFileError(path, _line_of(doc, "steps", 1), "'steps' must be a non-empty list",
+                             "add steps like '- step: directory'")
+    specs = tuple(_load_step(path, i, raw, steps.item_lines[i]) for i, raw in enumerate(steps))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.register in seen:
+            raise InputFileError(path, spec.line, f"register name '{spec.register}' is used twice",
+                                 "give each registered result its own name")
+        if spec.register:
+            seen.add(spec.register)
+    return Playbook(path=path.resolve(), name=name, steps=specs)
+
+
+def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
+    if not isinstance(raw, dict):
+        raise InputFileError(path, line, f"step {index + 1} must be a mapping with a 'step' key",
+                             "write '- step: NAME' followed by 'args:'")
+    label = raw.get("name") if isinstance(raw.get("name"), str) else raw.get("step")
+    where = f"step '{label}'" if isinstance(label, str) else f"step {index + 1}"
+    for key in raw:
+        if key not in STEP_KEYS:
+            raise InputFileError(path, _line_of(raw, key, line), f"{where}: unknown key '{key}'",
+                                 _hint(key, STEP_KEYS))
+    step_name = raw.get("step")
+    if not isinstance(step_name, str):
+        raise InputFileError(path, line, f"{where}: 'step' (the operation to run) is missing or not a string",
+                             f"known steps: {', '.join(sorted(REGISTRY))}")
+    try:
+        step_cls = get_step(step_name)
+    except KeyError as exc:
+        raise InputFileError(path, _line_of(raw, "step", line), f"{where}: unknown step '{step_name}'",
+                             exc.args[0]) from None
+    label = raw.get("name", step_name)
+    if not isinstance(label, str) or not label.strip():
+        raise InputFileError(path, _line_of(raw, "name", line), f"{where}: 'name' must be a non-empty string")
+
+    def fail(key: str, message: str, hint: str | None = None) -> InputFileError:
+        return InputFileError(path, _line_of(raw, key, line), f"{where}: {message}", hint)
+
+    args = raw.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise fail("args", "'args' must be a mapping", "write 'args: {key: value}'")
+    for key, value in args.items():
+        arg_line = _line_of(args, key, line)
+        if key not in step_cls.args:
+            raise InputFileError(path, arg_line, f"{where}: unknown argument '{key}' for step '{step_name}'",
+                                 _hint(key, step_cls.args) if step_cls.args else "this step takes no arguments")
+        _check_templates(path, arg_line, where, key, value)
+        if not _has_template(value):
+            try:
+                step_cls.args[key].check(key, value)
+            except ArgError as exc:
+                raise InputFileError(path, arg_line, f"{where}: {exc}", step_cls.args[key].help or None) from None
+    for key, spec in step_cls.args.items():
+        if spec.required and args.get(key) is None:
+            raise fail("args", f"missing required argument '{key}' for step '{step_name}'", spec.help or None)
+
+    when = raw.get("when")
+    if when is not None:
+        if not isinstance(when, (bool, str)):
+            raise fail("when", "'when' must be a boolean or an expression string")
+        if isinstance(when, str):
+            try:
+                ENV.compile_expression(_expression(when))
+            except jinja2.TemplateSyntaxError as exc:
+                raise fail("when", f"bad 'when' expression: {exc.message}") from None
+    tags = raw.get("tags", [])
+    if isinstance(tags, str):
+        tags = [tags]
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise fail("tags", "'tags' must be a string or a list of strings")
+    register = raw.get("register")
+    if register is not None and (not isinstance(register, str) or not _IDENTIFIER.match(register)):
+        raise fail("register", f"'register' must be an identifier, got {register!r}", "use letters, digits, _")
+    retries = raw.get("retries", 0)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise fail("retries", f"'retries' must be a whole number >= 0, got {retries!r}")
+    ignore_errors = raw.get("ignore_errors", False)
+    if not isinstance(ignore_errors, bool):
+        raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
+    return StepSpec(index=index, name=label, step=step_name, args=dict(args), when=when, tags=tuple(tags),
+                    register=register, retries=retries, ignore_errors=ignore_errors, line=line)
+
+
+def _has_template(value: Any) -> bool:
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(_has_template(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_template(v) for v in value)
+    return False
+
+
+def _check_templates(path: Path, line: int, where: str, key: str, value: Any) -> None:
+    """Jinja syntax errors are load-time errors, located at the argument's line."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_templates(path, line, where, key, v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_templates(path, line, where, key, v)
+    elif isinstance(value, str) and _has_template(value):
+        try:
+            ENV.parse(value)
+        except jinja2.TemplateSyntaxError as exc:
+            raise InputFileError(path, line, f"{where}: argument '{key}' has bad Jinja: {exc.message}",
+                                 "close every '{{' with '}}' and quote the whole value") from None
+
+
+# ---------------------------------------------------------------- per-host rendering
+def _expression(text: str) -> str:
+    match = _WHOLE_EXPRESSION.match(text)
+    return match["expr"] if match else text
+
+
+def render(value: Any, variables: dict[str, Any]) -> Any:
+    """Render templates in ``value`` recursively; a whole ``"{{ expr }}"`` keeps its native type."""
+    if isinstance(value, dict):
+        return {k: render(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [render(v, variables) for v in value]
+    if not isinstance(value, str) or not _has_template(value):
+        return value
+    try:
+        match = _WHOLE_EXPRESSION.match(value)
+        if match:
+            result = ENV.compile_expression(match["expr"], undefined_to_none=False)(**variables)
+            if isinstance(result, jinja2.Undefined):
+                str(result)  # raises UndefinedError with the variable's name
+            return result
+        return ENV.from_string(value).render(variables)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"undefined variable: {exc.message}") from None
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"template error: {exc}") from None
+
+
+def evaluate_when(when: bool | str | None, variables: dict[str, Any]) -> bool:
+    """``when:`` as a bool, a bare expression or a ``"{{ expression }}"`` string."""
+    if when is None or isinstance(when, bool):
+        return when is not False
+    try:
+        result = ENV.compile_expression(_expression(when), undefined_to_none=False)(**variables)
+        if isinstance(result, jinja2.Undefined):
+            str(result)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"'when' uses an undefined variable: {exc.message}") from None
+    except jinja2.TemplateError as exc:
+        raise RenderError(f"'when' failed: {exc}") from None
+    if isinstance(result, str):
+        return result.strip().lower() not in ("", "false", "no", "0", "none")
+    return bool(result)

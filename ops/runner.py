@@ -1,0 +1,258 @@
+"""Run a playbook over hosts: probe -> plan -> apply per step, hosts in parallel.
+
+Each host runs its whole playbook in one worker of a bounded pool (``forks``), because a playbook
+is a sequence per host, not a set of independent calls (Fabric's ThreadingGroup parallelises only
+single calls). A failed step stops its host only; every other host runs to the end, and the result
+is one per-host map (Fabric's GroupResult), written to ``results/<run-id>/summary.json``::
+
+    {"run_id", "playbook", "check": bool,
+     "hosts": {NAME: {"status": "ok|changed|failed",
+                      "steps": [{"name", "step", "status": "ok|changed|failed|skipped",
+                                 "changed": bool, "message"}]}},
+     "changed": <hosts with at least one change>, "failed": <hosts that failed>}
+
+``results/latest`` is swapped atomically to the newest run; ``run.log`` beside the summary keeps
+every line, diff and failure. Everything shown or stored passes through one Redactor that knows
+every resolved secret of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets as _random
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ops.connection import connect
+from ops.errors import SpecopsError
+from ops.inventory import Host
+from ops.output import Reporter
+from ops.playbook import Playbook, RenderError, StepSpec, evaluate_when, render
+from ops.redact import Redactor
+from ops.steps import get_step
+from ops.steps.base import Applied, ArgError, StepContext, StepFailed
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = REPO_ROOT / "templates"
+DEFAULT_RESULTS = REPO_ROOT / "results"
+DEFAULT_FORKS = 8
+RETRY_DELAY = 1.0
+
+
+@dataclass
+class StepResult:
+    """One step on one host; the first five fields are the summary.json record."""
+
+    name: str
+    step: str
+    status: str  # ok | changed | failed | skipped
+    changed: bool
+    message: str
+    changes: list[str] = field(default_factory=list)
+    diff: str = ""
+    command: str | None = None
+    stderr: str = ""
+    ignored: bool = False
+    duration: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)  # what ``register`` exposes; not in the record
+
+    def registered(self) -> dict[str, Any]:
+        return {**self.data, "status": self.status, "changed": self.changed, "message": self.message}
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "step": self.step, "status": self.status, "changed": self.changed,
+                "message": self.message}
+
+
+@dataclass
+class HostResult:
+    host: str
+    steps: list[StepResult] = field(default_factory=list)
+    registered: dict[str, Any] = field(default_factory=dict)
+    duration: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(s.status == "failed" and not s.ignored for s in self.steps)
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "failed"
+        return "changed" if any(s.changed for s in self.steps) else "ok"
+
+    def count(self, status: str) -> int:
+        return sum(1 for s in self.steps if s.status == status)
+
+
+@dataclass
+class RunResult:
+    """The per-host map of one run, and where its files are."""
+
+    run_id: str
+    playbook: Playbook
+    check: bool
+    hosts: dict[str, HostResult]
+    run_dir: Path
+
+    @property
+    def changed(self) -> int:
+        return sum(1 for h in self.hosts.values() if h.status == "changed")
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for h in self.hosts.values() if h.failed)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "playbook": self.playbook.name,
+            "check": self.check,
+            "hosts": {name: {"status": h.status, "steps": [s.record() for s in h.steps]}
+                      for name, h in self.hosts.items()},
+            "changed": self.changed,
+            "failed": self.failed,
+        }
+
+
+def new_run_id(playbook: Playbook) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    slug = "".join(c if c.isalnum() else "-" for c in playbook.path.stem).strip("-") or "play"
+    return f"{stamp}-{slug}-{_random.token_hex(2)}"
+
+
+def point_latest(results_root: Path, run_id: str) -> None:
+    """Swap ``results/latest`` to ``run_id`` atomically (a new symlink renamed over the old)."""
+    tmp = results_root / f".latest-{run_id}"
+    tmp.unlink(missing_ok=True)
+    os.symlink(run_id, tmp)
+    os.replace(tmp, results_root / "latest")
+
+
+def run_playbook(
+    playbook: Playbook,
+    hosts: list[Host],
+    *,
+    check: bool = False,
+    forks: int = DEFAULT_FORKS,
+    tags: set[str] | None = None,
+    results_root: str | Path | None = None,
+    redactor: Redactor | None = None,
+    live: bool | None = None,
+) -> RunResult:
+    """Run ``playbook`` on every host; never raises for a host's failure (see RunResult)."""
+    if forks < 1:
+        raise SpecopsError(f"--forks must be at least 1, got {forks}")
+    if not hosts:
+        raise SpecopsError("no hosts selected (fix: check --limit against the inventory)")
+    root = Path(results_root) if results_root is not None else DEFAULT_RESULTS
+    run_id = new_run_id(playbook)
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True, exist_ok=False)
+    redactor = redactor or Redactor()
+    result = RunResult(run_id, playbook, check, {}, run_dir)
+    with Reporter(playbook, [h.name for h in hosts], check=check, log_path=run_dir / "run.log",
+                  redactor=redactor, live=live) as reporter:
+        reporter.note(f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
+                      + (" [check mode: nothing will be written]" if check else ""))
+        with ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host") as pool:
+            futures = {h.name: pool.submit(_run_host, h, playbook, check, tags, redactor, reporter)
+                       for h in hosts}
+            for name, future in futures.items():
+                result.hosts[name] = future.result()
+        summary = result.summary()
+        (run_dir / "summary.json").write_text(redactor.redact(json.dumps(summary, indent=2)) + "\n")
+        point_latest(root, run_id)
+        reporter.close(result)
+    return result
+
+
+def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None, redactor: Redactor,
+              reporter: Reporter) -> HostResult:
+    """The whole playbook on one host; the first unignored failure skips the rest."""
+    start = time.monotonic()
+    outcome = HostResult(host.name)
+    try:
+        secret_values = host.resolve_secrets(redactor, strict=False)
+        variables: dict[str, Any] = {**host.template_vars(), "secrets": secret_values, "check": check}
+        with connect(host, redactor=redactor) as conn:
+            for spec in playbook.steps:
+                if outcome.failed:
+                    step = StepResult(spec.name, spec.step, "skipped", False, "not run: an earlier step failed")
+                else:
+                    reporter.step_started(host.name, spec)
+                    step = _run_step(conn, host, spec, playbook, variables, check, tags, reporter)
+                    if spec.register:
+                        variables[spec.register] = outcome.registered[spec.register] = step.registered()
+                outcome.steps.append(step)
+                reporter.step_finished(host.name, spec, step)
+    except SpecopsError as exc:  # secrets or connection set-up, before any step could report it
+        outcome.steps.append(StepResult("connect", "connect", "failed", False, str(exc)))
+        reporter.step_finished(host.name, None, outcome.steps[-1])
+    outcome.duration = time.monotonic() - start
+    reporter.host_finished(host.name, outcome)
+    return outcome
+
+
+def _run_step(conn: Any, host: Host, spec: StepSpec, playbook: Playbook, variables: dict[str, Any],
+              check: bool, tags: set[str] | None, reporter: Reporter) -> StepResult:
+    start = time.monotonic()
+
+    def finish(status: str, changed: bool, message: str, **extra: Any) -> StepResult:
+        ignored = status == "failed" and spec.ignore_errors
+        return StepResult(spec.name, spec.step, status, changed,
+                          message + (" (ignored: ignore_errors)" if ignored else ""),
+                          duration=time.monotonic() - start, ignored=ignored, **extra)
+
+    if tags and not tags & set(spec.tags):
+        return finish("skipped", False, f"not tagged {', '.join(sorted(tags))}")
+    try:
+        if not evaluate_when(spec.when, variables):
+            return finish("skipped", False, f"when is false: {spec.when}")
+        step = get_step(spec.step)()
+        args = step.check_args(render(spec.args, variables))
+    except (RenderError, ArgError) as exc:
+        return finish("failed", False, f"step '{spec.name}' on host '{host.name}': {exc}")
+    ctx = StepContext(host=host, playbook_dir=playbook.dir, templates_dir=TEMPLATES_DIR,
+                      vars=dict(variables), check=check)
+    failure: StepResult | None = None
+    for attempt in range(spec.retries + 1):
+        if attempt:
+            reporter.note(f"{host.name} | retry {attempt}/{spec.retries} of '{spec.name}': {failure.message}")
+            time.sleep(RETRY_DELAY)
+        try:
+            facts = step.probe(conn, args, ctx)
+            plan = step.plan(facts, args, ctx)
+            changes = [c.describe() for c in plan.changes]
+            if check:
+                return finish("changed" if plan.will_change else "ok", plan.will_change, plan.reason,
+                              changes=changes, diff=plan.diff, data=plan.data)
+            applied = step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
+            message = applied.message
+            if applied.changed and not step.is_idempotent(args):
+                message += " (not idempotent)"
+            return finish("changed" if applied.changed else "ok", applied.changed, message,
+                          changes=changes if applied.changed else [], diff=plan.diff if applied.changed else "",
+                          data=applied.data)
+        except StepFailed as exc:
+            failure = finish("failed", False, str(exc), command=exc.command, stderr=exc.stderr,
+                             data={"stderr": exc.stderr})
+        except SpecopsError as exc:  # HostUnreachable, HostKeyError, ...
+            failure = finish("failed", False, str(exc))
+        except OSError as exc:  # a file operation the host refused (ENOENT, EACCES): the user's to fix
+            failure = finish("failed", False, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        except Exception as exc:  # a bug in a step must not take the other hosts down
+            reporter.note(f"{host.name} | internal error in step '{spec.name}':\n{traceback.format_exc()}")
+            failure = finish("failed", False, f"internal error: {type(exc).__name__}: {exc}")
+    assert failure is not None
+    return failure

@@ -1,0 +1,101 @@
+"""Tree attention and its visibility bitmasks against the dense-mask SDPA reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.tree_attention import (
+    AttentionConfig,
+    ancestors_reference,
+    tree_attention,
+    tree_attention_reference,
+    tree_visibility,
+)
+from tests.kernels.trees import DEVICE, make_parents
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def _unpack(bits: torch.Tensor, n: int) -> torch.Tensor:
+    j = torch.arange(n)
+    return ((bits.cpu()[:, j // 32] >> (j % 32)) & 1).bool()
+
+
+@pytest.mark.parametrize(
+    ("shape", "n"),
+    [("chain", 1), ("chain", 70), ("star", 33), ("bushy", 64), ("deep", 97), ("random", 1024)],
+)
+def test_visibility_bitmasks_match_ancestors(shape: str, n: int) -> None:
+    gen = torch.Generator().manual_seed(n)
+    parents = torch.tensor(make_parents(shape, n, gen), device=DEVICE)
+    depth = ancestors_reference(parents).sum(1) - 1
+    vis = tree_visibility(parents, depth)
+    assert vis.bits.shape == (n, (n + 31) // 32)
+    assert torch.equal(_unpack(vis.bits, n), ancestors_reference(parents).cpu())
+
+
+def _case(hq, hkv, n, ctx, d, dtype, shape, seed, spare=3):
+    gen = torch.Generator().manual_seed(seed)
+    parents = torch.tensor(make_parents(shape, n, gen), device=DEVICE)
+    q = torch.randn(hq, n, d, generator=gen).to(DEVICE, dtype)
+    k = torch.randn(hkv, ctx + n + spare, d, generator=gen).to(DEVICE, dtype)
+    v = torch.randn(hkv, ctx + n + spare, d, generator=gen).to(DEVICE, dtype)
+    return parents, q, k, v
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not out.isnan().any()
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "n", "ctx", "d", "dtype", "shape", "config"),
+    [
+        (4, 2, 7, 37, 32, torch.float32, "random", None),
+        (4, 1, 1, 100, 16, torch.float32, "chain", None),  # decode: tree of one node
+        (2, 2, 33, 0, 24, torch.float32, "bushy", AttentionConfig(16, 16, 4, 1, 1)),  # odd head dim
+        (8, 2, 20, 70, 32, torch.bfloat16, "deep", AttentionConfig(16, 16, 4, 1, 3)),
+        (4, 4, 17, 65, 64, torch.float16, "star", AttentionConfig(32, 32, 4, 1, 2)),
+        (6, 3, 40, 129, 16, torch.bfloat16, "random", None),
+        (1, 1, 1024, 5, 16, torch.float32, "random", None),  # B = 1024 with tiny heads
+    ],
+)
+def test_tree_attention_matches_reference(hq, hkv, n, ctx, d, dtype, shape, config) -> None:
+    parents, q, k, v = _case(hq, hkv, n, ctx, d, dtype, shape, seed=n * 31 + ctx)
+    depth = ancestors_reference(parents).sum(1) - 1
+    out = tree_attention(q, k, v, ctx, tree_visibility(parents, depth), d**-0.5, config)
+    ref = tree_attention_reference(q, k, v, ctx, parents, d**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert _rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    ("n", "ctx", "dtype", "config"),
+    [
+        (1, 300, torch.float32, AttentionConfig(16, 32, 4, 1, None)),  # decode split over the context
+        (45, 19, torch.float32, None),  # causal prefill chunk
+        (16, 64, torch.bfloat16, AttentionConfig(16, 16, 4, 1, 5)),
+    ],
+)
+def test_causal_chain_when_visibility_is_none(n, ctx, dtype, config) -> None:
+    _, q, k, v = _case(4, 2, n, ctx, 32, dtype, "chain", seed=n + ctx)
+    out = tree_attention(q, k, v, ctx, None, 0.2, config)
+    ref = tree_attention_reference(q, k, v, ctx, None, 0.2)
+    assert _rel_err(out, ref) < TOL[dtype]
+
+
+def test_split_count_does_not_change_the_result() -> None:
+    parents, q, k, v = _case(4, 2, 12, 90, 32, torch.float32, "random", seed=5)
+    vis = tree_visibility(parents, ancestors_reference(parents).sum(1) - 1)
+    outs = [tree_attention(q, k, v, 90, vis, 0.3, AttentionConfig(16, 16, 4, 1, s)) for s in (1, 2, 7)]
+    assert torch.allclose(outs[0], outs[1], atol=1e-5) and torch.allclose(outs[0], outs[2], atol=1e-5)
+
+
+def test_rejects_bad_shapes() -> None:
+    q = torch.randn(3, 4, 16, device=DEVICE)
+    k = torch.randn(2, 10, 16, device=DEVICE)
+    with pytest.raises(RuntimeError, match="Hq % Hkv"):
+        tree_attention(q, k, k, 2, None, 1.0)
+    with pytest.raises(RuntimeError, match="does not fit"):
+        tree_attention(torch.randn(2, 4, 16, device=DEVICE), k, k, 8, None, 1.0)
