@@ -57,7 +57,9 @@ class TorchBackend:
         out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
         return out.to(q.dtype)
 
-    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def build_tree(
+        self, draft_logits: Tensor, budget: int, root_token: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """The `budget` most probable prefixes under the product of per-position marginals.
 
         Best-first search over (depth, rank) with a heap: popping a node pushes its first child
@@ -131,7 +133,9 @@ class TorchBackend:
         last = path.gather(0, (path_len - 1).reshape(1)).squeeze(0)
         return path, path_len, choice[last]
 
-    def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
+    def compact(
+        self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor
+    ) -> None:
         """Move accepted rows `context_len + path[a]` to `context_len + a` in every layer, in place.
 
         k_cache, v_cache: [L, Hkv, S_max, D]. Rows past path_len copy onto themselves, so the

@@ -21,7 +21,9 @@ def read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: missing (fix: point at a checkpoint directory with a config.json)") from None
+        raise ConfigError(
+            f"{path}: missing (fix: point at a checkpoint directory with a config.json)"
+        ) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
 
@@ -32,7 +34,9 @@ def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     scaling = raw.get("rope_scaling") or {}
     kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     if kind != "default":
-        raise ConfigError(f"{path}: rope type {kind!r} is not supported (fix: use a checkpoint with plain RoPE)")
+        raise ConfigError(
+            f"{path}: rope type {kind!r} is not supported (fix: use a checkpoint with plain RoPE)"
+        )
     return float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
 
 
@@ -151,7 +155,9 @@ class DFlashConfig:
             ids = default_target_layer_ids(num_target, n_layers)
         mask = value("mask_token_id")
         if mask is None:
-            raise ConfigError(f"{path}: dflash_config.mask_token_id is missing (fix: add the target's mask id)")
+            raise ConfigError(
+                f"{path}: dflash_config.mask_token_id is missing (fix: add the target's mask id)"
+            )
         types = tuple(raw.get("layer_types") or ("full_attention",) * n_layers)
         if len(types) != n_layers:
             raise ConfigError(
@@ -159,10 +165,12 @@ class DFlashConfig:
             )
         unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
         if unknown:
-            raise ConfigError(f"{path}: unknown layer_types {unknown} (fix: full_attention or sliding_attention)")
-        window = raw.get("sliding_window")
-        if "sliding_attention" in types and not window:
-            raise ConfigError(f"{path}: sliding layers need a sliding_window (fix: set sliding_window)")
+            raise ConfigError(
+                f"{path}: unknown layer_types {unknown} (fix: full_attention or sliding_attention)"
+            )
+        # transformers (and so the reference drafter) drops the window unless use_sliding_window is
+        # set; sliding layers without one are then plain causal layers.
+        window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
         block = int(value("block_size", 16))
         if block < 2:
             raise ConfigError(f"{path}: block_size {block} leaves no draft positions (fix: block_size >= 2)")

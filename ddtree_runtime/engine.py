@@ -234,7 +234,9 @@ class Engine:
         if mode == "ar":
             self._ar_loop(root, n, out, done, accepted, temperature, generator, clock)
         else:
-            self._spec_loop(mode, root, n, hidden, out, done, accepted, budget, block, temperature, generator, clock)
+            self._spec_loop(
+                mode, root, n, hidden, out, done, accepted, budget, block, temperature, generator, clock
+            )
         total = time.perf_counter() - start_time
         return GenerationResult(
             output_ids=out.ids,

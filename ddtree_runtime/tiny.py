@@ -25,11 +25,77 @@ from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>", "<unk>")
-WORDS = (
-    "user assistant system the of and to in is was for on that with as by at from his her an were are which this be or had not but "
-    "first one new after also who two has their have its into been time other city over when there all may "
-    "about school year state some three would can during most world made war while up where before only"
-).split()
+WORDS = [
+    "user",
+    "assistant",
+    "system",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "an",
+    "were",
+    "are",
+    "which",
+    "this",
+    "be",
+    "or",
+    "had",
+    "not",
+    "but",
+    "first",
+    "one",
+    "new",
+    "after",
+    "also",
+    "who",
+    "two",
+    "has",
+    "their",
+    "have",
+    "its",
+    "into",
+    "been",
+    "time",
+    "other",
+    "city",
+    "over",
+    "when",
+    "there",
+    "all",
+    "may",
+    "about",
+    "school",
+    "year",
+    "state",
+    "some",
+    "three",
+    "would",
+    "can",
+    "during",
+    "most",
+    "world",
+    "made",
+    "war",
+    "while",
+    "up",
+    "where",
+    "before",
+    "only",
+]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -91,7 +157,7 @@ def _drafter_config(
         }
     )
     if "sliding_attention" in layer_types:
-        cfg["sliding_window"] = max(8, block_size)
+        cfg.update(use_sliding_window=True, sliding_window=max(8, block_size))
     return cfg
 
 
@@ -117,16 +183,16 @@ def _init_target(model: Qwen3, gen: torch.Generator, logit_scale: float) -> None
         emb = F.normalize(model.embed_tokens.weight, dim=-1) * model.config.hidden_size**0.5
         head = model.lm_head.weight
         head.mul_(0.5)
-        for a, b in zip(order, order[1:] + order[:1]):
+        for a, b in zip(order, order[1:] + order[:1], strict=True):
             head[b] += emb[a] * model.config.hidden_size**-0.5
         head.mul_(logit_scale)
         head[:n_special] = 0.0
 
 
-def _fit_drafter(
-    target: Qwen3, drafter: DFlashDrafter, steps: int, seed: int, n_words: int
-) -> None:
+def _fit_drafter(target: Qwen3, drafter: DFlashDrafter, steps: int, seed: int, n_words: int) -> None:
     """Fit the drafter to predict the target's greedy continuation of random prompts."""
+    if steps == 0:
+        return
     rng = random.Random(seed)
     block = drafter.config.block_size
     target.requires_grad_(False)

@@ -25,7 +25,9 @@ class Tokenizer:
         directory = Path(directory)
         path = directory / "tokenizer.json"
         if not path.exists():
-            raise ConfigError(f"{path}: missing (fix: copy the model's tokenizer.json next to its config.json)")
+            raise ConfigError(
+                f"{path}: missing (fix: copy the model's tokenizer.json next to its config.json)"
+            )
         self.tok = HFTokenizer.from_file(str(path))
         cfg_path = directory / "tokenizer_config.json"
         cfg = read_json(cfg_path) if cfg_path.exists() else {}

@@ -5,7 +5,7 @@ cache rows ``C + path[a]`` (C = context_len); the next round needs them contiguo
 Node indices grow along a root path (``parents[i] < i``), so ``path[a] >= a``: a row never moves
 up, and in a single pass over ``a`` in increasing order no destination overwrites a source that is
 still to be read, *provided* each chunk of rows is fully read before it is written. One program
-per (layer, KV head, K or V) copies ``path_len`` rows of D elements in chunks of BLOCK_P rows, with
+per (layer, KV head) copies its K and V ``path_len`` rows of D elements in chunks of BLOCK_P rows, with
 a barrier between a chunk's loads and its stores. Rows with ``path[a] == a`` are skipped.
 """
 
@@ -19,39 +19,27 @@ from torch import Tensor
 @triton.jit
 def _compact_kernel(
     K, V, PATH, PATH_LEN,
-    stride_kh, stride_ks, stride_kd,
-    stride_vh, stride_vs, stride_vd,
+    stride_h, stride_s, stride_d,
     context_len, n_path,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
-    head = tl.program_id(0)  # layer * Hkv + kv head: the caches are [L * Hkv, S_max, D] here
-    if tl.program_id(1) == 0:
-        base = K + head * stride_kh
-        stride_s = stride_ks
-        stride_d = stride_kd
-    else:
-        base = V + head * stride_vh
-        stride_s = stride_vs
-        stride_d = stride_vd
+    head = tl.program_id(0)  # layer * Hkv + kv head: the caches are viewed as [L * Hkv, S_max, D]
     dims = tl.arange(0, D_PAD)
     dim_ok = dims < HEAD_DIM
     length = tl.minimum(tl.load(PATH_LEN).to(tl.int32), n_path)
     for start in range(0, length, BLOCK_P):
         a = start + tl.arange(0, BLOCK_P)
         src = tl.load(PATH + a, mask=a < length, other=0).to(tl.int32)
-        move = (a < length) & (src != a)
-        rows = tl.load(
-            base + (context_len + src)[:, None] * stride_s + dims[None, :] * stride_d,
-            mask=move[:, None] & dim_ok[None, :],
-        )
-        tl.debug_barrier()
-        tl.store(
-            base + (context_len + a)[:, None] * stride_s + dims[None, :] * stride_d,
-            rows,
-            mask=move[:, None] & dim_ok[None, :],
-        )
+        move = ((a < length) & (src != a))[:, None] & dim_ok[None, :]
+        src_off = head * stride_h + (context_len + src)[:, None] * stride_s + dims[None, :] * stride_d
+        dst_off = head * stride_h + (context_len + a)[:, None] * stride_s + dims[None, :] * stride_d
+        k_rows = tl.load(K + src_off, mask=move)
+        v_rows = tl.load(V + src_off, mask=move)
+        tl.debug_barrier()  # every source row of this chunk is read before any is overwritten
+        tl.store(K + dst_off, k_rows, mask=move)
+        tl.store(V + dst_off, v_rows, mask=move)
 
 
 def compact(k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
@@ -66,9 +54,11 @@ def compact(k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, pa
         raise RuntimeError(f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows")
     k3 = k_cache.view(layers * hkv, s_max, d)  # view: needs the layer and head dims mergeable
     v3 = v_cache.view(layers * hkv, s_max, d)
-    _compact_kernel[(layers * hkv, 2)](
+    if k3.stride() != v3.stride():
+        raise RuntimeError(f"compact wants k and v caches with equal strides, got {k3.stride()} and {v3.stride()}")
+    _compact_kernel[(layers * hkv,)](
         k3, v3, path, path_len,
-        *k3.stride(), *v3.stride(),
+        *k3.stride(),
         context_len, path.shape[0],
         HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_P=16,
         num_warps=4,

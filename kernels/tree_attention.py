@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _LOG2E = 1.4426950408889634
 
@@ -102,8 +103,6 @@ def _dot(a, b, PRECISION: tl.constexpr):
 def _tree_attention_kernel(
     Q, K, V, BITS, OUT, PART_ACC, PART_ML,
     stride_qh, stride_qn, stride_qd,
-    stride_kh, stride_ks, stride_kd,
-    stride_vh, stride_vs, stride_vd,
     stride_oh, stride_on, stride_od,
     stride_bn,
     stride_ps, stride_ph, stride_pn,
@@ -136,6 +135,7 @@ def _tree_attention_kernel(
 
     # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
     # last node is visible (causal skip).
+    n_words = (n_nodes + 31) // 32
     last_node = tl.minimum((pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
@@ -145,19 +145,16 @@ def _tree_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    k_base = K + kvh * stride_kh + dims[:, None] * stride_kd
-    v_base = V + kvh * stride_vh + dims[None, :] * stride_vd
 
     # phase 1: whole tiles inside the context, every key visible
     for start in range(lo, tl.minimum(hi, ctx_full), BLOCK_N):
-        pos = start + offs_n
-        k = tl.load(k_base + pos[None, :] * stride_ks, mask=dim_ok[:, None], other=0.0)
-        s = _dot(q, k, PRECISION) * qk_scale
+        k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        s = _dot(q, tl.trans(k), PRECISION) * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + pos[:, None] * stride_vs, mask=dim_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
         m_i = m_new
 
@@ -165,17 +162,21 @@ def _tree_attention_kernel(
     for start in range(tl.maximum(lo, ctx_full), hi, BLOCK_N):
         pos = start + offs_n
         key_ok = pos < hi
-        k = tl.load(k_base + pos[None, :] * stride_ks, mask=key_ok[None, :] & dim_ok[:, None], other=0.0)
-        s = _dot(q, k, PRECISION) * qk_scale
+        k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        s = _dot(q, tl.trans(k), PRECISION) * qk_scale
         j = pos - context_len  # tree index of the key (negative inside the context)
-        in_tree = (j >= 0) & key_ok
         if TREE:
-            word = tl.load(
-                BITS + node[:, None] * stride_bn + (tl.maximum(j, 0) // 32)[None, :],
-                mask=row_ok[:, None] & in_tree[None, :],
-                other=0,
-            )
-            seen = ((word >> (tl.maximum(j, 0) % 32)[None, :]) & 1) != 0
+            # the tile's keys span at most BLOCK_N / 32 + 1 bitmask words: load each as a
+            # per-row vector and pick per column, instead of a [BLOCK_M, BLOCK_N] gather
+            jc = tl.maximum(j, 0)
+            w0 = tl.maximum(start - context_len, 0) // 32
+            word = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+            for t in tl.static_range(BLOCK_N // 32 + 1):
+                w_idx = tl.full([BLOCK_M], 0, tl.int32) + w0 + t
+                w = tl.load(BITS + node * stride_bn + w_idx, mask=row_ok & (w_idx < n_words), other=0)
+                word = tl.where((jc // 32 == w0 + t)[None, :], w[:, None], word)
+            seen = ((word >> (jc % 32)[None, :]) & 1) != 0
         else:
             seen = j[None, :] <= node[:, None]
         visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
@@ -185,7 +186,6 @@ def _tree_attention_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + pos[:, None] * stride_vs, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
         m_i = m_new
 
@@ -316,9 +316,13 @@ def tree_attention(
         part_ml = torch.empty(splits, hq, n, 2, device=q.device, dtype=torch.float32)
     else:
         part_acc = part_ml = out  # unused
+    # TMA descriptors over [Hkv, context_len + N, D]: rows past the tree read as zeros (never
+    # uninitialised cache rows), and K/V addressing costs no registers
+    k_desc = TensorDescriptor(k_cache, [hkv, total, d], list(k_cache.stride()), [1, cfg.block_n, d_pad])
+    v_desc = TensorDescriptor(v_cache, [hkv, total, d], list(v_cache.stride()), [1, cfg.block_n, d_pad])
     _tree_attention_kernel[(m_tiles, hkv, splits)](
-        q, k_cache, v_cache, bits, out, part_acc, part_ml,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
+        q, k_desc, v_desc, bits, out, part_acc, part_ml,
+        *q.stride(), *out.stride(),
         bits.stride(0),
         hq * n * d_pad, n * d_pad, d_pad,
         n, context_len, keys_per_split, scale * _LOG2E,

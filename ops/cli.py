@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 COMMAND_GROUPS = (
     "ops.drafter_config.cli",
+    "ops.bench.cli",
 )
 
 

@@ -21,7 +21,9 @@ from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, apply_rope, rope_tables
 
 
-def block_mask(start: int, total: int, causal: bool, window: int | None, device: torch.device) -> Tensor | None:
+def block_mask(
+    start: int, total: int, causal: bool, window: int | None, device: torch.device
+) -> Tensor | None:
     """Visibility [Bk, total] of block rows `start..total-1` over rows `0..total-1` (row = position)."""
     if not causal and window is None:
         return None
@@ -72,14 +74,18 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             h = layer.input_layernorm(x)  # [Bk, hidden]
             kv_in = torch.cat([ctx, h])  # [C + Bk, hidden]
-            self.k_cache[i, :, ctx_start:total] = apply_rope(attn.k_norm(attn.heads(attn.k_proj, kv_in, attn.n_kv)), cos_kv, sin_kv)
+            self.k_cache[i, :, ctx_start:total] = apply_rope(
+                attn.k_norm(attn.heads(attn.k_proj, kv_in, attn.n_kv)), cos_kv, sin_kv
+            )
             self.v_cache[i, :, ctx_start:total] = attn.heads(attn.v_proj, kv_in, attn.n_kv)
             q = apply_rope(attn.q_norm(attn.heads(attn.q_proj, h, attn.n_heads)), cos_kv[-bk:], sin_kv[-bk:])
             rep = attn.n_heads // attn.n_kv
             k = self.k_cache[i, :, :total].repeat_interleave(rep, dim=0)  # [Hq, total, D]
             v = self.v_cache[i, :, :total].repeat_interleave(rep, dim=0)
             mask = block_mask(start, total, cfg.causal[i], cfg.windows[i], x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.head_dim**-0.5)  # [Hq, Bk, D]
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=attn.head_dim**-0.5
+            )  # [Hq, Bk, D]
             x = x + attn.o_proj(out.transpose(0, 1).reshape(bk, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)

@@ -30,9 +30,13 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_tables(head_dim: int, theta: float, max_positions: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def rope_tables(
+    head_dim: int, theta: float, max_positions: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """cos, sin: [max_positions, head_dim] in fp32 (the half-split layout of `rotate_half`)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim)
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    )
     freqs = torch.arange(max_positions, device=device).float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
@@ -92,7 +96,9 @@ class Attention(nn.Module):
         v = self.heads(self.v_proj, x, self.n_kv)
         k_cache[:, context_len : context_len + t] = k
         v_cache[:, context_len : context_len + t] = v
-        out = backend.attention(q, k_cache, v_cache, context_len, visibility, self.head_dim**-0.5)  # [Hq, T, D]
+        out = backend.attention(
+            q, k_cache, v_cache, context_len, visibility, self.head_dim**-0.5
+        )  # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(t, -1))
 
 
@@ -153,9 +159,14 @@ class Qwen3(nn.Module):
         captured: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, cos, sin, self.k_cache[i], self.v_cache[i], context_len, visibility, backend)
+            x = x + layer.self_attn(
+                h, cos, sin, self.k_cache[i], self.v_cache[i], context_len, visibility, backend
+            )
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if capture and i in self.capture_layers:
                 captured[i] = x
+        x = self.norm(x)
+        if len(self.layers) - 1 in captured:  # HF's last hidden_states entry is the normed output
+            captured[len(self.layers) - 1] = x
         hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
-        return self.lm_head(self.norm(x)).float(), hidden
+        return self.lm_head(x).float(), hidden

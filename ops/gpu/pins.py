@@ -74,7 +74,8 @@ def check_installed(req: Requirement, installed: dict[str, Any]) -> str | None:
     if info and vcs.get("vcs") == "git" and _same_repo(url, req.git_url or "") and same_ref:
         return None
     now = f"{have} from git@{vcs.get('requested_revision') or vcs.get('commit_id', '?')[:12]}" if vcs else have
-    return f"{req.name} {now or 'absent'} -> git@{ref}"
+    target = f"git@{ref}" if not vcs or _same_repo(url, req.git_url or "") else f"{req.git_url}@{ref}"
+    return f"{req.name} {now or 'absent'} -> {target}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import re
 from typing import Any
 
@@ -119,14 +120,16 @@ class Models(Step):
             venv_hf = f"{venv_path(args, ctx)}/bin/hf"
             found = conn.run("command -v hf || true", timeout=30).stdout.strip()
             hf = venv_hf if conn.stat(venv_hf) is not None else (found or venv_hf)
-        return {"checkpoints": checkpoints, "token_file": token, "hf": hf}
+        token_dir = posixpath.dirname(token_file)
+        return {"checkpoints": checkpoints, "token_file": token, "token_dir_exists": conn.stat(token_dir) is not None,
+                "hf": hf}
 
     def plan(self, facts, args, ctx):
+        if not args["models"]:
+            return Plan.noop("no models listed for this host")
         base = ctx.host.base
         todo = [(m, missing) for m in args["models"]
                 if (missing := missing_files(**facts["checkpoints"][m["name"]]))]
-        if not args["models"]:
-            return Plan.noop("no models listed for this host")
         if not todo:
             return Plan.noop(f"{len(args['models'])} checkpoint(s) complete: "
                              + ", ".join(m["name"] for m in args["models"]))
@@ -138,6 +141,9 @@ class Models(Step):
         if token:
             wanted = token_line(token)
             if have is None or have["sha256"] != hashlib.sha256(wanted).hexdigest() or have["mode"] != "0600":
+                if not facts["token_dir_exists"]:
+                    changes.append(Run(join(["mkdir", "-p", "-m", "0700", posixpath.dirname(token_file)]),
+                                       why="directory of the token file"))
                 changes.append(Write(token_file, wanted, mode="0600", why="token for hf download",
                                      diff=f"--- {token_file}\n+++ {token_file}\n+HF_TOKEN=********\n"))
             source = token_file

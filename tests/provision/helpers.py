@@ -36,50 +36,46 @@ def fake_nvidia_smi(bin_dir: Path, query: Path | None, version: Path | None, que
     return script
 
 
-def fake_hf(bin_dir: Path, log: Path) -> Path:
-    """A stand-in `hf` CLI: logs argv and whether HF_TOKEN was in its environment, then writes a tiny
-    real checkpoint (config.json, a 2-shard safetensors index and its shards) into --local-dir."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    script = bin_dir / "hf"
-    script.write_text(f"""#!{sys.executable}
-import json, os, sys
-from pathlib import Path
-import torch
-from safetensors.torch import save_file
-argv = sys.argv[1:]
-with open({str(log)!r}, "a") as f:
-    f.write(json.dumps({{"argv": argv, "token": os.environ.get("HF_TOKEN")}}) + "\\n")
-out = Path(argv[argv.index("--local-dir") + 1])
-out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text(json.dumps({{"model_type": "qwen3", "repo": argv[1]}}))
-shards = {{"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}}
-for shard, key in shards.items():
-    save_file({{key: torch.zeros(2)}}, str(out / shard))
-index = {{"metadata": {{}}, "weight_map": {{key: shard for shard, key in shards.items()}}}}
-(out / "model.safetensors.index.json").write_text(json.dumps(index))
-print(out)
-""")
-    script.chmod(0o755)
-    return script
+def safetensors_bytes(tensor: str) -> bytes:
+    """A real one-tensor safetensors file (float32 [2], zeros), written without torch for speed."""
+    header = json.dumps({tensor: {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header + bytes(8)
 
 
 def write_checkpoint(directory: Path, shards: int = 2, index: bool = True) -> Path:
-    """A tiny real checkpoint written locally: config.json and safetensors shards (+ index)."""
-    import torch
-    from safetensors.torch import save_file
-
+    """A tiny real checkpoint: config.json and safetensors shards named by an index (or one file)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     if not index:
-        save_file({"w": torch.zeros(2)}, str(directory / "model.safetensors"))
+        (directory / "model.safetensors").write_bytes(safetensors_bytes("w"))
         return directory
     weight_map = {}
     for i in range(1, shards + 1):
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        save_file({f"w{i}": torch.zeros(2)}, str(directory / name))
+        (directory / name).write_bytes(safetensors_bytes(f"w{i}"))
         weight_map[f"w{i}"] = name
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return directory
+
+
+def fake_hf(bin_dir: Path, log: Path) -> Path:
+    """A stand-in `hf` CLI: logs its argv and the HF_TOKEN it got from its environment, then writes a
+    tiny real checkpoint into --local-dir, as `hf download` would."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "hf"
+    script.write_text(f"""#!{sys.executable}
+import json, os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from pathlib import Path
+from tests.provision.helpers import write_checkpoint
+argv = sys.argv[1:]
+with open({str(log)!r}, "a") as f:
+    f.write(json.dumps({{"argv": argv, "token": os.environ.get("HF_TOKEN")}}) + "\\n")
+print(write_checkpoint(Path(argv[argv.index("--local-dir") + 1])))
+""")
+    script.chmod(0o755)
+    return script
 
 
 def path_with(bin_dir: Path) -> str:

@@ -1,0 +1,172 @@
+"""`python -m ddtree_runtime generate|bench`: one generation, or an offline decode benchmark.
+
+Both load the pair once (refusing a drafter that does not fit, with the lint's findings), size the
+caches for the request, and print the engine's statistics; `bench` prints one JSON object per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ddtree_runtime.config import ConfigError
+from ddtree_runtime.engine import MODES, Engine, GenerationError
+from ddtree_runtime.loader import load_pair
+from ddtree_runtime.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3)")
+    p.add_argument("--drafter", help="DFlash drafter checkpoint directory (needed by dflash and ddtree)")
+    p.add_argument("--budget", type=int, default=64, help="ddtree: tree nodes verified per round")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-context", type=int, help="cache size in tokens (default: what the request needs)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text (through the chat template when the model has one)")
+    prompt.add_argument("--prompt-ids", help="comma-separated token ids, used as they are")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ddtree_runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate once and print the tokens and statistics")
+    _common(gen)
+    gen.add_argument("--mode", choices=MODES, default="ddtree")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--format", choices=("text", "json"), default="text")
+    bench = sub.add_parser("bench", help="offline decode benchmark: one JSON object per run")
+    _common(bench)
+    bench.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    bench.add_argument("--budgets", help="ddtree: comma-separated budgets (default: --budget)")
+    bench.add_argument("--runs", type=int, default=3, help="timed runs per mode and budget")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    return parser.parse_args(argv)
+
+
+def _prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+        except ValueError:
+            raise GenerationError(
+                f"--prompt-ids {args.prompt_ids!r} is not a comma-separated list of ints"
+            ) from None
+    if tokenizer is None:
+        raise GenerationError(
+            f"{args.target}: no tokenizer.json, so --prompt cannot be encoded (fix: use --prompt-ids)"
+        )
+    return tokenizer.prompt_ids(args.prompt)
+
+
+def _engine(
+    args: argparse.Namespace, modes: Sequence[str], budgets: Sequence[int], prompt_len: int
+) -> Engine:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
+    needs_drafter = any(m != "ar" for m in modes)
+    if needs_drafter and not args.drafter:
+        raise GenerationError("modes dflash and ddtree need --drafter DIR (fix: add it, or use --mode ar)")
+    target, drafter = load_pair(
+        args.target, args.drafter if needs_drafter else None, device, DTYPES[args.dtype]
+    )
+    block = drafter.config.block_size if drafter is not None else 1
+    rows = max([block, *(b + 1 for b in budgets)])
+    max_context = args.max_context or min(
+        target.config.max_position_embeddings, prompt_len + args.max_new_tokens + rows
+    )
+    return Engine(target, drafter, max_context)
+
+
+def _load_tokenizer(target: str) -> Tokenizer | None:
+    return Tokenizer(target) if (Path(target) / "tokenizer.json").exists() else None
+
+
+def generate(args: argparse.Namespace) -> int:
+    tokenizer = _load_tokenizer(args.target)
+    ids = _prompt_ids(args, tokenizer)
+    engine = _engine(args, [args.mode], [args.budget] if args.mode == "ddtree" else [], len(ids))
+    result = engine.generate(
+        ids,
+        mode=args.mode,
+        budget=args.budget,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        stop=args.stop,
+        decode=tokenizer.decode if tokenizer else None,
+    )
+    if args.format == "json":
+        print(json.dumps(result.as_json()))
+    else:
+        print(result.text if result.text is not None else " ".join(map(str, result.output_ids)))
+        print(
+            f"[{result.mode}] {len(result.output_ids)} tokens, {result.rounds} rounds, "
+            f"tau {result.mean_accepted:.2f}, {result.tokens_per_s:.1f} tok/s, stop: {result.stop_reason}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else [args.budget]
+    tokenizer = _load_tokenizer(args.target)
+    ids = _prompt_ids(args, tokenizer)
+    engine = _engine(args, modes, budgets if "ddtree" in modes else [], len(ids))
+    for mode in modes:
+        for budget in budgets if mode == "ddtree" else [None]:
+            runs = []
+            for i in range(args.warmup + args.runs):
+                result = engine.generate(
+                    ids,
+                    mode=mode,
+                    budget=budget or 1,
+                    max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature,
+                    seed=args.seed + i,
+                    eos_ids=(),
+                    profile=True,
+                )
+                if i >= args.warmup:
+                    runs.append(result)
+            tokens = sum(len(r.output_ids) for r in runs)
+            seconds = sum(r.total_s for r in runs)
+            rounds = [a for r in runs for a in r.accepted_per_round]
+            row = {
+                "mode": mode,
+                "budget": budget,
+                "device": str(engine.device),
+                "dtype": args.dtype,
+                "prompt_tokens": len(ids),
+                "max_new_tokens": args.max_new_tokens,
+                "runs": len(runs),
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "rounds": len(rounds),
+                "mean_accepted": sum(a + 1 for a in rounds) / len(rounds) if rounds else 0.0,
+                "phase_s": {k: sum(r.phase_s[k] for r in runs) for k in runs[0].phase_s} if runs else {},
+            }
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return generate(args) if args.command == "generate" else bench(args)
+    except (ConfigError, GenerationError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

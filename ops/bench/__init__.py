@@ -1,0 +1,1 @@
+"""Benchmarks: the result schema, foreign-result importers, shipped prompt sets and reports."""

@@ -1,0 +1,61 @@
+"""Fixtures for the runtime tests: device/dtype from the environment, tiny checkpoint pairs.
+
+`SPECOPS_TEST_DEVICE` (cpu | cuda) and `SPECOPS_TEST_DTYPE` (float32 | bfloat16) run the same suite
+on the GPU in bf16; exactness assertions that bf16 near-ties can break are relaxed there to
+"every divergence is at a near-tie" (see `tests/runtime/helpers.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from ddtree_runtime.tiny import TinyPair, write_tiny_pair
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and the CI box has only two cores to share."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return torch.device(os.environ.get("SPECOPS_TEST_DEVICE", "cpu"))
+
+
+@pytest.fixture(scope="session")
+def dtype() -> torch.dtype:
+    return getattr(torch, os.environ.get("SPECOPS_TEST_DTYPE", "float32"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """The fitted pair (64 words, block 6): drafts get accepted, often 3+ at a time."""
+    return write_tiny_pair(tmp_path_factory.mktemp("tiny") / "pair")
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """A 12-word pair with a broad target distribution, for the chi-square test."""
+    return write_tiny_pair(
+        tmp_path_factory.mktemp("small") / "pair", n_words=12, block_size=4, fit_steps=150, logit_scale=0.35
+    )
+
+
+@pytest.fixture(scope="session")
+def mixed_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """An unfitted drafter with sliding + full layers (block 5): exactness must not need good drafts."""
+    return write_tiny_pair(
+        tmp_path_factory.mktemp("mixed") / "pair",
+        block_size=5,
+        layer_types=["sliding_attention", "full_attention"],
+        fit_steps=0,
+        seed=3,
+    )

@@ -1,0 +1,83 @@
+"""At T > 0 the speculative modes sample from the target's own distribution (chi-square, fixed seeds)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from ddtree_runtime.engine import Engine
+from ddtree_runtime.tiny import TinyPair
+from tests.runtime.helpers import engine_for
+
+stats = pytest.importorskip("scipy.stats")
+
+PROMPT = [7, 12, 9]
+DRAWS = 2000
+TEMPERATURE = 1.0
+
+
+@pytest.fixture(scope="module")
+def engine(small_vocab_pair: TinyPair, device: torch.device, dtype: torch.dtype) -> Engine:
+    return engine_for(small_vocab_pair, device, dtype, max_context=64)
+
+
+def next_probs(engine: Engine, ids: list[int]) -> torch.Tensor:
+    seq = torch.tensor(ids, device=engine.device)
+    with torch.inference_mode():
+        logits, _ = engine.target(seq, torch.arange(len(seq), device=engine.device), 0, None, engine.backend, False)
+    return torch.softmax(logits[-1].double().cpu() / TEMPERATURE, -1)
+
+
+def exact_pair_distribution(engine: Engine) -> dict[tuple[int, int], float]:
+    """P(t2, t3) = sum over t1 of p(t1) p(t2 | t1) p(t3 | t1, t2), from the target alone."""
+    vocab = engine.target.config.vocab_size
+    p1 = next_probs(engine, PROMPT)
+    dist: Counter[tuple[int, int]] = Counter()
+    for t1 in range(vocab):
+        p2 = next_probs(engine, [*PROMPT, t1])
+        for t2 in range(vocab):
+            weight = float(p1[t1] * p2[t2])
+            if weight < 1e-7:
+                continue
+            p3 = next_probs(engine, [*PROMPT, t1, t2])
+            for t3 in range(vocab):
+                dist[t2, t3] += weight * float(p3[t3])
+    return dist
+
+
+@pytest.mark.parametrize(("mode", "budget"), [("ddtree", 6), ("dflash", 1)])
+def test_second_and_third_tokens_follow_the_target(engine: Engine, mode: str, budget: int) -> None:
+    want = exact_pair_distribution(engine)
+    seen: Counter[tuple[int, int]] = Counter()
+    first_round_accepts = 0
+    for seed in range(DRAWS):
+        out = engine.generate(
+            PROMPT, mode=mode, budget=budget, max_new_tokens=3, temperature=TEMPERATURE, seed=seed, eos_ids=()
+        )
+        seen[out.output_ids[1], out.output_ids[2]] += 1
+        first_round_accepts += out.accepted_per_round[0] >= 1
+    # the draws must exercise accepted drafts, not only bonus tokens
+    assert first_round_accepts > DRAWS // 10
+    # cells with an expected count under 5 are pooled into one
+    big = [cell for cell, p in want.items() if p * DRAWS >= 5]
+    observed = [seen[c] for c in big]
+    expected = [want[c] * DRAWS for c in big]
+    observed.append(DRAWS - sum(observed))
+    expected.append(DRAWS - sum(expected))
+    result = stats.chisquare(observed, expected)
+    assert result.pvalue > 1e-3, (mode, result)
+
+
+def test_sampling_is_reproducible_with_a_seed(engine: Engine) -> None:
+    def run(seed: int) -> tuple[int, ...]:
+        out = engine.generate(PROMPT, mode="ddtree", budget=6, max_new_tokens=12, temperature=0.8, seed=seed)
+        return tuple(out.output_ids)
+
+    assert run(5) == run(5)
+    assert len({run(s) for s in range(6)}) > 1
+
+
+def test_exact_distribution_sums_to_one(engine: Engine) -> None:
+    assert sum(exact_pair_distribution(engine).values()) == pytest.approx(1.0, abs=1e-4)
