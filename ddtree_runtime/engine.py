@@ -40,7 +40,7 @@ class GenerationResult:
     prompt_len: int
     mode: str
     accepted_per_round: list[int]  # drafts the target accepted in each verify round
-    stop_reason: str  # "eos" | "length" | "stop"
+    stop_reason: str  # "eos" | "length" | "stop" | "cancelled"
     phase_s: dict[str, float] = field(default_factory=dict)
     total_s: float = 0.0
     text: str | None = None
@@ -101,13 +101,17 @@ class _Output:
         eos_ids: set[int],
         stop: Sequence[str],
         decode: Callable[[list[int]], str] | None,
+        on_tokens: Callable[[list[int]], bool] | None,
     ) -> None:
         self.ids: list[int] = []
         self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
+        self.on_tokens = on_tokens
         self.reason: str | None = None
 
     def emit(self, tokens: list[int]) -> bool:
-        """Append tokens one by one until a rule fires; True when generation is over."""
+        """Append tokens one by one until a rule fires, then hand the round's tokens to
+        `on_tokens` (False from it cancels); True when generation is over."""
+        first = len(self.ids)
         for t in tokens:
             self.ids.append(t)
             if t in self.eos:
@@ -117,8 +121,10 @@ class _Output:
             elif len(self.ids) >= self.max_new:
                 self.reason = "length"
             if self.reason:
-                return True
-        return False
+                break
+        if self.on_tokens is not None and not self.on_tokens(self.ids[first:]) and not self.reason:
+            self.reason = "cancelled"
+        return self.reason is not None
 
     def text(self) -> str | None:
         if self.decode is None:
@@ -126,6 +132,20 @@ class _Output:
         text = self.decode(self.ids)
         cuts = [text.find(s) for s in self.stop if s in text]
         return text[: min(cuts)] if cuts else text
+
+
+def nucleus(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """logits: [..., V] with every token outside the top-p nucleus of softmax(logits / T) at -inf.
+
+    Sampling softmax(result / T) is then sampling the nucleus distribution, so the backend's walk
+    (which only knows T) stays exact for top-p too."""
+    if temperature <= 0 or top_p >= 1.0:
+        return logits
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # the best token always stays
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.float().masked_fill(drop, float("-inf"))
 
 
 def _choose(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
@@ -202,23 +222,32 @@ class Engine:
         budget: int = 64,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
+        top_p: float = 1.0,
         seed: int | None = None,
         eos_ids: Sequence[int] | None = None,
         stop: Sequence[str] = (),
         decode: Callable[[list[int]], str] | None = None,
+        on_tokens: Callable[[list[int]], bool] | None = None,
         block_size: int | None = None,
         profile: bool = False,
     ) -> GenerationResult:
-        """Generate up to `max_new_tokens` tokens after `prompt_ids` (EOS and stop strings end it early)."""
+        """Generate up to `max_new_tokens` tokens after `prompt_ids`.
+
+        EOS (kept in the output), stop strings (needs `decode`) and `on_tokens` returning False
+        (called with each round's new tokens, e.g. to stream) end it early.
+        """
         block = block_size or (self.drafter.config.block_size if self.drafter is not None else 2)
         self._check(mode, len(prompt_ids), max_new_tokens, budget, block)
         if temperature < 0:
             raise GenerationError(f"temperature {temperature} is negative (fix: 0 for greedy, > 0 to sample)")
+        if not 0 < top_p <= 1:
+            raise GenerationError(f"top_p {top_p} is outside (0, 1] (fix: 1.0 turns it off)")
+        sampling = (temperature, top_p)
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
-        out = _Output(max_new_tokens, eos, stop, decode)
+        out = _Output(max_new_tokens, eos, stop, decode, on_tokens)
         clock = _Clock(profile and self.device.type == "cuda")
         start_time = time.perf_counter()
 
@@ -227,15 +256,15 @@ class Engine:
         logits, hidden = self.target(
             prompt, torch.arange(n, device=self.device), 0, None, self.backend, capture=mode != "ar"
         )
-        root = _choose(logits[-1], temperature, generator)
+        root = _choose(nucleus(logits[-1], temperature, top_p), temperature, generator)
         clock.lap("prefill")
         accepted: list[int] = []
         done = out.emit([int(root)])
         if mode == "ar":
-            self._ar_loop(root, n, out, done, accepted, temperature, generator, clock)
+            self._ar_loop(root, n, out, done, accepted, sampling, generator, clock)
         else:
             self._spec_loop(
-                mode, root, n, hidden, out, done, accepted, budget, block, temperature, generator, clock
+                mode, root, n, hidden, out, done, accepted, budget, block, sampling, generator, clock
             )
         total = time.perf_counter() - start_time
         return GenerationResult(
@@ -256,15 +285,16 @@ class Engine:
         out: _Output,
         done: bool,
         accepted: list[int],
-        temperature: float,
+        sampling: tuple[float, float],
         generator: torch.Generator | None,
         clock: _Clock,
     ) -> None:
         """Plain decoding: one target pass per token."""
+        temperature, top_p = sampling
         while not done:
             pos = torch.tensor([start], device=self.device)
             logits, _ = self.target(root.reshape(1), pos, start, None, self.backend, capture=False)
-            root = _choose(logits[0], temperature, generator)
+            root = _choose(nucleus(logits[0], temperature, top_p), temperature, generator)
             clock.lap("verify")
             start += 1
             accepted.append(0)
@@ -281,7 +311,7 @@ class Engine:
         accepted: list[int],
         budget: int,
         block: int,
-        temperature: float,
+        sampling: tuple[float, float],
         generator: torch.Generator | None,
         clock: _Clock,
     ) -> None:
@@ -289,6 +319,7 @@ class Engine:
         `features`: target hidden states of the rows the drafter has not yet read, ending at start."""
         assert self.drafter is not None
         target, drafter, backend = self.target, self.drafter, self.backend
+        temperature, top_p = sampling
         cfg = drafter.config
         masks = torch.full((block - 1,), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         chain_parents = torch.arange(block, device=self.device) - 1
@@ -308,6 +339,7 @@ class Engine:
             clock.lap("tree")
             logits, hidden = target(tokens, start + depth, start, visibility, backend)
             clock.lap("verify")
+            logits = nucleus(logits, temperature, top_p)
             path, path_len, bonus = backend.tree_walk(tokens, parents, logits, temperature, generator)
             clock.lap("walk")
             if mode == "ddtree":  # a chain's accepted rows are already in place

@@ -24,6 +24,8 @@ differently from the heap, but the multiset of scores is the same. Work per leve
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 
@@ -51,11 +53,89 @@ def _check_budget(depth_max: int, vocab: int, budget: int) -> None:
         raise RuntimeError(f"tree build supports at most 255 draft positions, got {depth_max}")
 
 
-def _order_key(score: Tensor, depth: Tensor) -> Tensor:
-    """int64 key ordering by score descending, then depth ascending (float bits made monotone)."""
-    bits = score.contiguous().view(torch.int32).to(torch.int64)
-    monotone = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (monotone << 8) | (255 - depth)
+@triton.jit
+def _order_key(score, low):
+    """int64 key: the fp32 score's bits made monotone in the high word, a tie-break in the low word."""
+    bits = score.to(tl.int32, bitcast=True)
+    mono = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (mono.to(tl.int64) << 32) | low.to(tl.int64)
+
+
+@triton.jit
+def _candidate(i, ok, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL: tl.constexpr):
+    """Score and order key of entry i: a child (rho, r) of the level, or a pool entry (level, slot)."""
+    if POOL:
+        score = tl.load(PREV + i, mask=ok, other=float("-inf"))
+        level = i // budget
+        low = ((255 - level).to(tl.int64) << 24) | (16777215 - i).to(tl.int64)  # shallower first
+    else:
+        score = tl.load(PREV + tl.load(RHO + i, mask=ok, other=0), mask=ok, other=float("-inf"))
+        score = score + tl.load(CHILD + tl.load(RANK + i, mask=ok, other=0), mask=ok, other=0.0)
+        low = 4294967295 - i.to(tl.int64)  # lower index first on equal scores
+    key = tl.where(ok, _order_key(score, low), -9223372036854775807 - 1)
+    return score, key
+
+
+@triton.jit
+def _rank_select_kernel(
+    PREV, RHO, RANK, CHILD, POOL_LEVEL,
+    OUT_SCORE, OUT_INDEX,
+    n_keys, budget,
+    POOL: tl.constexpr,
+    BLOCK_X: tl.constexpr,
+    BLOCK_Y: tl.constexpr,
+):
+    """Exact sorted top-``budget``: entry x lands at slot rank(x) = #{y : key_y > key_x}.
+
+    Keys are distinct (the low word breaks ties), so the ranks are a permutation; all-pairs
+    counting is ~n^2 compares, spread over n / BLOCK_X programs and cheaper than a sort here.
+    """
+    xs = tl.program_id(0) * BLOCK_X + tl.arange(0, BLOCK_X)
+    x_ok = xs < n_keys
+    score, kx = _candidate(xs, x_ok, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL)
+    rank = tl.zeros([BLOCK_X], dtype=tl.int32)
+    for y0 in range(0, n_keys, BLOCK_Y):
+        ys = y0 + tl.arange(0, BLOCK_Y)
+        _, ky = _candidate(ys, ys < n_keys, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL)
+        rank += tl.sum((ky[None, :] > kx[:, None]).to(tl.int32), 1)
+    keep = x_ok & (rank < budget)
+    tl.store(OUT_SCORE + rank, score, mask=keep)
+    tl.store(OUT_INDEX + rank, xs.to(tl.int64), mask=keep)
+
+
+@triton.jit
+def _assemble_kernel(
+    CHOSEN, PICKS, RHO, RANK, TOKS, NODE_OF, ROOT,
+    TOKENS, PARENTS, DEPTH,
+    budget, k,
+    BLOCK: tl.constexpr,
+):
+    """Node r+1 = the r-th chosen pool entry (level, slot): its token, parent node and depth."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < budget
+    flat = tl.load(CHOSEN + r, mask=ok, other=0)
+    level = flat // budget
+    slot = flat % budget
+    deep = ok & (level > 0)
+    pick = tl.load(PICKS + (level - 1) * budget + slot, mask=deep, other=0)
+    tok_rank = tl.where(deep, tl.load(RANK + pick, mask=deep, other=0), slot)
+    parent_slot = tl.load(RHO + pick, mask=deep, other=0)
+    parent = tl.where(deep, tl.load(NODE_OF + (level - 1) * budget + parent_slot, mask=deep, other=0), 0)
+    tl.store(TOKENS + 1 + r, tl.load(TOKS + level * k + tok_rank, mask=ok, other=0), mask=ok)
+    tl.store(PARENTS + 1 + r, parent, mask=ok)
+    tl.store(DEPTH + 1 + r, level + 1, mask=ok)
+    first = r == 0
+    tl.store(TOKENS + r, tl.load(ROOT + r * 0, mask=first, other=0).to(tl.int64), mask=first)
+    tl.store(PARENTS + r, tl.full([BLOCK], -1, tl.int64), mask=first)
+    tl.store(DEPTH + r, tl.zeros([BLOCK], tl.int64), mask=first)
+
+
+@triton.jit
+def _node_of_kernel(CHOSEN, NODE_OF, budget, BLOCK: tl.constexpr):
+    """Inverse of CHOSEN: the node index (rank + 1) of every chosen pool entry."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = r < budget
+    tl.store(NODE_OF + tl.load(CHOSEN + r, mask=ok, other=0), (r + 1).to(tl.int64), mask=ok)
 
 
 def build_tree(
@@ -68,41 +148,51 @@ def build_tree(
 
     draft_logits: [D, V] for positions 1..D after the root. ``pairs``: ``candidate_pairs(budget,
     min(budget, V), device)``, cached by the caller so that no host-to-device copy happens per round.
+    Launches: log_softmax and per-position top-K (PyTorch), one rank-select per level, one for
+    the pool, two small ones to assemble the nodes.
     """
     depth_max, vocab = draft_logits.shape
     _check_budget(depth_max, vocab, budget)
     device = draft_logits.device
     k = min(budget, vocab)
     rho, rank = pairs if pairs is not None else candidate_pairs(budget, k, device)
+    n_pairs = rho.shape[0]
     vals, toks = torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)  # [D, K], sorted
+    vals = vals.contiguous()
 
-    level_score = torch.full((depth_max, budget), float("-inf"), device=device)
-    level_rank = torch.zeros(depth_max, budget, dtype=torch.int64, device=device)
-    level_parent = torch.zeros(depth_max, budget, dtype=torch.int64, device=device)
+    level_score = torch.empty(depth_max, budget, device=device)
+    level_score[0] = float("-inf")
     level_score[0, :k] = vals[0]
-    level_rank[0, :k] = torch.arange(k, device=device)
+    picks = torch.empty(max(1, depth_max - 1), budget, dtype=torch.int64, device=device)
+    block_x, block_y = 32, 256
     for d in range(1, depth_max):
-        cand = level_score[d - 1][rho] + vals[d][rank]  # [P]
-        top, sel = cand.topk(budget)
-        level_score[d] = top
-        level_rank[d] = rank[sel]
-        level_parent[d] = rho[sel]
-
-    depth_of = torch.arange(depth_max, device=device).repeat_interleave(budget)  # level index, flat
-    key = _order_key(level_score.reshape(-1), depth_of)
-    chosen = key.topk(budget).indices  # [B] flat (level, slot), best first
-    lvl = chosen // budget
-    slot = chosen % budget
-    node_of = torch.zeros(depth_max * budget, dtype=torch.int64, device=device)
-    node_of[chosen] = torch.arange(1, budget + 1, device=device)
-    parent_flat = (lvl - 1).clamp(min=0) * budget + level_parent[lvl, slot]
-    parent_node = torch.where(lvl > 0, node_of[parent_flat], torch.zeros_like(lvl))
-    node_tokens = toks[lvl, level_rank[lvl, slot]]
-
-    root = root_token.reshape(1).to(device=device, dtype=torch.int64)
-    tokens = torch.cat([root, node_tokens])
-    parents = torch.cat([torch.full((1,), -1, dtype=torch.int64, device=device), parent_node])
-    depth = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), lvl + 1])
+        _rank_select_kernel[(triton.cdiv(n_pairs, block_x),)](
+            level_score[d - 1], rho, rank, vals[d], level_score,
+            level_score[d], picks[d - 1],
+            n_pairs, budget,
+            POOL=False, BLOCK_X=block_x, BLOCK_Y=block_y, num_warps=4,
+        )
+    pool = depth_max * budget
+    chosen_score = torch.empty(budget, device=device)
+    chosen = torch.empty(budget, dtype=torch.int64, device=device)
+    _rank_select_kernel[(triton.cdiv(pool, block_x),)](
+        level_score, rho, rank, vals, level_score,
+        chosen_score, chosen,
+        pool, budget,
+        POOL=True, BLOCK_X=block_x, BLOCK_Y=block_y, num_warps=4,
+    )
+    node_of = torch.empty(pool, dtype=torch.int64, device=device)
+    block = 256
+    _node_of_kernel[(triton.cdiv(budget, block),)](chosen, node_of, budget, BLOCK=block, num_warps=4)
+    tokens = torch.empty(budget + 1, dtype=torch.int64, device=device)
+    parents = torch.empty_like(tokens)
+    depth = torch.empty_like(tokens)
+    _assemble_kernel[(triton.cdiv(budget, block),)](
+        chosen, picks, rho, rank, toks.contiguous(), node_of, root_token.reshape(1).to(device),
+        tokens, parents, depth,
+        budget, k,
+        BLOCK=block, num_warps=4,
+    )
     return tokens, parents, depth
 
 

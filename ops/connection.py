@@ -5,12 +5,14 @@ Steps talk to a `Connection` only: `run` a shell command, ranged `read_bytes`, a
 steps rely on:
 
 - `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
-  name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does).
+  name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does):
+  locally the process group is killed, over SSH the channel is closed (the remote command then
+  dies on its next write; wrap it in `timeout` on the host when it must die at once).
 - Every command, stdout and stderr string returned or logged goes through the `Redactor`, after
   the host's resolvable secrets were registered with it.
 - ``run(..., sudo=True)`` goes through sudo only when the host says ``sudo: true`` (otherwise the
   connecting user is trusted to have the rights, e.g. root or a user-owned base). The password
-  never touches argv: ``sudo -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
+  never touches argv: ``sudo -k -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
   and without that secret ``sudo -n`` fails at once instead of waiting for a prompt.
 - Writes are atomic: a temp file in the target's directory, then a rename. With mode None a
   replaced file keeps its mode; a new one gets the source file's mode (put) or 0644 (write).
@@ -59,6 +61,7 @@ log = logging.getLogger("specops.connection")
 
 CONNECT_ATTEMPTS = 3
 CONNECT_BACKOFF_S = (0.2, 0.5)
+KEEPALIVE_S = 30
 TIMEOUT_EXIT = 124
 SIGNALLED_EXIT = 255  # what ssh(1) reports when the remote command dies without an exit status
 _CHUNK = 1 << 16
@@ -89,11 +92,15 @@ class FileStat:
 
 
 def sudo_wrap(command: str, password: str | None) -> str:
-    """The command line that runs `command` as root; the password, if any, goes on stdin."""
+    """The command line that runs `command` as root; the password, if any, goes on stdin.
+
+    With a password, ``-k`` makes sudo ignore cached credentials, so it always reads the password
+    line (on a NOPASSWD rule the line reaches the command's stdin instead; output stays redacted).
+    """
     inner = join(["/bin/sh", "-c", command])
     if password is None:
         return f"sudo -n -- {inner}"
-    return f"sudo -S -p '' -- {inner}"
+    return f"sudo -k -S -p '' -- {inner}"
 
 
 def _as_bytes(data: bytes | str | None) -> bytes:
@@ -357,6 +364,7 @@ class SshConnection(Connection):
                     if attempt < CONNECT_ATTEMPTS - 1:
                         time.sleep(CONNECT_BACKOFF_S[min(attempt, len(CONNECT_BACKOFF_S) - 1)])
                     continue
+                conn.transport.set_keepalive(KEEPALIVE_S)  # long quiet commands (pip, builds) over NAT
                 self._fabric = conn
                 return conn.transport
             raise HostUnreachable(
@@ -491,6 +499,7 @@ class SshConnection(Connection):
         with self._sftp_op(f"read of {path}") as sftp, sftp.open(path, "rb") as fh:
             fh.seek(offset)
             if length is None:
+                fh.prefetch()  # pipelined requests from `offset` to the end
                 return fh.read()
             return fh.read(length)
 

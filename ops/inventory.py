@@ -6,6 +6,7 @@ Format (see DESIGN.md)::
     groups:     {NAME: {hosts: [h, ...], vars: {...}, <host field>: ...}}   applied in file order
     hosts:      {NAME: {<host field>: ..., vars: {...}}}        highest precedence
 
+Top-level keys starting with ``x-`` are ignored (a place for YAML anchors to merge with ``<<``).
 Host fields: address, port, user, key_file, connection (ssh | local), base, host_key_policy
 (strict | accept-new), known_hosts (a path or a list), sudo, connect_timeout, secrets, vars.
 Each field is taken from the last layer that sets it (defaults < groups in file order < host);
@@ -263,6 +264,8 @@ class _LineLoader(yaml.SafeLoader):
                                      "remove or rename one of them")
             data.key_lines[key] = line
         data.update(self.construct_mapping(node, deep=True))
+        for key in data:  # keys that came in through a YAML merge (<<: *anchor) point at the mapping
+            data.key_lines.setdefault(key, data.line)
 
     def construct_line_seq(self, node: yaml.SequenceNode):
         data = _Seq()
@@ -336,9 +339,10 @@ class _Parser:
                 raise self.error(value.key_lines[key], f"{what}: key {key!r} must be a string")
         return value
 
-    def check_keys(self, m: _Map, allowed: tuple[str, ...], what: str, extra_hint: str = "") -> None:
+    def check_keys(self, m: _Map, allowed: tuple[str, ...], what: str, extra_hint: str = "",
+                   free_prefix: str | None = None) -> None:
         for key in m:
-            if key not in allowed:
+            if key not in allowed and not (free_prefix and key.startswith(free_prefix)):
                 hint = _suggest(key, allowed) or f"allowed keys: {', '.join(allowed)}"
                 raise self.error(m.key_lines[key], f"unknown key '{key}' in {what}", hint + extra_hint)
 
@@ -348,9 +352,10 @@ class _Parser:
 
     def inventory(self, data: Any) -> Inventory:
         top = self.mapping(data, 1, "the inventory")
-        self.check_keys(top, _TOP_KEYS, "the inventory's top level")
+        # "x-..." keys are free, as in compose files: a place for YAML anchors (<<: *common).
+        self.check_keys(top, _TOP_KEYS, "the inventory's top level", free_prefix="x-")
         defaults_map = self.mapping(top.get("defaults"), top.key_lines.get("defaults", 1), "defaults")
-        self.check_keys(defaults_map, _HOST_FIELDS, "defaults", " (variables go under defaults.vars)")
+        self.check_keys(defaults_map, _HOST_FIELDS, "defaults", "; variables go under defaults.vars")
         defaults = self.layer(defaults_map, "defaults")
 
         hosts_map = self.mapping(top.get("hosts"), top.key_lines.get("hosts", 1), "hosts")
@@ -362,7 +367,7 @@ class _Parser:
             line = hosts_map.key_lines[name]
             self.name(name, line, "host")
             body_map = self.mapping(body, line, f"host '{name}'")
-            self.check_keys(body_map, _HOST_FIELDS, f"host '{name}'", " (variables go under vars:)")
+            self.check_keys(body_map, _HOST_FIELDS, f"host '{name}'", "; variables go under vars:")
             host_layers[name] = (self.layer(body_map, f"host '{name}'"), line)
 
         groups_map = self.mapping(top.get("groups"), top.key_lines.get("groups", 1), "groups")
@@ -375,7 +380,7 @@ class _Parser:
                 raise self.error(line, f"group '{gname}' has the same name as a host",
                                  "rename the group: --limit could not tell them apart")
             body_map = self.mapping(body, line, f"group '{gname}'")
-            self.check_keys(body_map, _GROUP_KEYS, f"group '{gname}'", " (variables go under vars:)")
+            self.check_keys(body_map, _GROUP_KEYS, f"group '{gname}'", "; variables go under vars:")
             groups[gname] = self.members(body_map, gname, host_layers)
             group_layers[gname] = self.layer(body_map, f"group '{gname}'", skip=("hosts",))
 

@@ -6,8 +6,14 @@ in CI; an unprivileged user works too, logging in as itself). Daemons of one `ss
 start concurrently and are ready when their port accepts; teardown kills each daemon with every
 session process it forked, so `stop()` really takes a host down mid-run.
 
+Sessions get ``SHLVL=1`` so a login shell that is bash does not source the user's ~/.bashrc (bash
+does that for commands run by sshd when SHLVL < 2): tests must not depend on the developer's shell
+set-up (a pyenv init there costs 0.2 s per command, and a session killed while it rehashed leaves
+a lock that stalls every later command for a minute). `env` adds variables (e.g. PATH); sshd keeps
+only the first SetEnv line, so they all go on that one line.
+
 Fixtures:
-    sshd_hosts(n, extra_config=()) -> list[SshdHost]   (h1..hn on 127.0.0.2..)
+    sshd_hosts(n, env=None, extra_config=()) -> list[SshdHost]   (h1..hn on 127.0.0.2..)
     make_inventory(hosts, **options) -> Path            (inventory.yaml + a pre-filled known_hosts)
 """
 
@@ -21,7 +27,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +75,8 @@ def _descendants(pid: int) -> list[int]:
 class SshdHost:
     """One sshd daemon on a loopback address; see the module docstring."""
 
-    def __init__(self, name: str, address: str, root: Path, client_key: Path, extra_config: Sequence[str] = ()):
+    def __init__(self, name: str, address: str, root: Path, client_key: Path,
+                 env: Mapping[str, str] | None = None, extra_config: Sequence[str] = ()):
         self.name = name
         self.address = address
         self.dir = root
@@ -80,6 +87,7 @@ class SshdHost:
         self.client_key = client_key
         self.user = getpass.getuser()
         self.port = _free_port(address)
+        self.env = {"SHLVL": "1", **(env or {})}
         self.extra_config = list(extra_config)
         self.log_path = root / "sshd.log"
         self._proc: subprocess.Popen | None = None
@@ -115,6 +123,7 @@ class SshdHost:
             "MaxSessions 64",
             "LogLevel ERROR",
             "Subsystem sftp internal-sftp",
+            "SetEnv " + " ".join(f'{k}="{v}"' for k, v in self.env.items()),
             *self.extra_config,
         ]
         config.write_text("\n".join(lines) + "\n")
@@ -172,11 +181,23 @@ class SshdHost:
 
 
 def start_all(hosts: Sequence[SshdHost]) -> None:
-    """Start daemons concurrently, then wait for each: startup costs one daemon, not n."""
+    """Start daemons concurrently, then wait for each: startup costs one daemon, not n.
+
+    A first start may lose its port to another process between `_free_port` and sshd's bind
+    (parallel test runs); it then retries on a fresh port, which is still unknown to any test.
+    """
     for host in hosts:
         host._spawn()
     for host in hosts:
-        host._wait_ready()
+        for attempt in range(3):
+            try:
+                host._wait_ready()
+                break
+            except RuntimeError:
+                if attempt == 2 or "Address already in use" not in host.log_path.read_text():
+                    raise
+                host.port = _free_port(host.address)
+                host._spawn()
 
 
 @pytest.fixture(scope="session")
@@ -196,10 +217,11 @@ def sshd_hosts(tmp_path: Path, sshd_client_key: Path) -> Iterator[Callable[..., 
     """Factory: sshd_hosts(3) starts h1..h3 on 127.0.0.2..4 (a second call continues the numbering)."""
     started: list[SshdHost] = []
 
-    def factory(count: int, extra_config: Sequence[str] = ()) -> list[SshdHost]:
+    def factory(count: int, env: Mapping[str, str] | None = None,
+                extra_config: Sequence[str] = ()) -> list[SshdHost]:
         first = len(started)
         hosts = [SshdHost(f"h{i + 1}", f"127.0.0.{i + 2}", tmp_path / "sshd" / f"h{i + 1}", sshd_client_key,
-                          extra_config) for i in range(first, first + count)]
+                          env, extra_config) for i in range(first, first + count)]
         started.extend(hosts)
         start_all(hosts)
         return hosts

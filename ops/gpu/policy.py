@@ -44,9 +44,12 @@ def profile_named(name: Any) -> Profile:
     """The profile an inventory names; an unknown name is a one-line ValueError with the fix."""
     if isinstance(name, str) and name in PROFILES:
         return PROFILES[name]
+    if name in ("", None):
+        raise ValueError(f"the host has no profile (fix: set vars.profile in the inventory to one of "
+                         f"{', '.join(PROFILES)})")
     close = difflib.get_close_matches(str(name), PROFILES, n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
-    raise ValueError(f"unknown profile {name!r} (fix: {hint}set the host's vars.profile in the inventory "
+    raise ValueError(f"unknown profile {str(name)!r} (fix: {hint}set the host's vars.profile in the inventory "
                      f"to one of {', '.join(PROFILES)})")
 
 
@@ -98,7 +101,7 @@ def check_disk(host: str, disk: dict[str, Any], need_gb: float, what: str) -> li
     free_gb = disk["free_bytes"] / GB
     if free_gb >= need_gb:
         return []
-    return [f"{host}: {free_gb:.1f} GB free on {disk['mount']} (holding {disk['path']}), {need_gb:g} GB "
+    return [f"{host}: {free_gb:.1f} GB free on {disk['mount']} (holding {disk['path']}), {need_gb:.1f} GB "
             f"needed for {what} (fix: free disk space, or set the host's base to a larger filesystem)"]
 
 

@@ -71,14 +71,21 @@ class GpuFacts(Step):
     def plan(self, facts, args, ctx):
         row = gpu_facts.summary(facts["host"], facts["env"])
         versions = ", ".join(f"{k} {row[k]}" for k in ("torch", "triton", "vllm") if row[k])
-        message = describe(facts["host"]) + (f"; {versions}" if versions else "; no venv packages")
+        if facts["env"] is None:
+            versions = "no venv yet"
+        message = f"{describe(facts['host'])}; {versions or 'venv has no torch, triton or vllm'}"
         return Plan.noop(message, summary=row, **facts)
 
 
 def model_bytes_needed(conn: Connection, base: str, models: list[dict[str, Any]]) -> tuple[float, list[str]]:
-    """GB the listed models still need: those whose directory has no config.json yet."""
+    """GB the listed models still need: those whose directory has no config.json yet.
+
+    Entries are checked properly by the ``models`` step; here a malformed one simply counts nothing.
+    """
     need, names = 0.0, []
     for model in models:
+        if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+            continue
         if conn.stat(f"{base}/models/{model['name']}/config.json") is None:
             need += float(model.get("size_gb") or 0)
             names.append(model["name"])
@@ -94,7 +101,7 @@ class GpuPolicy(Step):
         pins=Arg(str, default="pins.yaml", help="the pins file, beside the playbook"),
         python=Arg(str, default="python3", help="interpreter the venv is made with"),
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
-        install=Arg(bool, default=True, help="whether the pinned packages will be installed"),
+        install=Arg(bool, help="whether the pinned packages will be installed (default: unless profile cpu)"),
         models=Arg(list, default=[], help="the inventory's models (size_gb counts toward the disk need)"),
         min_free_gb=Arg(float, help="override the computed free-disk need"),
     )
@@ -114,7 +121,8 @@ class GpuPolicy(Step):
         else:
             parts = []
             need = 1.0  # logs, results, pip caches
-            if venv_missing and args["install"]:
+            install = profile.needs_gpu if args["install"] is None else args["install"]
+            if venv_missing and install:
                 need += pins.venv_gb
                 parts.append(f"the venv ({pins.venv_gb:g} GB)")
             if facts["models_gb"]:
@@ -131,7 +139,7 @@ class GpuPolicy(Step):
             raise StepFailed("\n".join(failures))
         gpu = describe(facts) if profile.needs_gpu else "no GPU needed"
         return Plan.noop(f"profile {profile.name}: {gpu}; Python {python}; "
-                         f"{facts['disk']['free_bytes'] / 1e9:.1f} GB free >= {need:g} GB", cuda=pins.cuda)
+                         f"{facts['disk']['free_bytes'] / 1e9:.1f} GB free >= {need:.1f} GB", cuda=pins.cuda)
 
 
 def smoke_script(test: str) -> str:

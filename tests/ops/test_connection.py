@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -142,20 +143,19 @@ def test_host_going_down_mid_command_raises_host_unreachable(sshd_hosts, make_in
     (h1,) = sshd_hosts(1)
     host = load_inventory(make_inventory([h1])).hosts["h1"]
     conn = connect(host)
-    assert conn.run("true").ok
+    marker = h1.base / "started"
     outcome: list[BaseException | object] = []
 
     def long_command() -> None:
         try:
-            outcome.append(conn.run("echo started; sleep 30"))
+            outcome.append(conn.run(f"touch {marker}; sleep 30"))
         except BaseException as exc:
             outcome.append(exc)
 
     worker = threading.Thread(target=long_command)
     worker.start()
-    for _ in range(200):  # wait until the remote command runs
-        if conn.run("pgrep -f 'sleep 30'").ok:
-            break
+    while not marker.exists() and worker.is_alive():  # until the remote command runs
+        time.sleep(0.01)
     h1.stop()
     worker.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], HostUnreachable), outcome

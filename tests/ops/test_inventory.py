@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ops.errors import InputFileError, SpecopsError
-from ops.inventory import REPO_ROOT, load_inventory
+from ops.inventory import EMBEDDED_INVENTORY, REPO_ROOT, load_inventory, parse_inventory
 from ops.redact import Redactor
 
 
@@ -84,6 +84,9 @@ def test_shipped_inventory_has_the_local_demo_host():
     demo = inv.hosts["local"]
     assert demo.connection == "local" and demo.vars["profile"] == "cpu"
     assert demo.base.startswith(os.path.expanduser("~/.cache/specops"))
+    # The copy used when no inventory.yaml exists (an installed package) is the same demo host.
+    embedded = parse_inventory(EMBEDDED_INVENTORY, Path("<embedded inventory>"), base_dir=REPO_ROOT)
+    assert list(embedded.hosts) == ["local"] and embedded.hosts["local"] == demo
 
 
 def test_known_hosts_list_is_resolved_beside_the_inventory(tmp_path):
@@ -194,3 +197,18 @@ def test_secret_errors_say_how_to_fix(tmp_path, monkeypatch):
     with pytest.raises(SpecopsError, match=f"chmod 600 {loose}"):
         host.secrets["LOOSE"].resolve("a")
     assert host.resolve_secrets(strict=False) == {}
+
+
+def test_yaml_anchors_merge_under_x_keys_and_merged_typos_are_still_caught(tmp_path):
+    text = """
+        x-gpu: &gpu {user: ubuntu, port: 2222, sudo: true}
+        hosts:
+          a: {<<: *gpu, address: 10.0.0.1}
+          b: {<<: *gpu, address: 10.0.0.2, port: 22}
+    """
+    inv = load_inventory(write(tmp_path, text))
+    assert (inv.hosts["a"].user, inv.hosts["a"].port, inv.hosts["a"].sudo) == ("ubuntu", 2222, True)
+    assert inv.hosts["b"].port == 22  # the host's own key wins over the merged one
+    bad = write(tmp_path, "x-gpu: &gpu {usr: ubuntu}\nhosts:\n  a:\n    <<: *gpu\n    address: 10.0.0.1\n", "bad.yaml")
+    with pytest.raises(InputFileError, match=r"bad.yaml:4: unknown key 'usr' in host 'a' \(fix: did you mean 'user'"):
+        load_inventory(bad)

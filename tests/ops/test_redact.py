@@ -61,7 +61,7 @@ def secret_file(tmp_path: Path, value: str) -> Path:
 
 def assert_password_went_on_stdin(folder: Path, command: str) -> None:
     argv = (folder / "argv").read_text().splitlines()
-    assert argv == ["-S", "-p", "", "--", "/bin/sh", "-c", command]
+    assert argv == ["-k", "-S", "-p", "", "--", "/bin/sh", "-c", command]
     assert (folder / "stdin_password").read_text() == PASSWORD
     for name in ("argv", "cmdline", "parent_cmdline"):
         assert PASSWORD not in (folder / name).read_text()
@@ -73,7 +73,7 @@ def sudo_host(sshd_hosts, make_inventory, tmp_path):
     """An sshd host whose PATH finds the recording sudo first, with sudo: true and a password secret."""
     folder = tmp_path / "sudo-log"
     bindir = fake_sudo(folder)
-    (h1,) = sshd_hosts(1, extra_config=[f"SetEnv PATH={bindir}:/usr/local/bin:/usr/bin:/bin"])
+    (h1,) = sshd_hosts(1, env={"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin"})
     password = secret_file(tmp_path, PASSWORD)
     path = make_inventory([h1], host_fields={"h1": {
         "sudo": True, "secrets": {"sudo_password": {"file": str(password)}}}})
@@ -92,7 +92,7 @@ def test_sudo_password_travels_on_stdin_over_ssh(sudo_host):
 def test_sudo_without_a_password_uses_non_interactive_sudo(sshd_hosts, make_inventory, tmp_path):
     folder = tmp_path / "sudo-log"
     bindir = fake_sudo(folder)
-    (h1,) = sshd_hosts(1, extra_config=[f"SetEnv PATH={bindir}:/usr/bin:/bin"])
+    (h1,) = sshd_hosts(1, env={"PATH": f"{bindir}:/usr/bin:/bin"})
     host = load_inventory(make_inventory([h1], host_fields={"h1": {"sudo": True}})).hosts["h1"]
     with connect(host) as conn:
         assert conn.run("echo hi", sudo=True).stdout == "hi\n"
@@ -105,7 +105,7 @@ def test_sudo_without_a_password_uses_non_interactive_sudo(sshd_hosts, make_inve
 def test_sudo_false_host_runs_privileged_commands_directly(sshd_hosts, make_inventory, tmp_path):
     folder = tmp_path / "sudo-log"
     bindir = fake_sudo(folder)
-    (h1,) = sshd_hosts(1, extra_config=[f"SetEnv PATH={bindir}:/usr/bin:/bin"])
+    (h1,) = sshd_hosts(1, env={"PATH": f"{bindir}:/usr/bin:/bin"})
     with connect(load_inventory(make_inventory([h1])).hosts["h1"]) as conn:
         assert conn.run("echo direct", sudo=True).stdout == "direct\n"
     assert not (folder / "argv").exists()
@@ -125,7 +125,7 @@ def test_sudo_password_travels_on_stdin_locally(make_inventory, tmp_path, monkey
 
 def test_sudo_wrap_quotes_through_the_shell_module():
     assert sudo_wrap("echo 'a b'", None) == "sudo -n -- /bin/sh -c 'echo '\"'\"'a b'\"'\"''"
-    assert sudo_wrap("x", "pw").startswith("sudo -S -p '' -- ")
+    assert sudo_wrap("x", "pw").startswith("sudo -k -S -p '' -- ")
     assert "pw" not in sudo_wrap("x", "pw")
 
 

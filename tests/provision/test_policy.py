@@ -84,7 +84,7 @@ def test_a_host_without_driver_fails_unless_cpu(facts_: dict) -> None:
 def test_too_little_disk() -> None:
     [line] = failures(H200, "hopper", need_gb=100)
     one_line_with_fix(line)
-    assert line.startswith("gpu1: 68.7 GB free on / (holding /opt), 100 GB needed for the venv (25 GB)")
+    assert line.startswith("gpu1: 68.7 GB free on / (holding /opt), 100.0 GB needed for the venv (25 GB)")
 
 
 @pytest.mark.parametrize(("python", "expected"), [
@@ -106,12 +106,18 @@ def test_failures_are_all_reported_in_fixing_order() -> None:
 
 
 @pytest.mark.parametrize(("name", "hint"), [("blackwel", "did you mean 'blackwell'?"), ("gpu", "set the host's"),
-                                            (None, "one of blackwell, hopper, cpu")])
+                                            (3, "one of blackwell, hopper, cpu")])
 def test_a_bad_profile_name_is_one_line(name, hint: str) -> None:
     with pytest.raises(ValueError) as info:
         profile_named(name)
     message = str(info.value)
-    assert "\n" not in message and message.startswith(f"unknown profile {name!r} (fix: ") and hint in message
+    assert "\n" not in message and message.startswith(f"unknown profile {str(name)!r} (fix: ") and hint in message
+
+
+@pytest.mark.parametrize("name", ["", None])
+def test_no_profile_at_all(name) -> None:
+    with pytest.raises(ValueError, match=r"^the host has no profile \(fix: set vars.profile in the inventory"):
+        profile_named(name)
 
 
 def test_the_shipped_pins(tmp_path: Path) -> None:

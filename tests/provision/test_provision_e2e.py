@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from tests.provision.helpers import H200, fake_hf, fake_nvidia_smi, path_with
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,7 +82,8 @@ def test_provision_cpu_profile_check_then_converge_then_nothing(sshd_hosts, make
     assert again["changed"] == 0 and again["failed"] == 0
     assert {s["status"] for h in again["hosts"].values() for s in h["steps"]} == {"ok", "skipped"}
     assert len(log.read_text().splitlines()) == 2, "the second run downloaded again"
-    assert "GPU facts: no NVIDIA GPU (nvidia-smi not found); no venv packages" not in second.stdout
+    assert "GPU facts: no NVIDIA GPU (nvidia-smi not found); no venv yet" in first.stdout
+    assert "GPU facts: no NVIDIA GPU (nvidia-smi not found); venv has no torch, triton or vllm" in second.stdout
 
     for path in [*results.rglob("*"), *[h.dir / "sshd.log" for h in hosts]]:
         if path.is_file():
@@ -95,11 +98,11 @@ def test_policy_failures_are_one_line_each(sshd_hosts, make_inventory, tmp_path:
     inventory = make_inventory(hosts, local=True, host_vars={
         "h1": {"profile": "blackwel"},
         "h2": {"profile": "hopper"},
-        "h3": {"profile": "cpu", "min_free_gb": 10**7},
+        "h3": {"profile": "cpu", "min_free_gb": 100000},
     })
-    text = inventory.read_text().replace("vars: {profile: cpu}", "vars: {profile: blackwell}")
-    text = text.replace("    vars:\n      profile: cpu\n  ", "    vars:\n      profile: blackwell\n  ", 1)
-    inventory.write_text(text)
+    data = yaml.safe_load(inventory.read_text())
+    data["hosts"]["local"]["vars"] = {"profile": "blackwell"}
+    inventory.write_text(yaml.safe_dump(data))
     bin_dir = tmp_path / "fake-bin"
     fake_nvidia_smi(bin_dir, H200 / "query_csv_noheader_nounits.out", H200 / "nvidia_smi_version.out")
     results = tmp_path / "results"
@@ -120,7 +123,9 @@ def test_policy_failures_are_one_line_each(sshd_hosts, make_inventory, tmp_path:
         "hopper, cpu)")
     assert messages["h2"].startswith("no NVIDIA GPU/driver on h2: nvidia-smi not found (fix: install the NVIDIA "
                                      "driver R580+")
-    assert messages["h3"].startswith("h3: ") and "GB needed for logs and results (fix: free disk space" in messages["h3"]
+    assert messages["h3"].startswith("h3: ") and messages["h3"].endswith(
+        ", 100000.0 GB needed for the venv and models (min_free_gb) (fix: free disk space, or set the host's base "
+        "to a larger filesystem)")
     assert messages["local"] == ("local: GPU 0 (NVIDIA H200) is sm_90, profile 'blackwell' needs sm_120 or sm_100 "
                                  "(fix: set the host's profile to 'hopper' in the inventory)")
     for name in messages:

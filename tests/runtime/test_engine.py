@@ -165,3 +165,13 @@ def test_a_drafter_that_does_not_fit_is_refused_at_load(
     (drafter / "config.json").write_text(json.dumps(raw, indent=2))
     with pytest.raises(ConfigError, match=code):
         load_pair(tiny_pair.target, drafter, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
+def test_on_tokens_streams_each_round_and_can_cancel(engine: Engine, mode: str) -> None:
+    prompt = prompts(4, 1)[0]
+    chunks: list[list[int]] = []
+    got = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: chunks.append(t) or True)
+    assert [t for c in chunks for t in c] == got.output_ids and len(chunks) == got.rounds + 1
+    cancelled = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: False)
+    assert cancelled.stop_reason == "cancelled" and cancelled.output_ids == got.output_ids[:1]

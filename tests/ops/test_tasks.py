@@ -1,0 +1,76 @@
+"""The Fabric tasks through a real ``fab`` subprocess from the repo root, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FAB = Path(sys.executable).parent / "fab"
+CONVERGE = "tests/ops/playbooks/converge.yaml"
+
+
+def fab(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(FAB), *args], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_fab_list_shows_tasks_with_help() -> None:
+    done = fab("--list")
+    assert done.returncode == 0, done.stderr
+    for name in ("facts", "play", "provision", "status"):
+        assert f"  {name} " in done.stdout
+    assert "Run any playbook FILE over the inventory." in done.stdout
+    helped = fab("--help", "play")
+    for option in ("--limit", "--check", "--inventory", "--forks", "--tags"):
+        assert option in helped.stdout
+
+
+def test_fab_play_converges_then_changes_nothing(sshd_hosts, make_inventory, tmp_path: Path) -> None:
+    inventory = make_inventory(sshd_hosts(1), local=True)
+    results = tmp_path / "results"
+    first = fab("play", CONVERGE, "--inventory", str(inventory), "--results", str(results))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 host(s): 2 changed, 0 failed" in first.stdout
+    second = fab("play", CONVERGE, "--inventory", str(inventory), "--results", str(results), "--forks", "1")
+    assert second.returncode == 0 and "2 host(s): 0 changed, 0 failed" in second.stdout
+    summary = json.loads((results / "latest" / "summary.json").read_text())
+    assert set(summary["hosts"]) == {"h1", "local"} and summary["changed"] == 0
+    limited = fab("play", CONVERGE, "--inventory", str(inventory), "--results", str(results), "--limit", "local",
+                  "--check")
+    assert limited.returncode == 0 and "1 host(s): 0 would change, 0 failed" in limited.stdout
+
+
+def test_fab_exit_codes(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"hosts:\n  local: {{connection: local, base: {tmp_path / 'base'}}}\n")
+    failing = tmp_path / "fail.yaml"
+    failing.write_text("name: fail\nsteps:\n  - name: boom\n    step: command\n    args: {cmd: 'echo bad >&2; exit 7'}\n")
+    done = fab("play", str(failing), "--inventory", str(inventory), "--results", str(tmp_path / "r"))
+    assert done.returncode == 1
+    assert "FAILED local / boom (command): command exited 7" in done.stdout and "stderr: bad" in done.stdout
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\nsteps:\n  - step: directory\n    args: {paht: /x}\n")
+    done = fab("play", str(broken), "--inventory", str(inventory))
+    assert done.returncode == 2
+    assert f"error: {broken}:4: step 'directory': unknown argument 'paht'" in done.stderr
+    done = fab("play", str(failing), "--inventory", str(inventory), "--limit", "nosuchhost")
+    assert done.returncode == 2 and "nosuchhost" in done.stderr
+
+
+def test_fab_facts_table_and_provision_check(sshd_hosts, make_inventory, tmp_path: Path) -> None:
+    hosts = sshd_hosts(1)
+    inventory = make_inventory(hosts, local=True, host_vars={"h1": {"profile": "cpu"}})
+    results = tmp_path / "results"
+    done = fab("facts", "--inventory", str(inventory), "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "host facts" in done.stdout and "│ h1 " in done.stdout and "│ local " in done.stdout
+    saved = json.loads((results / "latest" / "facts.json").read_text())
+    assert set(saved) == {"h1", "local"} and saved["h1"]["python"]["version"].startswith("3.")
+    assert (results / "latest" / "h1" / "facts.json").exists()
+    before = sorted(p.name for p in hosts[0].base.iterdir())
+    done = fab("provision", "--check", "--inventory", str(inventory), "--limit", "h1", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(check mode)" in done.stdout
+    assert sorted(p.name for p in hosts[0].base.iterdir()) == before

@@ -1,0 +1,121 @@
+"""Queueing and shutdown on the `small` server (ar, queue of 2, 3 s drain): a full queue answers 503
+with Retry-After, a client that leaves frees its place at once, SIGTERM drains then exits 0.
+
+The long requests here (thousands of tokens) only need to outlast a few HTTP round trips; they are
+cut short by the test or by the drain, never waited for. The SIGTERM test must stay last in this file.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.server.client import Server, sse_events, stream_text
+
+LONG = 3900  # ar on the tiny pair: seconds of tokens, far more than any step below needs
+
+
+class Pending:
+    """A request sent on its own connection, response not yet read."""
+
+    def __init__(self, server: Server, body: dict[str, Any]) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        self.head = b""
+        self.resp: http.client.HTTPResponse | None = None
+
+    def first_event(self) -> Pending:
+        """Block until the first streamed event: the request is then running."""
+        self.resp = self.conn.getresponse()
+        while b"data: " not in self.head:
+            self.head += self.resp.read1(4096)
+        return self
+
+    def body(self) -> tuple[int, bytes]:
+        resp = self.resp or self.conn.getresponse()
+        data = self.head + resp.read()
+        self.conn.close()
+        return resp.status, data
+
+    def leave(self) -> None:
+        self.conn.close()
+
+
+def _until(
+    server: Server, check: Callable[[dict[str, float]], bool], deadline_s: float = 30.0
+) -> dict[str, float]:
+    end = time.monotonic() + deadline_s
+    while not check(m := server.metrics()):
+        assert time.monotonic() < end, f"metrics never matched: {m}"
+        time.sleep(0.05)
+    return m
+
+
+def _waiting(n: int) -> Callable[[dict[str, float]], bool]:
+    return lambda m: m["vllm:num_requests_waiting"] == n
+
+
+def _accepted(m: dict[str, float]) -> float:
+    """Requests the server has taken in: waiting, running or finished."""
+    finished = sum(v for k, v in m.items() if k.startswith("vllm:request_success_total"))
+    return m["vllm:num_requests_waiting"] + m["vllm:num_requests_running"] + finished
+
+
+def test_queue_full_then_leaving_clients_free_their_places(small_server: Server) -> None:
+    s = small_server
+    short = {"prompt": "the city of", "max_tokens": 5}
+    ref = s.post("/v1/completions", short)[1]["choices"][0]["text"]
+    before = s.metrics()
+    assert "vllm:spec_decode_num_drafts_total" not in before  # ar serves no drafts
+    running = Pending(s, {**short, "max_tokens": LONG, "stream": True, "ignore_eos": True}).first_event()
+    queued = [Pending(s, short), Pending(s, short)]
+    _until(s, _waiting(2))
+    status, headers, data = s.request("POST", "/v1/completions", short)
+    assert status == 503 and headers["retry-after"] == "1"
+    assert json.loads(data)["error"]["code"] == "queue_full"
+
+    queued[0].leave()  # a waiting client leaves: its place is free at once
+    _until(s, _waiting(1))
+    late = Pending(s, short)
+    _until(s, _waiting(2))
+    running.leave()  # the running client leaves: its generation stops at the end of the round
+    for pending in (queued[1], late):
+        status, data = pending.body()
+        assert status == 200 and json.loads(data)["choices"][0]["text"] == ref
+    after = _until(s, lambda m: m["vllm:num_requests_waiting"] == m["vllm:num_requests_running"] == 0)
+    key = 'vllm:request_success_total{finished_reason="abort"}'
+    assert after[key] - before[key] == 2
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < LONG
+
+
+def test_sigterm_drains_in_flight_requests_then_exits(small_server: Server) -> None:
+    s = small_server
+    before = _accepted(s.metrics())
+    first = Pending(s, {"prompt": "the city of", "max_tokens": 100, "stream": True}).first_event()
+    queued = Pending(s, {"prompt": "his time was", "max_tokens": 20})
+    too_long = Pending(s, {"prompt": "the", "max_tokens": LONG, "stream": True, "ignore_eos": True})
+    _until(s, lambda m: _accepted(m) - before == 3)  # all three in (the first may even be done)
+    s.proc.send_signal(signal.SIGTERM)
+
+    status, data = first.body()  # in flight: finishes whole
+    events = sse_events(data)
+    assert status == 200 and events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    status, data = queued.body()  # queued before SIGTERM: served within the drain timeout
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 20
+    status, data = too_long.body()  # still running at the timeout: cut, told why
+    cut = sse_events(data)
+    assert status == 200 and cut[-1] == "[DONE]" and "shutting down" in cut[-2]["error"]["message"]
+    assert 0 < len(stream_text(cut, chat=False).split()) < LONG
+    assert s.proc.wait(60) == 0
+    log = [json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{")]
+    assert [e["event"] for e in log if e["event"] in ("draining", "stopped")] == ["draining", "stopped"]
+    assert log[-1]["event"] == "stopped" and log[-1]["drained"] is False
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", s.port), timeout=5).close()

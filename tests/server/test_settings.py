@@ -1,0 +1,97 @@
+"""Settings from flags and the env file; secrets stay out of argv and logs; logs are JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ddtree_runtime.server import SettingsError, add_arguments, settings_from
+from tests.server.client import SECRET, Server
+from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
+
+
+def _settings(*argv: str):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return settings_from(parser.parse_args(argv))
+
+
+def _env(tmp_path: Path, text: str, mode: int = 0o600) -> str:
+    path = tmp_path / "serve.env"
+    path.write_text(text)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_flags_win_over_env_file_which_wins_over_defaults(tmp_path: Path) -> None:
+    env = _env(tmp_path, f"HF_TOKEN={SECRET}\nexport SPECOPS_SERVE_BUDGET=32\nSPECOPS_SERVE_MODE='dflash'\n")
+    s = _settings("--target", "t", "--drafter", "d", "--env-file", env, "--budget", "8")
+    assert (s.budget, s.mode, s.host, s.queue_size) == (8, "dflash", "127.0.0.1", 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "needle"),
+    [
+        (f"HF_TOKEN={SECRET}\n", 0o644, "chmod 600"),
+        (f"HF_TOKEN={SECRET}\n\nSPECOPS_SERVE_BUDGT=3\n", 0o600, ":3: unknown key SPECOPS_SERVE_BUDGT"),
+        (f"SPECOPS_SERVE_BUDGET={SECRET}\n", 0o600, "SPECOPS_SERVE_BUDGET is not a valid int"),
+        ("just words\n", 0o600, ":1: not a KEY=VALUE line"),
+    ],
+)
+def test_env_file_errors_name_the_line_never_the_value(
+    tmp_path: Path, text: str, mode: int, needle: str
+) -> None:
+    env = _env(tmp_path, text, mode)
+    with pytest.raises(SettingsError) as e:
+        _settings("--target", "t", "--drafter", "d", "--env-file", env)
+    assert needle in str(e.value) and env in str(e.value) and SECRET not in str(e.value)
+
+
+def test_bad_flags_are_refused() -> None:
+    with pytest.raises(SettingsError, match="--drafter"):
+        _settings("--target", "t")
+    with pytest.raises(SettingsError, match="--mode"):
+        _settings("--target", "t", "--drafter", "d", "--mode", "beam")
+    with pytest.raises(SettingsError, match="--target is required"):
+        _settings()
+
+
+def test_env_file_settings_in_effect_and_secret_nowhere(main_server: Server, launched: Launched) -> None:
+    status, _, data = main_server.request("GET", "/v1/models")
+    assert status == 200 and json.loads(data)["data"][0]["id"] == MODEL  # from the env file
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        assert SECRET.encode() not in cmdline, f"pid {pid}"
+    assert str(launched.env_file).encode() in Path(f"/proc/{main_server.proc.pid}/cmdline").read_bytes()
+    log = main_server.log.read_text()
+    assert SECRET not in log
+    start = json.loads(log.splitlines()[0])
+    assert (
+        start["event"] == "listening" and start["budget"] == BUDGET and start["pid"] == main_server.proc.pid
+    )
+
+
+def test_log_is_one_json_line_per_request_without_prompt_text(main_server: Server) -> None:
+    before = main_server.log.read_text().count("\n")
+    status, _ = main_server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+    assert status == 200
+    main_server.request("GET", "/nope")
+    end = time.monotonic() + 30  # each line is written just after its response is sent
+    while len(lines := main_server.log.read_text().splitlines()) < before + 2:
+        assert time.monotonic() < end
+        time.sleep(0.02)
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert [r["path"] for r in records[before:]] == ["/v1/completions", "/nope"]
+    done = records[before]
+    assert done["event"] == "request" and done["status"] == 200 and done["completion_tokens"] == 3
+    assert {"prompt_tokens", "e2e_s", "ttft_s", "queue_s", "rounds", "tau", "finish_reason"} <= set(done)
+    assert records[before + 1]["status"] == 404
+    assert PROMPT not in "\n".join(lines)
