@@ -1,4 +1,5 @@
-"""`python -m ddtree_runtime generate|bench`: one generation, or an offline decode benchmark.
+"""`python -m ddtree_runtime generate|bench|serve`: one generation, an offline decode benchmark, or
+the HTTP server (whose flags and loop live in `server.py`).
 
 Both load the pair once (refusing a drafter that does not fit, with the lint's findings), size the
 caches for the request, and print the engine's statistics; `bench` prints one JSON object per run.
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import MODES, Engine, GenerationError
 from ddtree_runtime.loader import load_pair
@@ -51,6 +53,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bench.add_argument("--budgets", help="ddtree: comma-separated budgets (default: --budget)")
     bench.add_argument("--runs", type=int, default=3, help="timed runs per mode and budget")
     bench.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server.py)")
+    server.add_arguments(serve)
     return parser.parse_args(argv)
 
 
@@ -165,6 +169,8 @@ def bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "serve":
+        return server.run(args)
     try:
         return generate(args) if args.command == "generate" else bench(args)
     except (ConfigError, GenerationError) as e:

@@ -156,6 +156,18 @@ def _choose(logits: Tensor, temperature: float, generator: torch.Generator | Non
     return torch.multinomial(probs, 1, generator=generator)[0]
 
 
+def tree_capacity(vocab: int, depth: int, cap: int = 1 << 30) -> int:
+    """Distinct prefixes of length 1..depth over `vocab` tokens (the most nodes a tree can have),
+    counted up to `cap`."""
+    total, level = 0, 1
+    for _ in range(depth):
+        level *= vocab
+        total += level
+        if total >= cap:
+            return cap
+    return total
+
+
 class Engine:
     """Owns the models, their static caches (allocated once at `max_context`) and the backend."""
 
@@ -184,34 +196,38 @@ class Engine:
     def max_context(self) -> int:
         return self.target.max_context
 
-    def _check(self, mode: str, prompt_len: int, max_new_tokens: int, budget: int, block_size: int) -> int:
-        """Validate a request; returns the number of cache rows one verify pass needs."""
+    def _check(
+        self, mode: str, prompt: Sequence[int], max_new_tokens: int, budget: int, block_size: int
+    ) -> None:
+        """Refuse a request the caches or the tree cannot hold, before any work."""
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r} (fix: one of {', '.join(MODES)})")
         if mode != "ar" and self.drafter is None:
             raise GenerationError(f"mode {mode!r} needs a drafter (fix: pass --drafter DIR or use --mode ar)")
-        if prompt_len < 1:
+        if not prompt:
             raise GenerationError("the prompt is empty (fix: give at least one token)")
+        vocab = self.target.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise GenerationError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
         if max_new_tokens < 1:
             raise GenerationError(f"max_new_tokens is {max_new_tokens} (fix: ask for at least 1)")
         if block_size < 2:
             raise GenerationError(f"block_size {block_size} leaves nothing to draft (fix: at least 2)")
-        vocab = self.target.config.vocab_size
-        capacity = sum(vocab**d for d in range(1, block_size))
+        capacity = tree_capacity(vocab, block_size - 1)
         if mode == "ddtree" and not 1 <= budget <= capacity:
             raise GenerationError(
                 f"budget {budget} does not fit a tree of depth {block_size - 1} over {vocab} tokens "
                 f"(fix: a budget from 1 to {capacity})"
             )
         rows = {"ar": 1, "dflash": block_size, "ddtree": budget + 1}[mode]
-        need = prompt_len + max_new_tokens + rows
+        need = len(prompt) + max_new_tokens + rows
         if need > self.max_context:
             raise GenerationError(
-                f"a prompt of {prompt_len} tokens + max_new_tokens {max_new_tokens} + {rows} verify rows "
+                f"a prompt of {len(prompt)} tokens + max_new_tokens {max_new_tokens} + {rows} verify rows "
                 f"needs {need} positions, but max_context is {self.max_context} (fix: shorten the prompt, "
                 "lower max_new_tokens or the budget, or raise --max-context)"
             )
-        return rows
 
     @torch.inference_mode()
     def generate(
@@ -237,7 +253,7 @@ class Engine:
         (called with each round's new tokens, e.g. to stream) end it early.
         """
         block = block_size or (self.drafter.config.block_size if self.drafter is not None else 2)
-        self._check(mode, len(prompt_ids), max_new_tokens, budget, block)
+        self._check(mode, prompt_ids, max_new_tokens, budget, block)
         if temperature < 0:
             raise GenerationError(f"temperature {temperature} is negative (fix: 0 for greedy, > 0 to sample)")
         if not 0 < top_p <= 1:

@@ -29,9 +29,10 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -76,7 +77,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
+    dtype: str | None = None  # resolved by settings_from: bfloat16 on cuda, float32 on cpu
     max_context: int | None = None  # None: the target's max_position_embeddings, capped
     temperature: float = 0.0  # for requests that send none
     queue_size: int = 64
@@ -169,6 +170,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if "target" not in given:
         raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
     s = Settings(**given)
+    s = replace(s, dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"))
     checks = [
         (s.mode in MODES, "mode", f"one of {', '.join(MODES)}"),
         (s.mode == "ar" or s.drafter is not None, "drafter", "pass --drafter DIR, or use --mode ar"),
@@ -250,10 +252,11 @@ class Handler(BaseHTTPRequestHandler):
         """Silenced: `_dispatch` writes one structured line per request instead."""
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The base class's own refusals (bad request line, bad version) in OpenAI's shape too."""
+        """The base class's own refusals (bad request line, unknown method) in OpenAI's shape too."""
         self.close_connection = True
-        error = APIError(code, message or explain or "bad request", kind="invalid_request_error")
+        error = APIError(code, message or explain or "bad request")
         self._send_json(code, error.body())
+        self.app.log.write("request", method=self.command or None, status=code, error=error.message)
 
     def do_GET(self) -> None:
         self._dispatch(self._get)
@@ -279,7 +282,7 @@ class Handler(BaseHTTPRequestHandler):
             status = 499
             self.close_connection = True
         except Exception as e:  # a bug must not take the server down; the client gets a 500
-            record["error"] = f"{type(e).__name__}: {e}"
+            record.update(error=f"{type(e).__name__}: {e}", trace=traceback.format_exc(limit=8))
             status = self._send_json(500, APIError(500, "internal error", kind="server_error").body())
         finally:
             self.app.log.write(
@@ -443,11 +446,14 @@ class Handler(BaseHTTPRequestHandler):
             if kind == "tokens":
                 tokens += len(payload)
                 continue
-            if kind == "error":
-                raise payload
+            if kind == "error" or payload.stop_reason == "cancelled":
+                self._finish(job, record, "abort", tokens)
+                raise (
+                    payload
+                    if kind == "error"
+                    else APIError(503, "the server is shutting down", kind="server_error")
+                )
             result = payload
-            if result.stop_reason == "cancelled":
-                raise APIError(503, "the server is shutting down", kind="server_error")
             self._finish(
                 job,
                 record,
@@ -488,10 +494,10 @@ class Handler(BaseHTTPRequestHandler):
                         if kind == "error"
                         else APIError(503, "the server is shutting down", kind="server_error")
                     )
-                    record["error"] = error.message
                     self._event(error.body())
                     self._event("[DONE]")
                     self._write_chunk(b"")
+                    self._finish(job, record, "abort", tokens, error=error.message)
                     return 200
                 result = payload
                 self._event(reply.chunk(text.finish(result.text or ""), result.stop_reason, first=first))
@@ -537,7 +543,7 @@ def load(app: App) -> tuple[Engine, Tokenizer]:
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SettingsError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
-    dtype = getattr(torch, s.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = getattr(torch, str(s.dtype))
     tokenizer = Tokenizer(s.target)
     target, drafter = load_pair(s.target, s.drafter if s.mode != "ar" else None, device, dtype)
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
@@ -545,8 +551,16 @@ def load(app: App) -> tuple[Engine, Tokenizer]:
     block = drafter.config.block_size if drafter is not None else 2
     rows = {"ar": 1, "dflash": block, "ddtree": s.budget + 1}[s.mode]
     warm_ids = tokenizer.encode("Hello, world") or [0]
+    if len(warm_ids) + 2 * block + rows > max_context:
+        raise SettingsError(
+            f"--mode {s.mode} --budget {s.budget} needs {rows} cache rows per verify round, which leaves "
+            f"no room in --max-context {max_context} (fix: lower --budget or raise --max-context)"
+        )
     began = time.perf_counter()
-    engine.generate(warm_ids, mode=s.mode, budget=s.budget, max_new_tokens=2 * block, eos_ids=())
+    try:
+        engine.generate(warm_ids, mode=s.mode, budget=s.budget, max_new_tokens=2 * block, eos_ids=())
+    except GenerationError as e:
+        raise SettingsError(f"the warm-up generation was refused: {e}") from None
     app.log.write("warmed", seconds=round(time.perf_counter() - began, 3))
     app.tokenizer = tokenizer
     app.limits = Limits(app.model, max_context, rows, target.config.vocab_size, s.temperature)

@@ -257,7 +257,7 @@ def _num_sms(device: torch.device) -> int:
 def _default_config(rows: int, device: torch.device) -> AttentionConfig:
     """Small row counts (decode, small trees) are memory-bound: short tiles, many splits."""
     if rows <= 16:
-        return AttentionConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+        return AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
     if rows <= 256:
         return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
     return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)

@@ -23,6 +23,8 @@ differently from the heap, but the multiset of scores is the same. Work per leve
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -49,8 +51,11 @@ def _check_budget(depth_max: int, vocab: int, budget: int) -> None:
             f"tree budget {budget} is outside 1..{capacity} (the number of distinct prefixes of depth "
             f"<= {depth_max} over a vocabulary of {vocab}); pick a budget in that range"
         )
-    if depth_max > 255:
-        raise RuntimeError(f"tree build supports at most 255 draft positions, got {depth_max}")
+    if depth_max > 255 or depth_max * budget >= 2**24:
+        raise RuntimeError(
+            f"tree build supports depth <= 255 and depth * budget < 2^24 (its tie-break keys), got depth "
+            f"{depth_max} and budget {budget}"
+        )
 
 
 @triton.jit
@@ -62,8 +67,15 @@ def _order_key(score, low):
 
 
 @triton.jit
-def _candidate(i, ok, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL: tl.constexpr):
-    """Score and order key of entry i: a child (rho, r) of the level, or a pool entry (level, slot)."""
+def _keys_kernel(
+    PREV, RHO, RANK, CHILD, SCORES, KEYS,
+    n_keys, budget,
+    POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Score and order key of every entry: a child (rho, r) of the level, or a pool entry (level, slot)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < n_keys
     if POOL:
         score = tl.load(PREV + i, mask=ok, other=float("-inf"))
         level = i // budget
@@ -72,35 +84,47 @@ def _candidate(i, ok, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL: 
         score = tl.load(PREV + tl.load(RHO + i, mask=ok, other=0), mask=ok, other=float("-inf"))
         score = score + tl.load(CHILD + tl.load(RANK + i, mask=ok, other=0), mask=ok, other=0.0)
         low = 4294967295 - i.to(tl.int64)  # lower index first on equal scores
-    key = tl.where(ok, _order_key(score, low), -9223372036854775807 - 1)
-    return score, key
+    tl.store(SCORES + i, score, mask=ok)
+    tl.store(KEYS + i, _order_key(score, low), mask=ok)
 
 
 @triton.jit
 def _rank_select_kernel(
-    PREV, RHO, RANK, CHILD, POOL_LEVEL,
-    OUT_SCORE, OUT_INDEX,
+    SCORES, KEYS, OUT_SCORE, OUT_INDEX,
     n_keys, budget,
-    POOL: tl.constexpr,
     BLOCK_X: tl.constexpr,
     BLOCK_Y: tl.constexpr,
 ):
     """Exact sorted top-``budget``: entry x lands at slot rank(x) = #{y : key_y > key_x}.
 
     Keys are distinct (the low word breaks ties), so the ranks are a permutation; all-pairs
-    counting is ~n^2 compares, spread over n / BLOCK_X programs and cheaper than a sort here.
+    counting is ~n^2 compares over contiguous key loads, spread over n / BLOCK_X programs, and
+    cheaper than a sort at these sizes.
     """
     xs = tl.program_id(0) * BLOCK_X + tl.arange(0, BLOCK_X)
     x_ok = xs < n_keys
-    score, kx = _candidate(xs, x_ok, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL)
+    kx = tl.load(KEYS + xs, mask=x_ok, other=0)
     rank = tl.zeros([BLOCK_X], dtype=tl.int32)
     for y0 in range(0, n_keys, BLOCK_Y):
         ys = y0 + tl.arange(0, BLOCK_Y)
-        _, ky = _candidate(ys, ys < n_keys, PREV, RHO, RANK, CHILD, POOL_LEVEL, n_keys, budget, POOL)
+        ky = tl.load(KEYS + ys, mask=ys < n_keys, other=-9223372036854775807 - 1)
         rank += tl.sum((ky[None, :] > kx[:, None]).to(tl.int32), 1)
     keep = x_ok & (rank < budget)
-    tl.store(OUT_SCORE + rank, score, mask=keep)
+    tl.store(OUT_SCORE + rank, tl.load(SCORES + xs, mask=keep, other=0.0), mask=keep)
     tl.store(OUT_INDEX + rank, xs.to(tl.int64), mask=keep)
+
+
+def _top_sorted(prev, rho, rank, child, n_keys, budget, out_score, out_index, pool, scratch, blocks):
+    """Two launches: keys of all entries, then each entry's rank and scatter of the top ``budget``."""
+    scores, keys = scratch
+    block_x, block_y = blocks
+    _keys_kernel[(triton.cdiv(n_keys, 1024),)](
+        prev, rho, rank, child, scores, keys, n_keys, budget, POOL=pool, BLOCK=1024, num_warps=4,
+    )
+    _rank_select_kernel[(triton.cdiv(n_keys, block_x),)](
+        scores, keys, out_score, out_index, n_keys, budget,
+        BLOCK_X=block_x, BLOCK_Y=block_y, num_warps=4,
+    )
 
 
 @triton.jit
@@ -148,8 +172,8 @@ def build_tree(
 
     draft_logits: [D, V] for positions 1..D after the root. ``pairs``: ``candidate_pairs(budget,
     min(budget, V), device)``, cached by the caller so that no host-to-device copy happens per round.
-    Launches: log_softmax and per-position top-K (PyTorch), one rank-select per level, one for
-    the pool, two small ones to assemble the nodes.
+    Launches: log_softmax and per-position top-K (PyTorch), a key and a rank-select launch per
+    level and for the pool, two small ones to assemble the nodes.
     """
     depth_max, vocab = draft_logits.shape
     _check_budget(depth_max, vocab, budget)
@@ -164,23 +188,20 @@ def build_tree(
     level_score[0] = float("-inf")
     level_score[0, :k] = vals[0]
     picks = torch.empty(max(1, depth_max - 1), budget, dtype=torch.int64, device=device)
-    block_x, block_y = 32, 256
-    for d in range(1, depth_max):
-        _rank_select_kernel[(triton.cdiv(n_pairs, block_x),)](
-            level_score[d - 1], rho, rank, vals[d], level_score,
-            level_score[d], picks[d - 1],
-            n_pairs, budget,
-            POOL=False, BLOCK_X=block_x, BLOCK_Y=block_y, num_warps=4,
-        )
+    # GPU: small tiles over many programs; the CPU interpreter runs programs one by one, so there
+    # few programs with big tiles are far faster
+    blocks = (1024, 1024) if os.environ.get("TRITON_INTERPRET") == "1" else (32, 256)
     pool = depth_max * budget
+    scratch = (
+        torch.empty(max(n_pairs, pool), device=device),
+        torch.empty(max(n_pairs, pool), dtype=torch.int64, device=device),
+    )
+    for d in range(1, depth_max):
+        _top_sorted(level_score[d - 1], rho, rank, vals[d], n_pairs, budget, level_score[d], picks[d - 1],
+                    False, scratch, blocks)
     chosen_score = torch.empty(budget, device=device)
     chosen = torch.empty(budget, dtype=torch.int64, device=device)
-    _rank_select_kernel[(triton.cdiv(pool, block_x),)](
-        level_score, rho, rank, vals, level_score,
-        chosen_score, chosen,
-        pool, budget,
-        POOL=True, BLOCK_X=block_x, BLOCK_Y=block_y, num_warps=4,
-    )
+    _top_sorted(level_score, rho, rank, vals, pool, budget, chosen_score, chosen, True, scratch, blocks)
     node_of = torch.empty(pool, dtype=torch.int64, device=device)
     block = 256
     _node_of_kernel[(triton.cdiv(budget, block),)](chosen, node_of, budget, BLOCK=block, num_warps=4)

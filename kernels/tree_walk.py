@@ -8,8 +8,9 @@ plain decoding would emit (T = 0), or a sample from the target's own distributio
 each choice is made from the target's logits at a node whose prefix is already accepted.
 
 Two launches, no host sync:
-  1. ``_choice_kernel``: every node's choice in parallel (programs over rows; a running argmax over
-     vocabulary chunks, first index on ties like ``torch.argmax``). Sampling is Gumbel-max,
+  1. ``_choice_kernel``: every node's choice in parallel (programs over rows x vocabulary splits;
+     a running argmax over chunks, first index on ties like ``torch.argmax``; each split writes its
+     best (value, index) and the walk reduces the splits of the nodes it visits). Sampling is Gumbel-max,
      ``argmax_t(logits_t / T - log(-log u_t))`` with ``u`` from Philox seeded on the device, which
      draws exactly from softmax(logits / T). Choices off the walk are never used, so drawing them
      up front does not change the walk's distribution.
@@ -30,23 +31,28 @@ from torch import Tensor
 
 @triton.jit
 def _choice_kernel(
-    LOGITS, SEED, CHOICE,
+    LOGITS, SEED, PART_VAL, PART_IDX,
     stride_ln, stride_lv,
-    n_rows, vocab, inv_temperature,
+    n_rows, vocab, chunk, inv_temperature,
     SAMPLE: tl.constexpr,
+    SPLITS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
+    """Best (value, first index) of BLOCK_R rows over one vocabulary chunk (split-V for occupancy)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    split = tl.program_id(1)
     row_ok = rows < n_rows
     cols = tl.arange(0, BLOCK_V)
     best = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    best_idx = tl.zeros([BLOCK_R], dtype=tl.int32)
+    best_idx = tl.full([BLOCK_R], 2147483647, dtype=tl.int32)
     if SAMPLE:
         seed = tl.load(SEED)
-    for start in range(0, vocab, BLOCK_V):
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, vocab)
+    for start in range(lo, hi, BLOCK_V):
         idx = start + cols
-        ok = row_ok[:, None] & (idx < vocab)[None, :]
+        ok = row_ok[:, None] & (idx < hi)[None, :]
         x = tl.load(LOGITS + rows[:, None] * stride_ln + idx[None, :] * stride_lv, mask=ok, other=float("-inf"))
         x = x.to(tl.float32)
         if SAMPLE:
@@ -58,13 +64,24 @@ def _choice_kernel(
         take = chunk_max > best
         best_idx = tl.where(take, chunk_idx, best_idx)
         best = tl.where(take, chunk_max, best)
-    tl.store(CHOICE + rows, best_idx.to(tl.int64), mask=row_ok)
+    tl.store(PART_VAL + rows * SPLITS + split, best, mask=row_ok)
+    tl.store(PART_IDX + rows * SPLITS + split, best_idx, mask=row_ok)
+
+
+@triton.jit
+def _reduce_choice(PART_VAL, PART_IDX, row, SPLITS: tl.constexpr):
+    """The row's choice from its splits: the largest value, the first index among equals."""
+    s = tl.arange(0, SPLITS)
+    val = tl.load(PART_VAL + row * SPLITS + s)
+    idx = tl.load(PART_IDX + row * SPLITS + s)
+    return tl.min(tl.where(val == tl.max(val, 0), idx, 2147483647), 0).to(tl.int64)
 
 
 @triton.jit
 def _walk_kernel(
-    TOKENS, PARENTS, CHOICE, PATH, PATH_LEN, BONUS,
+    TOKENS, PARENTS, PART_VAL, PART_IDX, PATH, PATH_LEN, BONUS,
     n_nodes,
+    SPLITS: tl.constexpr,
     N_PAD: tl.constexpr,
 ):
     idx = tl.arange(0, N_PAD)
@@ -73,10 +90,10 @@ def _walk_kernel(
     tok = tl.load(TOKENS + idx, mask=ok, other=-1)
     path = tl.where(idx == 0, 0, -1).to(tl.int64)
     length = tl.full([], 1, tl.int32)
-    bonus = tl.load(CHOICE)
+    bonus = _reduce_choice(PART_VAL, PART_IDX, 0, SPLITS)
     cur = tl.full([], 0, tl.int32)
     while cur >= 0:
-        choice = tl.load(CHOICE + cur)
+        choice = _reduce_choice(PART_VAL, PART_IDX, cur, SPLITS)
         hit = (par == cur) & (tok == choice)
         nxt = tl.max(tl.where(hit, idx, -1), 0)
         path = tl.where(idx == length, nxt.to(tl.int64), path)
@@ -95,27 +112,37 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
     return seed.to(device)
 
 
-def node_choices(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
-    """Each row's choice ([N] int64): argmax (T == 0) or a Gumbel-max sample of softmax(logits / T)."""
+def _partial_choices(logits: Tensor, temperature: float, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Per-(row, vocabulary split) best value and index: [N, S] fp32 and int32."""
     if logits.dim() != 2:
         raise RuntimeError(f"logits must be [N, V], got {tuple(logits.shape)}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     n, vocab = logits.shape
-    choice = torch.empty(n, dtype=torch.int64, device=logits.device)
     sample = temperature > 0
-    seed = _seed(generator, logits.device) if sample else choice
     sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 4
     block_r = max(1, min(16, triton.next_power_of_2(max(1, n // (2 * sms)))))
     block_v = min(4096 // block_r, triton.next_power_of_2(vocab))
-    _choice_kernel[(triton.cdiv(n, block_r),)](
-        logits, seed, choice,
+    row_blocks = triton.cdiv(n, block_r)
+    splits = min(64, triton.next_power_of_2(triton.cdiv(4 * sms, row_blocks)), triton.next_power_of_2(triton.cdiv(vocab, block_v)))
+    chunk = triton.cdiv(triton.cdiv(vocab, splits), block_v) * block_v
+    part_val = torch.empty(n, splits, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(n, splits, dtype=torch.int32, device=logits.device)
+    seed = _seed(generator, logits.device) if sample else part_idx
+    _choice_kernel[(row_blocks, splits)](
+        logits, seed, part_val, part_idx,
         *logits.stride(),
-        n, vocab, 1.0 / temperature if sample else 1.0,
-        SAMPLE=sample, BLOCK_R=block_r, BLOCK_V=block_v,
+        n, vocab, chunk, 1.0 / temperature if sample else 1.0,
+        SAMPLE=sample, SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v,
         num_warps=4 if block_v >= 1024 else 1,
     )
-    return choice
+    return part_val, part_idx
+
+
+def node_choices(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+    """Each row's choice ([N] int64): argmax (T == 0) or a Gumbel-max sample of softmax(logits / T)."""
+    part_val, part_idx = _partial_choices(logits, temperature, generator)
+    return part_idx.gather(1, part_val.argmax(dim=1, keepdim=True)).squeeze(1).to(torch.int64)
 
 
 def tree_walk(
@@ -128,20 +155,25 @@ def tree_walk(
             f"tree walk wants tokens [N], parents [N], logits [N, V]; got {tuple(tokens.shape)}, "
             f"{tuple(parents.shape)}, {tuple(logits.shape)}"
         )
-    choice = node_choices(logits, temperature, generator)
-    return walk_choices(tokens, parents, choice)
+    part_val, part_idx = _partial_choices(logits, temperature, generator)
+    return _walk(tokens, parents, part_val, part_idx)
 
 
 def walk_choices(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The walk itself, given every node's choice ([N] int64)."""
+    part_val = torch.zeros(choice.shape[0], 1, dtype=torch.float32, device=choice.device)
+    return _walk(tokens, parents, part_val, choice.to(torch.int32)[:, None].contiguous())
+
+
+def _walk(tokens: Tensor, parents: Tensor, part_val: Tensor, part_idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     n = tokens.shape[0]
     path = torch.empty(n, dtype=torch.int64, device=tokens.device)
     path_len = torch.empty((), dtype=torch.int64, device=tokens.device)
     bonus = torch.empty((), dtype=torch.int64, device=tokens.device)
     _walk_kernel[(1,)](
-        tokens, parents, choice, path, path_len, bonus,
+        tokens, parents, part_val, part_idx, path, path_len, bonus,
         n,
-        N_PAD=max(16, triton.next_power_of_2(n)),
+        SPLITS=part_val.shape[1], N_PAD=max(16, triton.next_power_of_2(n)),
         num_warps=4,
     )
     return path, path_len, bonus

@@ -62,6 +62,13 @@ class StepResult:
     duration: float = 0.0
     data: dict[str, Any] = field(default_factory=dict)  # what ``register`` exposes; not in the record
 
+    def redact(self, redactor: Redactor) -> None:
+        """Mask secrets in every text a caller may show (connection output is masked already)."""
+        self.message, self.stderr, self.diff = map(redactor.redact, (self.message, self.stderr, self.diff))
+        self.changes = [redactor.redact(c) for c in self.changes]
+        if self.command:
+            self.command = redactor.redact(self.command)
+
     def registered(self) -> dict[str, Any]:
         return {**self.data, "status": self.status, "changed": self.changed, "message": self.message}
 
@@ -170,11 +177,21 @@ def run_playbook(
                        for h in hosts}
             for name, future in futures.items():
                 result.hosts[name] = future.result()
-        summary = result.summary()
-        (run_dir / "summary.json").write_text(redactor.redact(json.dumps(summary, indent=2)) + "\n")
+        summary = _redacted(result.summary(), redactor)  # before encoding: JSON escapes could hide a secret
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         point_latest(root, run_id)
         reporter.close(result)
     return result
+
+
+def _redacted(value: Any, redactor: Redactor) -> Any:
+    if isinstance(value, str):
+        return redactor.redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v, redactor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v, redactor) for v in value]
+    return value
 
 
 def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None, redactor: Redactor,
@@ -192,6 +209,7 @@ def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None
                 else:
                     reporter.step_started(host.name, spec)
                     step = _run_step(conn, host, spec, playbook, variables, check, tags, reporter)
+                    step.redact(redactor)
                     if spec.register:
                         variables[spec.register] = outcome.registered[spec.register] = step.registered()
                 outcome.steps.append(step)

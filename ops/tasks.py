@@ -1,4 +1,6 @@
-"""Fabric tasks (``fab provision|status|facts|play FILE``): thin wrappers over the runner.
+"""Fabric tasks (``fab provision|deploy|rollback|status|facts|lint-drafter|patch-drafter|play FILE``).
+
+Thin wrappers over the runner, one shipped playbook each (``playbook_task``).
 
 Each task loads the inventory, selects hosts with ``--limit``, runs one playbook and exits
 non-zero when a host failed (1) or the input was wrong (2), so shell scripts and CI can rely on
@@ -16,6 +18,7 @@ from invoke import Collection, task
 from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ops.errors import SpecopsError
 from ops.inventory import load_inventory
@@ -60,30 +63,53 @@ def play(c, file, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, 
                      results=results))
 
 
-@task(help=COMMON_HELP)
-def provision(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, tags=None, results=None):
-    """Provision hosts: base layout, Python stack, facts (playbooks/provision.yaml)."""
-    _finish(run_file(PLAYBOOKS / "provision.yaml", limit=limit, check=check, inventory=inventory, forks=forks,
-                     tags=tags, results=results))
+def playbook_task(name: str, playbook: str, doc: str):
+    """A task that runs one shipped playbook with the common options (``fab NAME``)."""
+
+    def body(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, tags=None, results=None):
+        _finish(run_file(PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks,
+                         tags=tags, results=results))
+
+    body.__name__, body.__doc__ = name.replace("-", "_"), doc
+    return task(help=COMMON_HELP, name=name)(body)
+
+
+provision = playbook_task("provision", "provision.yaml",
+                          "Provision hosts: base layout, Python stack, facts (playbooks/provision.yaml).")
+deploy = playbook_task("deploy", "deploy.yaml",
+                       "Deploy this checkout's runtime as a new release and start serving (playbooks/deploy.yaml).")
+rollback = playbook_task("rollback", "rollback.yaml",
+                         "Switch back to the previous release and restart (playbooks/rollback.yaml).")
+lint_drafter = playbook_task("lint-drafter", "lint-drafter.yaml",
+                             "Lint each host's DFlash drafter config against its target (read-only).")
+patch_drafter = playbook_task("patch-drafter", "patch-drafter.yaml",
+                              "Patch each host's drafter config.json to its spec, with a backup.")
 
 
 def facts_table(result: RunResult, title: str) -> Table:
     """One row per host from the ``host_facts`` each host registered (a failed host shows why)."""
+    services = any("service_status" in h.registered for h in result.hosts.values())
     table = Table(title=title)
-    for column in ("host", "os", "cpus", "memory", "disk free", "python", "systemd", "gpus", "venv", "release"):
+    columns = ["host", "os", "cpus", "memory", "disk free", "python", "systemd", "gpus", "driver", "CUDA",
+               "torch", "triton", "vllm", "venv", "release"]
+    for column in columns + (["service"] if services else []):
         table.add_column(column)
     for name, host in result.hosts.items():
         f = host.registered.get("host_facts")
         if not f or "os" not in f:
             reason = next((s.message for s in host.steps if s.status == "failed"), "no facts")
-            table.add_row(name, f"[red]unreachable or failed: {reason}[/red]")
+            table.add_row(name, Text(f"unreachable or failed: {reason}", style="red"))
             continue
         gpus = ", ".join(f"{g['name']} (sm_{g['compute_cap'].replace('.', '')})" for g in f["gpus"]) or "none"
-        table.add_row(name, f["os"]["name"], f"{f['cpu']['count']} ({f['cpu']['model']})",
-                      f"{f['memory']['total_gib']} GiB", f"{f['disk']['free_gib']} GiB",
-                      f["python"]["version"] or "none",
-                      "usable" if f["systemd"]["usable"] else "no", gpus, f["venv"] or "none",
-                      f["release"] or "none")
+        stack = host.registered.get("gpu_facts", {}).get("summary") or {}
+        row = [name, f["os"]["name"], f"{f['cpu']['count']} ({f['cpu']['model']})",
+               f"{f['memory']['total_gib']} GiB", f"{f['disk']['free_gib']} GiB", f["python"]["version"] or "none",
+               "usable" if f["systemd"]["usable"] else "no", gpus,
+               *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm")),
+               f["venv"] or "none", f["release"] or "none"]
+        if services:
+            row.append(host.registered.get("service_status", {}).get("message", "unknown"))
+        table.add_row(*row)
     return table
 
 
@@ -93,6 +119,8 @@ def save_facts(result: RunResult) -> Path:
     for name, host in result.hosts.items():
         f = {k: v for k, v in host.registered.get("host_facts", {}).items()
              if k not in ("status", "changed", "message")}
+        if f:
+            f["gpu_stack"] = host.registered.get("gpu_facts", {}).get("summary")
         everything[name] = f or None
         if f:
             (result.run_dir / name).mkdir(exist_ok=True)
@@ -102,27 +130,29 @@ def save_facts(result: RunResult) -> Path:
     return path
 
 
-def _facts_task(playbook: str, title: str, limit, inventory, forks, results) -> None:
-    result = run_file(PLAYBOOKS / playbook, limit=limit, inventory=inventory, forks=forks, results=results)
+def _facts_task(playbook: str, title: str, limit, check, inventory, forks, results) -> None:
+    result = run_file(PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks,
+                      results=results)
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     console.print(facts_table(result, title))
     console.print(f"saved {save_facts(result)}")
     _finish(result)
 
 
-FACTS_HELP = {k: v for k, v in COMMON_HELP.items() if k not in ("check", "tags")}
+# facts and status are read-only playbooks: --check is accepted for uniformity and changes nothing.
+FACTS_HELP = {k: v for k, v in COMMON_HELP.items() if k != "tags"}
 
 
 @task(help=FACTS_HELP)
-def facts(c, limit=None, inventory=None, forks=DEFAULT_FORKS, results=None):
+def facts(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
     """Gather OS, CPU, memory, disk, python, systemd and GPU facts: one table for all hosts."""
-    _facts_task("facts.yaml", "host facts", limit, inventory, forks, results)
+    _facts_task("facts.yaml", "host facts", limit, check, inventory, forks, results)
 
 
 @task(help=FACTS_HELP)
-def status(c, limit=None, inventory=None, forks=DEFAULT_FORKS, results=None):
-    """Show each host's reachability, current release, venv and GPUs (playbooks/status.yaml)."""
-    _facts_task("status.yaml", "host status", limit, inventory, forks, results)
+def status(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
+    """Show each host's reachability, facts, current release and server health (playbooks/status.yaml)."""
+    _facts_task("status.yaml", "host status", limit, check, inventory, forks, results)
 
 
-ns = Collection(play, provision, facts, status)
+ns = Collection(play, provision, facts, status, deploy, rollback, lint_drafter, patch_drafter)

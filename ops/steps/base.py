@@ -1,8 +1,8 @@
 """The Step API: how one playbook operation (``directory``, ``template``, ...) is written.
 
 A step is a class in a family module of ``ops/steps/`` (``files.py``, ``command.py``, ...),
-decorated with :func:`register`; ``ops/steps/__init__.py`` imports every family module so the
-registry is complete. Add a family by writing the module and adding it to ``FAMILIES`` there.
+decorated with :func:`register`; ``ops/steps/__init__.py`` imports every module in the folder,
+so adding a family is adding a file.
 
 Three phases, kept apart so that ``--check`` is honest and plans are testable as data:
 
@@ -46,6 +46,12 @@ Rules for step authors:
 - ``Plan.data`` / ``Applied.data`` (JSON-able dicts) are what ``register: NAME`` exposes to
   later steps as ``NAME.<key>``, next to ``NAME.status``, ``NAME.changed`` and ``NAME.message``.
 - Secrets never go on a command line: write them into a 0600 file with a :class:`Write`.
+- ``ctx.vars`` holds what templates see: the host's ``template_vars()``, ``secrets`` (the host's
+  resolved secrets, registered with the run's Redactor), ``check`` (bool) and registered results.
+  ``ctx.find_source(src)`` finds a controller file (absolute, beside the playbook, ``templates/``).
+- Raise :class:`StepFailed` (message, ``command=``, ``stderr=``) for anything the user must fix;
+  the runner shows it with host and step, redacted. Helpers: :func:`check_result`,
+  :func:`unified_diff`, :func:`mode_arg`, :func:`str_list`.
 """
 
 from __future__ import annotations
@@ -287,7 +293,11 @@ class Step:
                 result = conn.run(change.command, sudo=change.sudo, timeout=change.timeout)
                 check_result(result)
             else:
-                conn.write_bytes(change.path, change.data, int(change.mode, 8) if change.mode else None)
+                try:
+                    conn.write_bytes(change.path, change.data, int(change.mode, 8) if change.mode else None)
+                except OSError as exc:
+                    raise StepFailed(f"cannot write {change.path}: {exc.strerror or exc} (does its directory "
+                                     "exist? create it with a directory step first)") from None
         return Applied(bool(plan.changes), plan.reason, dict(plan.data))
 
 

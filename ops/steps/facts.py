@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.gpu.facts import FactError, parse_gpu_query
 from ops.shell import quote
 from ops.steps.base import Fact, Plan, Step, StepFailed, arguments, register
 
@@ -124,12 +125,11 @@ def parse_systemd(lines: list[str]) -> dict[str, Any]:
 
 
 def parse_gpu(lines: list[str]) -> list[dict[str, Any]]:
-    gpus = []
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4:
-            gpus.append({"name": parts[0], "compute_cap": parts[1], "driver": parts[2], "memory": parts[3]})
-    return gpus
+    """The nvidia-smi query section; the CSV parser itself lives with the other GPU facts."""
+    try:
+        return parse_gpu_query("\n".join(lines))
+    except FactError as exc:
+        raise StepFailed(f"unexpected nvidia-smi output: {exc}") from None
 
 
 def parse_facts(result: CommandResult) -> dict[str, Any]:

@@ -7,6 +7,7 @@ they differ, to show a unified diff.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import TYPE_CHECKING, Any
@@ -188,15 +189,17 @@ class FileCopy(Step):
         return plan_file(args["dest"], data, args["mode"], args["owner"], facts, ctx)
 
 
+@functools.lru_cache(maxsize=64)
+def _template_env(*search_path: str) -> jinja2.Environment:
+    """One environment per search path, so a template compiles once per run, not once per host."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(search_path)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
 def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) -> bytes:
     """Render a Jinja2 template with the host's variables (+ ``extra``); an undefined name is an error."""
     path = ctx.find_source(src)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(path.parent), str(ctx.templates_dir)]),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    env = _template_env(str(path.parent), str(ctx.templates_dir))
     try:
         return env.get_template(path.name).render({**ctx.vars, **(extra or {})}).encode("utf-8")
     except jinja2.UndefinedError as exc:

@@ -217,8 +217,9 @@ class RuntimeVenv(Step):
                              f"site-packages are for Python {mine}: remove the venv, or drop 'controller' "
                              "from venv_site_packages")
         changes = []
-        if not facts["exists"]:
-            changes.append(Run(join([python, "-m", "venv", args["path"]]), why="missing"))
+        if not facts["exists"]:  # a venv that borrows the controller's packages installs none itself
+            flags = ["--without-pip"] if uses_controller else []
+            changes.append(Run(join([python, "-m", "venv", *flags, args["path"]]), why="missing"))
         if facts.get("pth") != text:
             changes.append(Run(join([f"{args['path']}/bin/python", "-c", _WRITE_PTH, PTH_NAME, text]),
                                why=f"{PTH_NAME}: {', '.join(dict.fromkeys(paths))}"))

@@ -290,6 +290,9 @@ def gather(conn: Connection, args: dict[str, Any], *, metrics: bool = False) -> 
 class Wait(Run):
     """The change that polls /health and one completion; apply reads its JSON answer."""
 
+    def describe(self) -> str:
+        return f"run: python3 -c <wait for /health and one completion>  # {self.why}"
+
 
 class Preflight(Run):
     """``serve --help`` on the new release before anything stops: a release that cannot even
@@ -415,8 +418,13 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
             return Plan.of(definition, message + "; update the service definition", pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
 
+    # What to go back to if `wanted` fails: what `current` named, else (a re-run after a cut link
+    # left `current` switched but unproven) the release that last answered.
+    proven = state.get("release")
+    rollback_to = current if current != wanted else proven if proven != wanted else None
+    rollback_to = rollback_to if rollback_to in layout["releases"] else None
     changes = list(definition)
-    if preflight and current != wanted:
+    if preflight and rollback_to is not None:
         check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
         changes.append(Preflight(f"cd {join([spec['cwd']])} && {check} >/dev/null", timeout=300,
                                  why="the new release imports and parses its flags"))
@@ -447,7 +455,7 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
                         why=f"/health and one completion within {args['timeout']:g}s"))
     record = {"release": wanted, "fingerprint": digest, "backend": backend}
     changes.append(Write(paths.state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs"))
-    data.update(first_disruptive=first_disruptive, rollback_to=current if current != wanted else None, previous_before=layout["previous"],
+    data.update(first_disruptive=first_disruptive, rollback_to=rollback_to, previous_before=layout["previous"],
                 log_size=svc["log_size"], log=paths.log, args=args)
     return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)
 

@@ -160,3 +160,4 @@ def argv_holding(secret: str) -> list[str]:
                 if secret.encode() in cmdline:
                     found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
+

@@ -66,7 +66,7 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
 
     # First deploy, then a second one that changes nothing: same pid. No process ever holds the
     # token on its command line meanwhile.
-    with Sampler(lambda: argv_holding(token), interval=0.01) as argv:
+    with Sampler(lambda: argv_holding(token), interval=0.05) as argv:
         first = deploy(inventory, results)
         assert first.ok, first.summary()
         pid = step(first, "h1", "service").data["pid"]
@@ -117,13 +117,13 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     assert link(base, "current") == release_b and link(base, "previous") == release_a
     assert running_release(server_pid(base)) == release_b and complete(port)["choices"]
 
-    # fab rollback: back one release on purpose; the status playbook reports it.
+    # fab rollback: back one release on purpose; fab status reports it.
     back = deploy(inventory, results, "rollback.yaml")
     assert back.ok, back.summary()
     assert link(base, "current") == release_a and link(base, "previous") == release_b
     pid_a = server_pid(base)
     assert running_release(pid_a) == release_a and complete(port)["choices"]
-    status = deploy(inventory, results, "service-status.yaml")
+    status = deploy(inventory, results, "status.yaml")  # fab status
     info = status.hosts["h1"].registered["service_status"]
     assert info["release"] == release_a == info["running_release"] and info["pid"] == pid_a
     assert info["health"] == 200 and info["uptime_s"] >= 0 and info["backend"] == "supervisor"
@@ -144,34 +144,36 @@ def test_link_cut_mid_deploy_then_rerun_converges(sshd_hosts, make_inventory, ti
         target = link(base, "current")
         return target is not None and (base / "releases" / target / COMPLETE).is_file()
 
-    def cut_when(condition) -> threading.Event:
-        """Kill the host's sshd (and its sessions) as soon as ``condition`` holds."""
-        cut = threading.Event()
+    def deploy_cut_when(condition) -> tuple[object, bool]:
+        """Deploy, killing the host's sshd (and its sessions) as soon as ``condition`` holds."""
+        done, cut = threading.Event(), threading.Event()
 
         def watch() -> None:
-            deadline = time.monotonic() + 120
-            while not condition():
-                if time.monotonic() > deadline:
+            while not done.is_set():
+                if condition():
+                    h1.stop()
+                    cut.set()
                     return
                 time.sleep(0.002)
-            h1.stop()
-            cut.set()
 
-        threading.Thread(target=watch, daemon=True).start()
-        return cut
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        result = deploy(inventory, results)
+        done.set()
+        watcher.join()
+        return result, cut.is_set()
 
     checkout.commit("release B", {"ddtree_runtime/__init__.py":
                                   checkout.read("ddtree_runtime/__init__.py") + "# release B\n"})
     with Sampler(current_is_complete, interval=0.005) as links:
         # Cut 1: while the release is being assembled on the host.
-        was_cut = cut_when(lambda: any(p.name.startswith(".partial-") for p in (base / "releases").iterdir()))
-        cut = deploy(inventory, results)
-        assert was_cut.is_set() and not cut.ok and link(base, "current") == release_a
+        cut, was_cut = deploy_cut_when(
+            lambda: any(p.name.startswith(".partial-") for p in (base / "releases").iterdir()))
+        assert was_cut and not cut.ok and link(base, "current") == release_a
         h1.start()
         # Cut 2: right after `current` moved, while the server is being restarted.
-        was_cut = cut_when(lambda: link(base, "current") != release_a)
-        cut = deploy(inventory, results)
-        assert was_cut.is_set() and not cut.ok
+        cut, was_cut = deploy_cut_when(lambda: link(base, "current") != release_a)
+        assert was_cut and not cut.ok
         h1.start()
         rerun = deploy(inventory, results)
     assert rerun.ok, rerun.summary()

@@ -115,9 +115,9 @@ def test_supervisor_restarts_only_when_something_changed():
     first = step.plan(facts(current=None), args, ctx)
     lines = describe(first)
     assert lines[0] == "write: /opt/specops/bin/specops-supervisor.py 0755"
-    assert lines[2] == "run: rm -f -- /opt/specops/previous"  # nothing ran before
-    assert lines[4].startswith("run: python3 /opt/specops/bin/specops-supervisor.py stop --pidfile")
-    start = lines[5]
+    assert lines[1] == "run: rm -f -- /opt/specops/previous"  # nothing ran before: no start check either
+    assert lines[3].startswith("run: python3 /opt/specops/bin/specops-supervisor.py stop --pidfile")
+    start = lines[4]
     assert start.startswith("run: python3 /opt/specops/bin/specops-supervisor.py start --pidfile "
                             "/opt/specops/run/specops-ddtree.pid --log /opt/specops/logs/specops-ddtree.log --cwd "
                             "/opt/specops/releases/0.1.0+gbbbbbbb --env-file /opt/specops/run/specops-ddtree.env")
@@ -131,6 +131,10 @@ def test_supervisor_restarts_only_when_something_changed():
     plan = step.plan(env_changed, args, ctx)
     assert "release, environment file or unit changed" in plan.reason
     assert not any(isinstance(c, Preflight) for c in plan.changes)  # same release: no start check
+    cut = json.loads(json.dumps(running))  # a cut link left `current` on C, unproven: A answered last
+    cut["layout"]["current"], cut["service"]["state"]["release"] = C, A
+    plan = step.plan(cut, service_args(release=C), ctx)
+    assert plan.data["rollback_to"] == A and isinstance(plan.changes[0], Preflight)
     unhealthy = json.loads(json.dumps(running))
     unhealthy["service"]["health"] = 503
     assert "running but /health answers 503" in step.plan(unhealthy, args, ctx).reason
@@ -217,7 +221,7 @@ def test_runtime_venv_names_the_current_release_and_shared_site_packages():
     assert not step.plan({"exists": True, "version": "3.12", "pth": pth}, args, ctx).will_change
     shared = step.check_args({"path": f"{BASE}/venv", "release_site": f"{BASE}/current/site",
                               "site_packages": "controller"})
-    assert describe(step.plan({"exists": False}, shared, ctx))[0].startswith(f"run: {sys.executable} -m venv")
+    assert describe(step.plan({"exists": False}, shared, ctx))[0].startswith(f"run: {sys.executable} -m venv --without-pip")
     with pytest.raises(StepFailed, match="drop 'controller' from venv_site_packages"):
         step.plan({"exists": True, "version": "2.7", "pth": None}, shared, ctx)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import os
 import stat
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -30,15 +31,17 @@ def local(tmp_path: Path):
         yield host, conn
 
 
-def converge(local, name: str, args: dict[str, Any], playbook_dir: Path, **extra_vars) -> tuple[Plan, Applied]:
+def converge(local, name: str, args: dict[str, Any], playbook_dir: Path, apply: bool = True,
+             **extra_vars) -> tuple[Plan, Applied]:
     host, conn = local
     step = get_step(name)()
     ctx = StepContext(host=host, playbook_dir=playbook_dir, templates_dir=TEMPLATES,
                       vars={**host.template_vars(), "secrets": {}, **extra_vars})
     typed = step.check_args(args)
     plan = step.plan(step.probe(conn, typed, ctx), typed, ctx)
-    applied = step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
-    return plan, applied
+    if apply and plan.will_change:
+        return plan, step.apply(conn, plan, ctx)
+    return plan, Applied(False, plan.reason, plan.data)
 
 
 def twice(local, name: str, args: dict[str, Any], playbook_dir: Path, **extra_vars) -> tuple[Applied, Plan]:
@@ -123,7 +126,8 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
 
 def test_python_venv_and_pip_install(local, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    _, again = twice(local, "python_venv", {"path": str(venv)}, tmp_path)
+    python = os.path.realpath(sys.executable)  # the base interpreter, not a version-manager shim
+    _, again = twice(local, "python_venv", {"path": str(venv), "python": python}, tmp_path)
     assert (venv / "bin" / "python").exists() and again.reason.startswith("venv exists (Python 3.")
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -133,17 +137,17 @@ def test_python_venv_and_pip_install(local, tmp_path: Path) -> None:
     _, again = twice(local, "pip_install", args, tmp_path)
     assert again.data["installed"]["specops-tiny"] == "1.0"
     (tmp_path / "reqs.txt").write_text("# pinned\nspecops_tiny==2.0\n")
-    plan, _ = converge(local, "pip_install", {**args, "requirements": "reqs.txt"}, tmp_path)
-    assert "specops-tiny 1.0 -> 2.0" in plan.reason
-    again, _ = converge(local, "pip_install", {**args, "requirements": "reqs.txt"}, tmp_path)
-    assert not again.will_change
+    plan, _ = converge(local, "pip_install", {**args, "requirements": "reqs.txt"}, tmp_path, apply=False)
+    assert plan.reason.startswith("install specops-tiny 1.0 -> 2.0") and plan.changes[0].command.endswith(
+        " specops_tiny==2.0")
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
-    """503 until the server's ``ready`` event is set, then 200 with the model id."""
+    """503 for the first ``server.warmup`` requests, then 200 with the model id."""
 
     def do_GET(self) -> None:
-        ready = self.server.ready.is_set()  # type: ignore[attr-defined]
+        self.server.hits += 1  # type: ignore[attr-defined]
+        ready = self.server.hits > self.server.warmup  # type: ignore[attr-defined]
         body = b'{"data": [{"id": "demo-model"}]}' if ready else b"warming up"
         self.send_response(200 if ready else 503)
         self.send_header("Content-Length", str(len(body)))
@@ -154,17 +158,20 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_http_wait_polls_until_ready(local, tmp_path: Path) -> None:
+def _server(warmup: int) -> http.server.ThreadingHTTPServer:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    server.ready = threading.Event()  # type: ignore[attr-defined]
+    server.hits, server.warmup = 0, warmup  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_http_wait_polls_until_ready(local, tmp_path: Path) -> None:
+    server = _server(warmup=3)  # the probe and two polls see 503
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1/models"
-        args = {"url": url, "timeout": 20, "contains": "demo-model", "interval": 0.1}
-        timer = threading.Timer(0.5, server.ready.set)  # type: ignore[attr-defined]
-        timer.start()
+        args = {"url": url, "timeout": 60, "contains": "demo-model", "interval": 0.05}
         plan, applied = converge(local, "http_wait", args, tmp_path)
-        timer.join()
+        assert server.hits == 4  # type: ignore[attr-defined]
         assert plan.will_change and not applied.changed  # waiting changes nothing on the host
         assert applied.message.startswith("ready after")
         again, _ = converge(local, "http_wait", args, tmp_path)
@@ -175,9 +182,7 @@ def test_http_wait_polls_until_ready(local, tmp_path: Path) -> None:
 
 
 def test_http_wait_times_out(local, tmp_path: Path) -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
-    server.ready = threading.Event()  # type: ignore[attr-defined]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = _server(warmup=10**6)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/health"
         with pytest.raises(StepFailed, match=r"timed out after .*status 503"):

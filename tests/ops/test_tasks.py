@@ -59,7 +59,7 @@ def test_fab_exit_codes(tmp_path: Path) -> None:
     assert done.returncode == 2 and "nosuchhost" in done.stderr
 
 
-def test_fab_facts_table_and_provision_check(sshd_hosts, make_inventory, tmp_path: Path) -> None:
+def test_fab_facts_status_and_provision_check(sshd_hosts, make_inventory, tmp_path: Path) -> None:
     hosts = sshd_hosts(1)
     inventory = make_inventory(hosts, local=True, host_vars={"h1": {"profile": "cpu"}})
     results = tmp_path / "results"
@@ -69,6 +69,9 @@ def test_fab_facts_table_and_provision_check(sshd_hosts, make_inventory, tmp_pat
     saved = json.loads((results / "latest" / "facts.json").read_text())
     assert set(saved) == {"h1", "local"} and saved["h1"]["python"]["version"].startswith("3.")
     assert (results / "latest" / "h1" / "facts.json").exists()
+    done = fab("status", "--inventory", str(inventory), "--limit", "h1", "--results", str(results))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "host status" in done.stdout and "release none: not running" in done.stdout
     before = sorted(p.name for p in hosts[0].base.iterdir())
     done = fab("provision", "--check", "--inventory", str(inventory), "--limit", "h1", "--results", str(results))
     assert done.returncode == 0, done.stdout + done.stderr

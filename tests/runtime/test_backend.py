@@ -75,7 +75,9 @@ def test_visibility_is_ancestor_or_self(n: int) -> None:
 def sequential_walk(tokens: list[int], parents: list[int], choice: list[int]) -> tuple[list[int], int]:
     node, path = 0, [0]
     while True:
-        child = next((j for j in range(len(tokens)) if parents[j] == node and tokens[j] == choice[node]), None)
+        child = next(
+            (j for j in range(len(tokens)) if parents[j] == node and tokens[j] == choice[node]), None
+        )
         if child is None:
             return path, choice[node]
         node = child
@@ -124,7 +126,9 @@ def test_compact_moves_accepted_rows_in_every_layer() -> None:
     path = torch.tensor([0, 2, 5, 9, -1, -1, -1, -1, -1, -1])
     B.compact(k, v, 6, path, torch.tensor(4))
     for a, node in enumerate([0, 2, 5, 9]):
-        assert torch.equal(k[:, :, 6 + a], k0[:, :, 6 + node]) and torch.equal(v[:, :, 6 + a], v0[:, :, 6 + node])
+        assert torch.equal(k[:, :, 6 + a], k0[:, :, 6 + node]) and torch.equal(
+            v[:, :, 6 + a], v0[:, :, 6 + node]
+        )
     assert torch.equal(k[:, :, :6], k0[:, :, :6])
     assert torch.equal(k[:, :, 10:], k0[:, :, 10:])
 

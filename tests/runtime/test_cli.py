@@ -30,12 +30,32 @@ def pair_args(tiny_pair: TinyPair) -> list[str]:
 def test_generate_json_matches_ar(pair_args: list[str]) -> None:
     outs = {}
     for mode in ("ar", "ddtree"):
-        proc = cli("generate", *pair_args, "--mode", mode, "--budget", "16", "--prompt", "the city of war",
-                   "--max-new-tokens", "12", "--format", "json")
+        proc = cli(
+            "generate",
+            *pair_args,
+            "--mode",
+            mode,
+            "--budget",
+            "16",
+            "--prompt",
+            "the city of war",
+            "--max-new-tokens",
+            "12",
+            "--format",
+            "json",
+        )
         assert proc.returncode == 0, proc.stderr
         outs[mode] = json.loads(proc.stdout)
     tree = outs["ddtree"]
-    for key in ("output_ids", "text", "rounds", "accepted_per_round", "mean_accepted", "tokens_per_s", "phase_s"):
+    for key in (
+        "output_ids",
+        "text",
+        "rounds",
+        "accepted_per_round",
+        "mean_accepted",
+        "tokens_per_s",
+        "phase_s",
+    ):
         assert key in tree
     assert tree["output_ids"] == outs["ar"]["output_ids"] and len(tree["output_ids"]) == 12
     assert tree["text"] == outs["ar"]["text"] and len(tree["text"].split()) == 12
@@ -44,11 +64,30 @@ def test_generate_json_matches_ar(pair_args: list[str]) -> None:
 
 
 def test_bench_prints_one_json_object_per_run(pair_args: list[str]) -> None:
-    proc = cli("bench", *pair_args, "--modes", "ar,dflash,ddtree", "--budgets", "4,16", "--prompt-ids", "5,6,7",
-               "--max-new-tokens", "16", "--runs", "1", "--warmup", "0")
+    proc = cli(
+        "bench",
+        *pair_args,
+        "--modes",
+        "ar,dflash,ddtree",
+        "--budgets",
+        "4,16",
+        "--prompt-ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "16",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [(r["mode"], r["budget"]) for r in rows] == [("ar", None), ("dflash", None), ("ddtree", 4), ("ddtree", 16)]
+    assert [(r["mode"], r["budget"]) for r in rows] == [
+        ("ar", None),
+        ("dflash", None),
+        ("ddtree", 4),
+        ("ddtree", 16),
+    ]
     assert all(r["tokens"] == 16 and r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["mean_accepted"] == 1.0 and rows[3]["mean_accepted"] > 1.0
 

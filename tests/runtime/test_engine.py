@@ -58,7 +58,9 @@ def test_speculative_modes_give_the_ar_tokens(engine: Engine, block_size: int, d
         assert_same_tokens(engine, prompt, want, got.output_ids, dtype)
         vocab = engine.target.config.vocab_size
         for budget in (b for b in BUDGETS if b <= sum(vocab**d for d in range(1, block_size))):
-            got = engine.generate(prompt, mode="ddtree", budget=budget, max_new_tokens=40, block_size=block_size)
+            got = engine.generate(
+                prompt, mode="ddtree", budget=budget, max_new_tokens=40, block_size=block_size
+            )
             assert_same_tokens(engine, prompt, want, got.output_ids, dtype)
 
 
@@ -149,6 +151,10 @@ def test_clear_refusals(engine: Engine) -> None:
         engine.generate([5, 6], mode="eagle")
     with pytest.raises(GenerationError, match="empty"):
         engine.generate([], mode="ar")
+    with pytest.raises(GenerationError, match=r"\[9999\] are outside the vocabulary \[0, 69\)"):
+        engine.generate([5, 9999], mode="ar")
+    with pytest.raises(GenerationError, match="top_p"):
+        engine.generate([5, 6], mode="ddtree", temperature=1.0, top_p=0.0)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +177,9 @@ def test_a_drafter_that_does_not_fit_is_refused_at_load(
 def test_on_tokens_streams_each_round_and_can_cancel(engine: Engine, mode: str) -> None:
     prompt = prompts(4, 1)[0]
     chunks: list[list[int]] = []
-    got = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: chunks.append(t) or True)
+    got = engine.generate(
+        prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: chunks.append(t) or True
+    )
     assert [t for c in chunks for t in c] == got.output_ids and len(chunks) == got.rounds + 1
     cancelled = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: False)
     assert cancelled.stop_reason == "cancelled" and cancelled.output_ids == got.output_ids[:1]

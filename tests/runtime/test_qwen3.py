@@ -10,7 +10,7 @@ import torch
 
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.loader import load_target, weight_files
-from tests.runtime.helpers import logit_tol, write_hf_qwen3
+from tests.runtime.helpers import assert_close, write_hf_qwen3
 
 transformers = pytest.importorskip("transformers")
 
@@ -33,7 +33,9 @@ def test_sharded_checkpoint_is_read_through_its_index(tmp_path: Path) -> None:
     assert weight_files(directory) == sorted(directory / s for s in shards)
 
 
-def test_prefill_logits_and_captured_hidden_states(checkpoint: Path, device: torch.device, dtype: torch.dtype) -> None:
+def test_prefill_logits_and_captured_hidden_states(
+    checkpoint: Path, device: torch.device, dtype: torch.dtype
+) -> None:
     ours = load_target(checkpoint, device, dtype)
     ours.setup_caches(64, capture_layers=(2, 0))
     ref = hf_model(checkpoint, device, dtype)
@@ -41,11 +43,10 @@ def test_prefill_logits_and_captured_hidden_states(checkpoint: Path, device: tor
     with torch.inference_mode():
         logits, hidden = ours(ids, torch.arange(len(ids), device=device), 0, None, TorchBackend())
         out = ref(ids[None], output_hidden_states=True)
-    tol = logit_tol(dtype)
-    torch.testing.assert_close(logits, out.logits[0].float(), atol=tol, rtol=0)
+    assert_close(logits, out.logits[0], dtype)
     # capture order follows target_layer_ids; layer i is HF hidden_states[i + 1]
     want = torch.cat([out.hidden_states[3][0], out.hidden_states[1][0]], dim=-1)
-    torch.testing.assert_close(hidden.float(), want.float(), atol=tol * 10, rtol=1e-4)
+    assert_close(hidden, want, dtype, atol=1e-4, rtol=1e-4)
 
 
 def test_tree_verify_equals_full_recompute_of_each_branch(
@@ -73,4 +74,4 @@ def test_tree_verify_equals_full_recompute_of_each_branch(
             seq = torch.cat([context, torch.tensor(branch, device=device)])
             want = ref(seq[None]).logits[0, -1].float()
             # a different summation order than one prefill: allow fp32 rounding relative to the logit
-            torch.testing.assert_close(logits[i], want, atol=logit_tol(dtype), rtol=1e-5)
+            assert_close(logits[i], want, dtype, rtol=1e-5)

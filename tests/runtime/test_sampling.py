@@ -26,7 +26,9 @@ def engine(small_vocab_pair: TinyPair, device: torch.device, dtype: torch.dtype)
 def next_probs(engine: Engine, ids: list[int]) -> torch.Tensor:
     seq = torch.tensor(ids, device=engine.device)
     with torch.inference_mode():
-        logits, _ = engine.target(seq, torch.arange(len(seq), device=engine.device), 0, None, engine.backend, False)
+        logits, _ = engine.target(
+            seq, torch.arange(len(seq), device=engine.device), 0, None, engine.backend, False
+        )
     return torch.softmax(logits[-1].double().cpu() / TEMPERATURE, -1)
 
 
@@ -100,7 +102,16 @@ def test_exact_distribution_sums_to_one(engine: Engine) -> None:
 def test_top_p_samples_stay_inside_the_nucleus(engine: Engine, mode: str) -> None:
     top_p = 0.5
     for seed in range(5):
-        out = engine.generate(PROMPT, mode=mode, budget=6, max_new_tokens=10, temperature=1.0, top_p=top_p, seed=seed, eos_ids=())
+        out = engine.generate(
+            PROMPT,
+            mode=mode,
+            budget=6,
+            max_new_tokens=10,
+            temperature=1.0,
+            top_p=top_p,
+            seed=seed,
+            eos_ids=(),
+        )
         context = list(PROMPT)
         for token in out.output_ids:
             probs = next_probs(engine, context)

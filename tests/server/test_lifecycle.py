@@ -1,4 +1,4 @@
-"""Queueing and shutdown on the `small` server (ar, queue of 2, 3 s drain): a full queue answers 503
+"""Queueing and shutdown on the `small` server (ar, queue of 2, 2 s drain): a full queue answers 503
 with Retry-After, a client that leaves frees its place at once, SIGTERM drains then exits 0.
 
 The long requests here (thousands of tokens) only need to outlast a few HTTP round trips; they are

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from ddtree_runtime.tokenizer import Tokenizer
-from tests.server.client import Server
+from tests.server.client import Server, sse_events
 from tests.server.conftest import MODEL, ORACLE_TOKENS, PROMPT, Launched
 
 
@@ -111,3 +111,33 @@ def test_typed_errors_through_the_client(main_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "the"}], temperature=7)
     assert e.value.param == "temperature"
+
+
+def test_vllm_bench_serve_request_shapes(main_server: Server) -> None:
+    """The payloads `vllm bench serve` sends (openai and openai-chat backends), parsed the way it
+    parses them: text from chunks with choices, completion_tokens from the usage chunk."""
+    common = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    completion = {
+        **common,
+        "prompt": "the war",
+        "repetition_penalty": 1.0,
+        "max_tokens": 12,
+        "logprobs": None,
+    }
+    chat = {**common, "messages": [{"role": "user", "content": [{"type": "text", "text": "the war"}]}],
+            "max_completion_tokens": 12}  # fmt: skip
+    for path, body, field in (
+        ("/v1/completions", completion, "text"),
+        ("/v1/chat/completions", chat, "delta"),
+    ):
+        status, headers, raw = main_server.request("POST", path, body)
+        assert status == 200 and headers["content-type"] == "text/event-stream"
+        events = sse_events(raw)
+        assert events[-1] == "[DONE]"
+        text = "".join(
+            (e["choices"][0]["text"] if field == "text" else e["choices"][0]["delta"].get("content") or "")
+            for e in events[:-1] if e["choices"]
+        )  # fmt: skip
+        usage = [e["usage"] for e in events[:-1] if not e["choices"]]
+        assert len(usage) == 1 and usage[0]["completion_tokens"] == 12
+        assert len(text.split()) == 12  # one word per token with the tiny word-level tokenizer
