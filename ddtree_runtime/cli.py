@@ -1,5 +1,5 @@
-"""`python -m ddtree_runtime generate|bench|serve`: one generation, an offline decode benchmark, or
-the HTTP server (whose flags and loop live in `server.py`).
+"""`python -m ddtree_runtime generate|bench|serve|tiny`: one generation, an offline decode benchmark,
+the HTTP server (whose flags and loop live in `server.py`), or the tiny demo pair's writer.
 
 Both load the pair once (refusing a drafter that does not fit, with the lint's findings), size the
 caches for the request, and print the engine's statistics; `bench` prints one JSON object per run.
@@ -19,6 +19,7 @@ from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import MODES, Engine, GenerationError
 from ddtree_runtime.loader import load_pair
+from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,6 +54,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bench.add_argument("--budgets", help="ddtree: comma-separated budgets (default: --budget)")
     bench.add_argument("--runs", type=int, default=3, help="timed runs per mode and budget")
     bench.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    tiny = sub.add_parser("tiny", help="write the tiny fitted demo pair (no download) and print its paths")
+    tiny.add_argument("--out", required=True, help="directory for target/ and drafter/ (kept if complete)")
+    tiny.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server.py)")
     server.add_arguments(serve)
     return parser.parse_args(argv)
@@ -171,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "serve":
         return server.run(args)
+    if args.command == "tiny":
+        pair = write_tiny_pair(args.out, seed=args.seed)
+        print(json.dumps({"target": str(pair.target), "drafter": str(pair.drafter)}))
+        return 0
     try:
         return generate(args) if args.command == "generate" else bench(args)
     except (ConfigError, GenerationError) as e:

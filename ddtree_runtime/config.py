@@ -76,6 +76,9 @@ class Qwen3Config:
                 f"{path}: model_type {model_type!r} is not served by this runtime (fix: use a dense "
                 "Qwen3 target, model_type 'qwen3')"
             )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{path}: hidden_act {act!r} is not supported (fix: Qwen3 uses 'silu')")
         heads = int(_require(raw, "num_attention_heads", path))
         hidden = int(_require(raw, "hidden_size", path))
         kv_heads = int(raw.get("num_key_value_heads") or heads)

@@ -6,7 +6,9 @@ most probable prefixes (ddtree); the target verifies `[root] + nodes` in one pas
 `start + depth`; the walk follows the target's own choice (argmax, or a sample at T > 0) and the
 first unmatched choice is the next root. Accepted K/V rows and hidden states move into place.
 Because the target alone decides every token, each mode yields the `ar` tokens at T = 0 and the
-target's distribution at T > 0.
+target's distribution at T > 0 (target-only verification: a draft is kept only when it equals the
+target's own sample at its parent; exact, though a chain accepts less often than with rejection
+sampling against the draft distribution).
 
 The one host sync per round is reading the accepted length, which the stopping rules need anyway.
 """

@@ -362,7 +362,6 @@ class Handler(BaseHTTPRequestHandler):
         req = parse_request(body, routes[path], app.limits, app.tokenizer)
         record.update(stream=req.stream, prompt_tokens=len(req.prompt_ids), max_tokens=req.max_tokens)
         job = Job(req)
-        record["job"] = job.number
         with app.tracked():
             try:
                 app.scheduler.submit(job)
@@ -374,6 +373,7 @@ class Handler(BaseHTTPRequestHandler):
                     code="queue_full",
                     headers={"Retry-After": "1"},
                 ) from None
+            record["job"] = job.number
             reply = Reply(req, app.model)
             return self._stream(job, reply, record) if req.stream else self._complete(job, reply, record)
 
@@ -568,8 +568,9 @@ def load(app: App) -> tuple[Engine, Tokenizer]:
     return engine, tokenizer
 
 
-def drain(app: App, httpd: HTTPServer, worker_stop: threading.Event) -> None:
-    """Stop accepting, let in-flight requests finish (bounded), cancel the rest."""
+def drain(app: App, httpd: HTTPServer, worker: Worker) -> None:
+    """Stop accepting, let in-flight requests finish (bounded), cancel the rest, and wait for the
+    engine thread to leave its round (exiting under a running torch op aborts the process)."""
     app.state = "draining"
     httpd.shutdown()
     httpd.socket.close()
@@ -579,7 +580,8 @@ def drain(app: App, httpd: HTTPServer, worker_stop: threading.Event) -> None:
     if not drained:
         app.scheduler.cancel_all()
         app.wait_idle(5.0)
-    worker_stop.set()
+    worker.stop.set()
+    worker.join(60)
     app.log.write("stopped", drained=drained)
 
 
@@ -618,7 +620,6 @@ def run(args: argparse.Namespace) -> int:
         max_context=settings.max_context,
         queue_size=settings.queue_size,
     )
-    worker_stop = threading.Event()
     try:
         engine, tokenizer = load(app)
     except (ConfigError, GenerationError, SettingsError) as e:
@@ -626,13 +627,12 @@ def run(args: argparse.Namespace) -> int:
         log.write("failed", error=str(e))
         httpd.shutdown()
         return 2
-    Worker(
-        engine, app.scheduler, app.metrics, tokenizer.decode, settings.mode, settings.budget, worker_stop
-    ).start()
+    worker = Worker(engine, app.scheduler, app.metrics, tokenizer.decode, settings.mode, settings.budget)
+    worker.start()
     if not app.stopping.is_set():
         app.state = "ready"
         log.write("ready", max_context=app.limits.max_context if app.limits else None)
     while not app.stopping.wait(0.5):
         pass
-    drain(app, httpd, worker_stop)
+    drain(app, httpd, worker)
     return 0

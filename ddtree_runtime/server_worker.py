@@ -22,8 +22,6 @@ from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.server_metrics import Metrics
 from ddtree_runtime.server_protocol import APIError, Request
 
-_ids = itertools.count(1)
-
 
 @dataclass
 class Job:
@@ -31,7 +29,7 @@ class Job:
     ("tokens", [ids]) per round, then ("done", GenerationResult) or ("error", APIError)."""
 
     request: Request
-    number: int = field(default_factory=lambda: next(_ids))
+    number: int = 0  # set by Scheduler.submit: the order of arrival, for the logs
     events: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
@@ -51,11 +49,13 @@ class Scheduler:
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: Job | None = None
         self.cond = threading.Condition()
+        self.numbers = itertools.count(1)
 
     def submit(self, job: Job) -> None:
         with self.cond:
             if len(self.waiting) >= self.capacity:
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+            job.number = next(self.numbers)
             self.waiting.append(job)
             self.cond.notify_all()
 
@@ -99,7 +99,7 @@ class Scheduler:
 
 
 class Worker(threading.Thread):
-    """Runs queued jobs through the engine, one at a time, until `stop` is set."""
+    """Runs queued jobs through the engine, one at a time, until `stop` is set (between jobs)."""
 
     def __init__(
         self,
@@ -109,11 +109,11 @@ class Worker(threading.Thread):
         decode: Callable[[list[int]], str],
         mode: str,
         budget: int,
-        stop: threading.Event,
     ) -> None:
         super().__init__(name="engine", daemon=True)
         self.engine, self.scheduler, self.metrics, self.decode = engine, scheduler, metrics, decode
-        self.mode, self.budget, self.stop = mode, budget, stop
+        self.mode, self.budget = mode, budget
+        self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():

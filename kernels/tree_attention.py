@@ -11,9 +11,11 @@ bitmasks over DFS pre/post-order intervals because the seam hands us best-first 
 need a depth-first renumbering (subtree sizes, then a prefix sum over siblings), a sequential scan
 or several launches per round, while a bitmask row is one independent walk up the parent chain per
 node (``tree_visibility``: one launch, ``depth[i] + 1`` dependent loads per program, no host sync).
-Inside the attention kernel the bitmask costs one gathered word per (query, key) pair on the
-<= N / BLOCK_N tree tiles only; ``benchmarks/kernels_bench.py`` measures it against the causal
-chain (no gather at all), which bounds what intervals could save. Because ``parents[i] < i``,
+Inside the attention kernel a key tile touches at most BLOCK_N / 32 + 1 words per query row, loaded
+as row vectors on the <= N / BLOCK_N tree tiles only. Measured (H200, bf16, 4096 context, see
+benchmarks/RESULTS.md) against the causal chain, which needs no description at all and so bounds
+what intervals could save: 64.2 vs 61.2 µs per layer at N = 257, 208 vs 184 µs at N = 1025.
+Because ``parents[i] < i``,
 ancestors of i have indices <= i, so key tiles past a query tile's last node are skipped (the same
 saving as a causal mask). ``visibility=None`` is that causal chain (ar prefill, decode = N = 1).
 
@@ -24,7 +26,9 @@ are read once per group. Online softmax in base 2 with fp32 accumulators: for ea
 ``acc' = acc * 2^(m - m') + P V``; the output is ``acc / l``. When the tree is small the context is
 split into S key ranges (split-K) so that the grid fills the GPU; each split writes ``(acc, m, l)``
 and a second kernel merges them: ``M = max_s m_s``, ``out = sum_s 2^(m_s - M) acc_s /
-sum_s 2^(m_s - M) l_s``. Tiles wholly inside the context take an unmasked path.
+sum_s 2^(m_s - M) l_s``. Tiles wholly inside the context take an unmasked path. K/V tiles come
+through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
+pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
 """
 
 from __future__ import annotations
@@ -277,6 +281,14 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int,
         raise RuntimeError(f"context_len {context_len} + {n} tree rows does not fit the cache of {s_max} rows")
     if d < 16:
         raise RuntimeError(f"tree attention needs head_dim >= 16 (tl.dot tiles), got {d}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        size = cache.element_size()
+        if cache.stride(-1) != 1 or cache.data_ptr() % 16 or any(st * size % 16 for st in cache.stride()[:-1]):
+            raise RuntimeError(
+                f"tree attention reads {name} through TMA, which needs a unit last stride and 16-byte aligned "
+                f"base and strides; got strides {cache.stride()} ({size}-byte elements): pass a contiguous cache "
+                f"with head_dim * element size a multiple of 16"
+            )
     if visibility is not None and visibility.num_nodes != n:
         raise RuntimeError(f"visibility describes {visibility.num_nodes} nodes but q has {n} rows")
 

@@ -99,8 +99,16 @@ def start(args: argparse.Namespace) -> int:
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
         log.write(f"--- specops-supervisor: start {stamp} in {args.cwd}\n".encode())
         log.flush()
-        proc = subprocess.Popen(args.argv, cwd=args.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            args.argv,
+            cwd=args.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     write_pidfile(args.pidfile, proc.pid)
     print(json.dumps({"pid": proc.pid}))
     return 0

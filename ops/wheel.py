@@ -27,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # What the wheel is made of (pyproject.toml's packages plus its metadata files).
 PACKAGED = ("ops", "ddtree_runtime", "kernels", "pyproject.toml", "README.md")
 _VERSION_LINE = re.compile(r'^version\s*=\s*"(?P<version>[^"]+)"\s*$', re.M)
+KEEP_WHEELS = 5  # the cache keeps the newest few (an edited tree makes a new one per edit)
 _BUILD_LOCK = threading.Lock()  # hosts run in threads: one of them builds, the others wait
 
 
@@ -44,12 +45,16 @@ class Wheel:
 
 def _git(source: Path, *args: str) -> str:
     try:
-        result = subprocess.run(["git", "-C", str(source), *args], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["git", "-C", str(source), *args], capture_output=True, text=True, check=False
+        )
     except FileNotFoundError:
         raise SpecopsError("git is not installed on the controller (fix: install git)") from None
     if result.returncode != 0:
-        raise SpecopsError(f"{source}: git {' '.join(args)} failed: {result.stderr.strip()} "
-                           "(fix: deploy from a git checkout of specops, with at least one commit)")
+        raise SpecopsError(
+            f"{source}: git {' '.join(args)} failed: {result.stderr.strip()} "
+            "(fix: deploy from a git checkout of specops, with at least one commit)"
+        )
     return result.stdout
 
 
@@ -64,10 +69,14 @@ def base_version(source: Path) -> str:
     try:
         match = _VERSION_LINE.search(path.read_text())
     except OSError as exc:
-        raise SpecopsError(f"{path}: cannot read: {exc.strerror} (fix: deploy from a specops checkout)") from None
+        raise SpecopsError(
+            f"{path}: cannot read: {exc.strerror} (fix: deploy from a specops checkout)"
+        ) from None
     if not match or "+" in match["version"]:
-        raise SpecopsError(f"{path}: no plain 'version = \"X.Y.Z\"' line in [project] "
-                           "(fix: set the version there; the commit is added to it at build time)")
+        raise SpecopsError(
+            f"{path}: no plain 'version = \"X.Y.Z\"' line in [project] "
+            "(fix: set the version there; the commit is added to it at build time)"
+        )
     return match["version"]
 
 
@@ -101,6 +110,8 @@ def build_wheel(source: str | Path | None = None) -> Wheel:
         if not wanted.is_file():
             cache.mkdir(parents=True, exist_ok=True)
             _build_into(source, version, wanted)
+            for old in sorted(cache.glob("specops-*.whl"), key=lambda p: p.stat().st_mtime)[:-KEEP_WHEELS]:
+                old.unlink(missing_ok=True)
         return Wheel(wanted, version, _sha256(wanted))
 
 
@@ -114,15 +125,31 @@ def _build_into(source: Path, version: str, wanted: Path) -> None:
             shutil.copy2(source / rel, tree / rel)
         pyproject = tree / "pyproject.toml"
         pyproject.write_text(_VERSION_LINE.sub(f'version = "{version}"', pyproject.read_text(), count=1))
-        command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check",
-                   "--outdir", str(out), str(tree)]
-        result = subprocess.run(command, capture_output=True, text=True, check=False,
-                                env={**os.environ, "SOURCE_DATE_EPOCH": epoch})
+        command = [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            str(out),
+            str(tree),
+        ]
+        result = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "SOURCE_DATE_EPOCH": epoch},
+        )
         built = sorted(out.glob("*.whl")) if out.is_dir() else []
         if result.returncode != 0 or len(built) != 1:
             log = " | ".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise SpecopsError(f"building the wheel of {source} failed (fix: `{sys.executable} -m pip install "
-                               f"build setuptools` on the controller, then read this log): {log}")
+            raise SpecopsError(
+                f"building the wheel of {source} failed (fix: `{sys.executable} -m pip install "
+                f"build setuptools` on the controller, then read this log): {log}"
+            )
         tmp_target = wanted.with_name(f".{wanted.name}.tmp")
         shutil.copyfile(built[0], tmp_target)
         os.replace(tmp_target, wanted)

@@ -35,5 +35,8 @@ class DemoCheckpoints(Step):
         if facts["done"]:
             return Plan.noop(f"demo pair complete in {args['dir']}", **pair)
         command = join(["env", f"PYTHONPATH={args['site']}", args["python"], "-c", _WRITE, args["dir"]])
-        return Plan.of([Run(command, timeout=args["timeout"], why="no DONE marker")],
-                       f"generate the demo pair in {args['dir']}", **pair)
+        return Plan.of(
+            [Run(command, timeout=args["timeout"], why="no DONE marker")],
+            f"generate the demo pair in {args['dir']}",
+            **pair,
+        )

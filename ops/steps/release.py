@@ -115,7 +115,9 @@ def parse_release_state(result: CommandResult) -> dict[str, Any]:
 @register
 class Release(Step):
     name = "release"
-    summary = "this checkout's wheel as <base>/releases/<id>/ (uploaded by checksum, unpacked, marked complete)"
+    summary = (
+        "this checkout's wheel as <base>/releases/<id>/ (uploaded by checksum, unpacked, marked complete)"
+    )
     args = arguments(
         base=Arg(str, required=True, help="the host's base directory"),
         python=Arg(str, default="python3", help="host interpreter that unpacks the wheel"),
@@ -132,15 +134,26 @@ class Release(Step):
         final = release_dir(base, release)
         data = {"release": release, "dir": final, "sha256": sha}
         if facts["state"] == "complete":
-            return Plan.noop(f"release {release} is installed (wheel sha256 {(facts['installed_sha256'] or '?')[:12]})",
-                             **data)
+            return Plan.noop(
+                f"release {release} is installed (wheel sha256 {(facts['installed_sha256'] or '?')[:12]})",
+                **data,
+            )
         partial = f"{base}/releases/.partial-{release}"
         wheel_name = facts["wheel"].rsplit("/", 1)[-1]
-        changes: list[Run | Write] = [Run(join(["mkdir", "-p", "--", partial]), why="assemble the release here")]
+        changes: list[Run | Write] = [
+            Run(join(["mkdir", "-p", "--", partial]), why="assemble the release here")
+        ]
         if facts["partial_sha256"] != sha:
             with open(facts["wheel"], "rb") as fh:
-                changes.append(Write(f"{partial}/{wheel_name}", fh.read(), "0644",
-                                     f"{partial}/{wheel_name}: wheel sha256 {sha[:12]}\n", why="upload the wheel"))
+                changes.append(
+                    Write(
+                        f"{partial}/{wheel_name}",
+                        fh.read(),
+                        "0644",
+                        f"{partial}/{wheel_name}: wheel sha256 {sha[:12]}\n",
+                        why="upload the wheel",
+                    )
+                )
         finish = [
             join(["rm", "-rf", "--", f"{partial}/site"]),
             join([args["python"], "-m", "zipfile", "-e", f"{partial}/{wheel_name}", f"{partial}/site"]),
@@ -174,8 +187,10 @@ _WRITE_PTH = (
 
 def venv_fact(path: str) -> Fact[dict[str, Any]]:
     python = quote(f"{path}/bin/python")
-    command = (f"if [ -x {python} ]; then {python} -c {quote(_VENV_PROBE)} {PTH_NAME}; "
-               "else echo '{\"missing\": true}'; fi")
+    command = (
+        f"if [ -x {python} ]; then {python} -c {quote(_VENV_PROBE)} {PTH_NAME}; "
+        "else echo '{\"missing\": true}'; fi"
+    )
     return Fact(command, parse_venv_probe)
 
 
@@ -183,7 +198,9 @@ def parse_venv_probe(result: CommandResult) -> dict[str, Any]:
     try:
         facts = json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        raise StepFailed("the venv's python does not run", command=result.command, stderr=result.stderr) from None
+        raise StepFailed(
+            "the venv's python does not run", command=result.command, stderr=result.stderr
+        ) from None
     return {"exists": not facts.get("missing"), **{k: v for k, v in facts.items() if k != "missing"}}
 
 
@@ -193,11 +210,20 @@ class RuntimeVenv(Step):
     summary = "the host venv, seeing the current release (and optional shared site-packages) via specops.pth"
     args = arguments(
         path=Arg(str, required=True, help="venv directory on the host"),
-        release_site=Arg(str, required=True, help="the current release's site folder, e.g. <base>/current/site"),
-        site_packages=Arg(str_list, default=[], help="more folders for the venv's sys.path; "
-                          "'controller' = this controller's site-packages (same machine only)"),
-        python=Arg(str, help="interpreter that creates the venv (default: the controller's own when "
-                   "site_packages has 'controller', else python3)"),
+        release_site=Arg(
+            str, required=True, help="the current release's site folder, e.g. <base>/current/site"
+        ),
+        site_packages=Arg(
+            str_list,
+            default=[],
+            help="more folders for the venv's sys.path; "
+            "'controller' = this controller's site-packages (same machine only)",
+        ),
+        python=Arg(
+            str,
+            help="interpreter that creates the venv (default: the controller's own when "
+            "site_packages has 'controller', else python3)",
+        ),
     )
 
     def probe(self, conn, args, ctx):
@@ -213,19 +239,27 @@ class RuntimeVenv(Step):
         python = args["python"] or (sys.executable if uses_controller else "python3")
         mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
         if facts["exists"] and uses_controller and facts["version"] != mine:
-            raise StepFailed(f"venv {args['path']} has Python {facts['version']} but the controller's "
-                             f"site-packages are for Python {mine}: remove the venv, or drop 'controller' "
-                             "from venv_site_packages")
+            raise StepFailed(
+                f"venv {args['path']} has Python {facts['version']} but the controller's "
+                f"site-packages are for Python {mine}: remove the venv, or drop 'controller' "
+                "from venv_site_packages"
+            )
         changes = []
         if not facts["exists"]:  # a venv that borrows the controller's packages installs none itself
             flags = ["--without-pip"] if uses_controller else []
             changes.append(Run(join([python, "-m", "venv", *flags, args["path"]]), why="missing"))
         if facts.get("pth") != text:
-            changes.append(Run(join([f"{args['path']}/bin/python", "-c", _WRITE_PTH, PTH_NAME, text]),
-                               why=f"{PTH_NAME}: {', '.join(dict.fromkeys(paths))}"))
+            changes.append(
+                Run(
+                    join([f"{args['path']}/bin/python", "-c", _WRITE_PTH, PTH_NAME, text]),
+                    why=f"{PTH_NAME}: {', '.join(dict.fromkeys(paths))}",
+                )
+            )
         if not changes:
-            return Plan.noop(f"venv (Python {facts['version']}) sees {len(paths)} release/shared folder(s)",
-                             python=f"{args['path']}/bin/python")
+            return Plan.noop(
+                f"venv (Python {facts['version']}) sees {len(paths)} release/shared folder(s)",
+                python=f"{args['path']}/bin/python",
+            )
         verb = "create venv and write" if not facts["exists"] else "write"
         return Plan.of(changes, f"{verb} {PTH_NAME}", python=f"{args['path']}/bin/python")
 
@@ -265,5 +299,7 @@ class ReleasePrune(Step):
         doomed = releases_to_prune(facts, args["keep"])
         if not doomed:
             return Plan.noop(f"{len(facts['releases'])} release(s), keeping up to {args['keep']}")
-        changes = [Run(join(["rm", "-rf", "--", release_dir(args["base"], r)]), why="old release") for r in doomed]
+        changes = [
+            Run(join(["rm", "-rf", "--", release_dir(args["base"], r)]), why="old release") for r in doomed
+        ]
         return Plan.of(changes, f"remove {len(doomed)} old release(s): {', '.join(doomed)}", removed=doomed)

@@ -3,8 +3,12 @@
 ``service`` takes a host from any state to "the DDTree server answers on release R": it points
 ``<base>/current`` at R, (re)starts the server only when the release, the environment file or the
 unit changed (or it is down or unhealthy), then waits for ``/health`` and one real completion.
-If R does not answer within the timeout it switches back to the release that ran before, restarts
-it, confirms it answers, and fails with R's log tail. ``release: previous`` is ``fab rollback``.
+Before it stops a running release for a new one, the new one must pass a start check (``serve
+--help`` imports it): a release that cannot even import is refused while the old one keeps
+serving. If R starts but does not answer within the timeout, the step switches back to the
+release that ran before, restarts it, confirms it answers, and fails with R's log tail.
+``release: previous`` is ``fab rollback``. One GPU holds one model, so a restart is a short gap
+in service; there is no second copy running side by side.
 
 Two real backends, chosen per host (``backend: auto`` = systemd when usable):
 
@@ -54,8 +58,15 @@ SUPERVISOR_SOURCE = Path(__file__).resolve().parent.parent / "supervisor.py"
 UNIT_TEMPLATE = "specops-ddtree.service.j2"
 LOG_TAIL_LINES = 40
 SERVE_DEFAULTS = {"host": "127.0.0.1", "port": 8000, "mode": "ddtree", "budget": 64}
-SERVE_KEYS = {"host": str, "port": int, "mode": str, "budget": int, "dtype": str, "device": str,
-              "max_context": int}
+SERVE_KEYS = {
+    "host": str,
+    "port": int,
+    "mode": str,
+    "budget": int,
+    "dtype": str,
+    "device": str,
+    "max_context": int,
+}
 SERVE_FOREIGN = {"num_speculative_tokens"}  # read by the drafter lint, not by our server
 MODES = ("ar", "dflash", "ddtree")
 BACKENDS = ("auto", "systemd", "supervisor")
@@ -133,7 +144,8 @@ home = os.path.expanduser("~")
 systemd = {"usable": bool(os.path.isdir("/run/systemd/system") and shutil.which("systemctl")
                           and (uid == 0 or os.path.exists("/run/user/%d/bus" % uid))),
            "scope": "system" if uid == 0 else "user", "uid": uid,
-           "unit_path": ("/etc/systemd/system/" if uid == 0 else home + "/.config/systemd/user/") + s["name"] + ".service"}
+           "unit_path": ("/etc/systemd/system/" if uid == 0 else home + "/.config/systemd/user/")
+                        + s["name"] + ".service"}
 systemd["unit_sha"] = sha(systemd["unit_path"])
 systemd["process"] = None
 if systemd["usable"]:
@@ -151,8 +163,8 @@ try:
 except (OSError, ValueError):
     state = None
 facts = {"supervisor_process": sup, "systemd": systemd, "state": state, "env_sha": sha(s["env_file"]),
-         "supervisor_sha": sha(s["supervisor"]), "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0,
-         "health": None, "metrics": None}
+         "supervisor_sha": sha(s["supervisor"]), "health": None, "metrics": None,
+         "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0}
 if sup or systemd["process"]:
     facts["health"], error = get(s["health"], 1 << 16)
     if facts["health"] is None:
@@ -174,8 +186,9 @@ def current_pid():
                 return int(fh.read().strip())
         except (OSError, ValueError):
             return None
+    env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/run/user/%d" % os.getuid()))
     out = subprocess.run(s["systemctl"] + ["show", "-p", "MainPID", "--value", s["unit"]],
-                         capture_output=True, text=True).stdout.strip()
+                         capture_output=True, text=True, env=env).stdout.strip()
     return int(out) if out.isdigit() and int(out) > 0 else None
 def alive(pid):
     try:
@@ -236,9 +249,12 @@ def _parse_json_line(what: str) -> Any:
         try:
             return json.loads(result.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
-            raise StepFailed(f"{what} printed no result (is python3 installed on the host?)",
-                             command=result.command.split(" -c ", 1)[0] + " -c <script>",
-                             stderr=result.stderr) from None
+            raise StepFailed(
+                f"{what} printed no result (is python3 installed on the host?)",
+                command=result.command.split(" -c ", 1)[0] + " -c <script>",
+                stderr=result.stderr,
+            ) from None
+
     return parse
 
 
@@ -275,15 +291,24 @@ def serve_url(serve: dict[str, Any]) -> str:
 def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[str, Any]]:
     paths = Paths(args["base"], args["name"])
     url = serve_url(args["serve"])
-    spec = {"name": args["name"], "pidfile": paths.pidfile, "state": paths.state, "log": paths.log,
-            "env_file": args.get("env_file") or "", "supervisor": paths.supervisor, "health": url + "/health",
-            "metrics": url + "/metrics" if metrics else ""}
+    spec = {
+        "name": args["name"],
+        "pidfile": paths.pidfile,
+        "state": paths.state,
+        "log": paths.log,
+        "env_file": args.get("env_file") or "",
+        "supervisor": paths.supervisor,
+        "health": url + "/health",
+        "metrics": url + "/metrics" if metrics else "",
+    }
     return Fact(join(["python3", "-c", _PROBE, json.dumps(spec)]), _parse_json_line("the service probe"))
 
 
 def gather(conn: Connection, args: dict[str, Any], *, metrics: bool = False) -> dict[str, Any]:
-    return {"layout": layout_fact(args["base"]).gather(conn),
-            "service": service_fact(args, metrics=metrics).gather(conn, timeout=60)}
+    return {
+        "layout": layout_fact(args["base"]).gather(conn),
+        "service": service_fact(args, metrics=metrics).gather(conn, timeout=60),
+    }
 
 
 # ---------------------------------------------------------------- plan
@@ -309,8 +334,10 @@ class ServiceFailed(StepFailed):
 
 def choose_backend(wanted: str, systemd: dict[str, Any]) -> str:
     if wanted == "systemd" and not systemd["usable"]:
-        raise StepFailed("backend systemd asked for, but systemd is not usable on this host (PID 1 is not "
-                         "systemd, or no user bus for a non-root user): set service_backend: supervisor")
+        raise StepFailed(
+            "backend systemd asked for, but systemd is not usable on this host (PID 1 is not "
+            "systemd, or no user bus for a non-root user): set service_backend: supervisor"
+        )
     if wanted == "auto":
         return "systemd" if systemd["usable"] else "supervisor"
     return wanted
@@ -323,10 +350,20 @@ def serve_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
     cpu = ctx.vars.get("profile") == "cpu"
     device = serve.get("device") or ("cpu" if cpu else "cuda")
     dtype = serve.get("dtype") or ("float32" if device == "cpu" else "bfloat16")
-    argv = [f"{args['venv']}/bin/python", "-m", "ddtree_runtime", "serve", "--target", args["target"],
-            "--drafter", args["drafter"], "--mode", serve["mode"], "--budget", str(serve["budget"]),
-            "--host", str(serve["host"]), "--port", str(serve["port"]), "--device", device, "--dtype", dtype,
-            "--env-file", args["env_file"]]
+    flags = {
+        "--target": args["target"],
+        "--drafter": args["drafter"],
+        "--mode": serve["mode"],
+        "--budget": serve["budget"],
+        "--host": serve["host"],
+        "--port": serve["port"],
+        "--device": device,
+        "--dtype": dtype,
+        "--env-file": args["env_file"],
+    }
+    argv = [f"{args['venv']}/bin/python", "-m", "ddtree_runtime", "serve"]
+    for flag, value in flags.items():
+        argv += [flag, str(value)]
     if serve.get("max_context"):
         argv += ["--max-context", str(serve["max_context"])]
     return argv
@@ -335,17 +372,33 @@ def serve_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
 def launch(args: dict[str, Any], ctx: StepContext, release: str) -> dict[str, Any]:
     """Everything that, when it changes, needs a restart (with the env file's checksum)."""
     where = release_dir(args["base"], release)
-    return {"argv": serve_argv(args, ctx), "cwd": where, "env_file": args["env_file"],
-            "env": {"PYTHONPATH": f"{where}/site", "SPECOPS_RELEASE": release}}
+    return {
+        "argv": serve_argv(args, ctx),
+        "cwd": where,
+        "env_file": args["env_file"],
+        "env": {"PYTHONPATH": f"{where}/site", "SPECOPS_RELEASE": release},
+    }
 
 
-def unit_text(args: dict[str, Any], ctx: StepContext, spec: dict[str, Any], release: str, scope: str) -> bytes:
+def unit_text(
+    args: dict[str, Any], ctx: StepContext, spec: dict[str, Any], release: str, scope: str
+) -> bytes:
     paths = Paths(args["base"], args["name"])
-    return render_template(UNIT_TEMPLATE, {
-        "service": args["name"], "release": release, "scope": scope, "exec_start": join(spec["argv"]), "cwd": spec["cwd"],
-        "environment": spec["env"], "env_file": spec["env_file"], "log": paths.log,
-        "stop_timeout": int(args["stop_timeout"]),
-    }, ctx)
+    return render_template(
+        UNIT_TEMPLATE,
+        {
+            "service": args["name"],
+            "release": release,
+            "scope": scope,
+            "exec_start": join(spec["argv"]),
+            "cwd": spec["cwd"],
+            "environment": spec["env"],
+            "env_file": spec["env_file"],
+            "log": paths.log,
+            "stop_timeout": int(args["stop_timeout"]),
+        },
+        ctx,
+    )
 
 
 def _systemctl(systemd: dict[str, Any], *words: str) -> str:
@@ -357,8 +410,13 @@ def _systemctl(systemd: dict[str, Any], *words: str) -> str:
 _UNSET: Any = object()
 
 
-def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, previous: Any = _UNSET,
-                 preflight: bool = True) -> Plan:
+def plan_service(
+    facts: dict[str, Any],
+    args: dict[str, Any],
+    ctx: StepContext,
+    previous: Any = _UNSET,
+    preflight: bool = True,
+) -> Plan:
     """Pure. ``previous`` overrides where ``<base>/previous`` ends up, and ``preflight`` False skips
     the start check (the automatic rollback goes back to a release that just ran)."""
     layout, svc = facts["layout"], facts["service"]
@@ -366,14 +424,18 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
     if args["release"] == "previous":
         wanted = layout["previous"]
         if wanted is None:
-            raise StepFailed(f"no previous release under {args['base']} to go back to (fix: deploy first; "
-                             "a rollback needs two releases)")
+            raise StepFailed(
+                f"no previous release under {args['base']} to go back to (fix: deploy first; "
+                "a rollback needs two releases)"
+            )
     else:
         wanted = args["release"]
     if wanted not in layout["releases"] and ctx.check:  # --check: the release step only planned it
         layout = {**layout, "releases": {**layout["releases"], wanted: 0}}
     if wanted not in layout["releases"]:
-        raise StepFailed(f"release {wanted} is not complete under {args['base']}/releases (fix: run fab deploy)")
+        raise StepFailed(
+            f"release {wanted} is not complete under {args['base']}/releases (fix: run fab deploy)"
+        )
     current = layout["current"]
     if previous is _UNSET:
         previous = current if current != wanted else layout["previous"]
@@ -388,16 +450,30 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
         unit = unit_text(args, ctx, spec, wanted, systemd["scope"])
         fingerprint["unit_sha"] = hashlib.sha256(unit).hexdigest()
         if systemd["unit_sha"] != fingerprint["unit_sha"]:
-            definition += [Write(systemd["unit_path"], unit, "0644", f"{systemd['unit_path']}: unit for {wanted}\n",
-                                 why="unit"),
-                           Run(_systemctl(systemd, "daemon-reload"), why="unit changed"),
-                           Run(_systemctl(systemd, "enable", f"{args['name']}.service"), why="start at boot")]
+            definition += [
+                Write(
+                    systemd["unit_path"],
+                    unit,
+                    "0644",
+                    f"{systemd['unit_path']}: unit for {wanted}\n",
+                    why="unit",
+                ),
+                Run(_systemctl(systemd, "daemon-reload"), why="unit changed"),
+                Run(_systemctl(systemd, "enable", f"{args['name']}.service"), why="start at boot"),
+            ]
         process = systemd["process"]
     else:
         source = SUPERVISOR_SOURCE.read_bytes()
         if svc["supervisor_sha"] != hashlib.sha256(source).hexdigest():
-            definition.append(Write(paths.supervisor, source, "0755", f"{paths.supervisor}: supervisor script\n",
-                                    why="supervisor"))
+            definition.append(
+                Write(
+                    paths.supervisor,
+                    source,
+                    "0755",
+                    f"{paths.supervisor}: supervisor script\n",
+                    why="supervisor",
+                )
+            )
         process = svc["supervisor_process"]
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     state = svc["state"] or {}
@@ -426,37 +502,77 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
     changes = list(definition)
     if preflight and rollback_to is not None:
         check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
-        changes.append(Preflight(f"cd {join([spec['cwd']])} && {check} >/dev/null", timeout=300,
-                                 why="the new release imports and parses its flags"))
+        changes.append(
+            Preflight(
+                f"cd {join([spec['cwd']])} && {check} >/dev/null",
+                timeout=300,
+                why="the new release imports and parses its flags",
+            )
+        )
     first_disruptive = len(changes)
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
-    stop = join(["python3", paths.supervisor, "stop", "--pidfile", paths.pidfile,
-                 "--timeout", f"{args['stop_timeout']:g}"])
+    supervisor = ["python3", paths.supervisor]
+    stop = join([*supervisor, "stop", "--pidfile", paths.pidfile, "--timeout", f"{args['stop_timeout']:g}"])
     if backend == "systemd":
         if svc["supervisor_process"]:
             changes.append(Run(stop, why="the supervisor ran it before"))
         changes.append(Run(_systemctl(systemd, "restart", f"{args['name']}.service"), why="start"))
-        wait_on: dict[str, Any] = {"systemctl": ["systemctl"] if systemd["scope"] == "system"
-                                   else ["systemctl", "--user"], "unit": f"{args['name']}.service"}
+        wait_on: dict[str, Any] = {
+            "systemctl": ["systemctl"] if systemd["scope"] == "system" else ["systemctl", "--user"],
+            "unit": f"{args['name']}.service",
+        }
     else:
         if systemd["process"]:
-            changes.append(Run(_systemctl(systemd, "disable", "--now", f"{args['name']}.service"),
-                               why="systemd ran it before"))
+            changes.append(
+                Run(
+                    _systemctl(systemd, "disable", "--now", f"{args['name']}.service"),
+                    why="systemd ran it before",
+                )
+            )
         changes.append(Run(stop, why="TERM, then KILL after the stop timeout"))
-        start = ["python3", paths.supervisor, "start", "--pidfile", paths.pidfile, "--log", paths.log,
-                 "--cwd", spec["cwd"], "--env-file", args["env_file"]]
+        start = [
+            *supervisor,
+            "start",
+            "--pidfile",
+            paths.pidfile,
+            "--log",
+            paths.log,
+            "--cwd",
+            spec["cwd"],
+            "--env-file",
+            args["env_file"],
+        ]
         for key, value in spec["env"].items():
             start += ["--setenv", f"{key}={value}"]
         changes.append(Run(join([*start, "--", *spec["argv"]]), why="start"))
         wait_on = {"pidfile": paths.pidfile}
-    wait = {"url": data["url"], "timeout": args["timeout"], "prompt": args["prompt"], "max_tokens": 4, **wait_on}
-    changes.append(Wait(join(["python3", "-c", _WAIT, json.dumps(wait)]), timeout=args["timeout"] + 60,
-                        why=f"/health and one completion within {args['timeout']:g}s"))
+    wait = {
+        "url": data["url"],
+        "timeout": args["timeout"],
+        "prompt": args["prompt"],
+        "max_tokens": 4,
+        **wait_on,
+    }
+    changes.append(
+        Wait(
+            join(["python3", "-c", _WAIT, json.dumps(wait)]),
+            timeout=args["timeout"] + 60,
+            why=f"/health and one completion within {args['timeout']:g}s",
+        )
+    )
     record = {"release": wanted, "fingerprint": digest, "backend": backend}
-    changes.append(Write(paths.state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs"))
-    data.update(first_disruptive=first_disruptive, rollback_to=rollback_to, previous_before=layout["previous"],
-                log_size=svc["log_size"], log=paths.log, args=args)
+    changes.append(
+        Write(paths.state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs")
+    )
+    data.update(
+        first_disruptive=first_disruptive,
+        rollback_to=rollback_to,
+        previous_before=layout["previous"],
+        log_size=svc["log_size"],
+        log=paths.log,
+        args=args,
+    )
     return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)
 
 
@@ -502,8 +618,11 @@ class Service(Step):
         target=Arg(str, required=True, help="target checkpoint directory on the host"),
         drafter=Arg(str, required=True, help="drafter checkpoint directory on the host"),
         env_file=Arg(str, required=True, help="the 0600 environment file (secrets live there)"),
-        serve=Arg(serve_arg, default={}, help="inventory serve vars: host, port, mode, budget, dtype, "
-                  "device, max_context"),
+        serve=Arg(
+            serve_arg,
+            default={},
+            help="inventory serve vars: host, port, mode, budget, dtype, device, max_context",
+        ),
         name=Arg(str, default=SERVICE, help="service (unit) name"),
         backend=Arg(backend_arg, default="auto", help="auto | systemd | supervisor"),
         timeout=Arg(float, default=300.0, help="seconds for /health and one completion"),
@@ -526,14 +645,24 @@ class Service(Step):
             answer = _execute(conn, plan)
         except ServiceFailed as exc:
             if not exc.touched:
-                kept = f"; release {data['rollback_to']} keeps running untouched" if data["rollback_to"] else ""
-                raise StepFailed(f"release {data['release']} refused before any restart: {exc}{kept}",
-                                 command=exc.command, stderr=exc.stderr) from None
+                kept = (
+                    f"; release {data['rollback_to']} keeps running untouched" if data["rollback_to"] else ""
+                )
+                raise StepFailed(
+                    f"release {data['release']} refused before any restart: {exc}{kept}",
+                    command=exc.command,
+                    stderr=exc.stderr,
+                ) from None
             self._roll_back(conn, plan, ctx, exc)
-        message = (f"release {data['release']} answers at {data['url']} (pid {answer['pid']}, /health after "
-                   f"{answer['healthy_after']}s, completion {answer['text']!r})")
-        return Applied(True, message, {k: data[k] for k in ("release", "previous", "backend", "url")}
-                       | {"pid": answer["pid"]})
+        message = (
+            f"release {data['release']} answers at {data['url']} (pid {answer['pid']}, /health after "
+            f"{answer['healthy_after']}s, completion {answer['text']!r})"
+        )
+        return Applied(
+            True,
+            message,
+            {k: data[k] for k in ("release", "previous", "backend", "url")} | {"pid": answer["pid"]},
+        )
 
     def _roll_back(self, conn: Connection, plan: Plan, ctx: StepContext, failure: StepFailed) -> None:
         """Back to the release that ran before; always raises, with the failed release's log tail."""
@@ -543,17 +672,25 @@ class Service(Step):
             tail = f"{failure.command or ''}\n{failure.stderr}\n--- log ---\n{tail}".lstrip()
         bad, old = data["release"], data["rollback_to"]
         if old is None:
-            raise StepFailed(f"release {bad} did not answer ({failure}); no earlier release to roll back to",
-                             stderr=tail)
+            raise StepFailed(
+                f"release {bad} did not answer ({failure}); no earlier release to roll back to", stderr=tail
+            )
         args = {**data["args"], "release": old}
         try:
-            back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False)
+            back = plan_service(
+                gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False
+            )
             answer = _execute(conn, back) if back.will_change else {"pid": back.data.get("pid")}
         except StepFailed as again:
-            raise StepFailed(f"release {bad} did not answer ({failure}); rolling back to {old} failed too: "
-                             f"{again}", stderr=tail) from None
-        raise StepFailed(f"release {bad} did not answer ({failure}); rolled back to {old}, which answers "
-                         f"again (pid {answer.get('pid')})", stderr=tail)
+            raise StepFailed(
+                f"release {bad} did not answer ({failure}); rolling back to {old} failed too: {again}",
+                stderr=tail,
+            ) from None
+        raise StepFailed(
+            f"release {bad} did not answer ({failure}); rolled back to {old}, which answers "
+            f"again (pid {answer.get('pid')})",
+            stderr=tail,
+        )
 
 
 # ---------------------------------------------------------------- service_status
@@ -599,7 +736,9 @@ def status_summary(facts: dict[str, Any], args: dict[str, Any]) -> dict[str, Any
         "backend": backend,
         "unit": f"{args['name']}.service" if backend == "systemd" else None,
         "pid": process["pid"] if process else None,
-        "running_release": process["cwd"].rstrip("/").rsplit("/", 1)[-1] if process and process["cwd"] else None,
+        "running_release": process["cwd"].rstrip("/").rsplit("/", 1)[-1]
+        if process and process["cwd"]
+        else None,
         "uptime_s": process["uptime_s"] if process else None,
         "health": svc["health"],
         "url": serve_url(args["serve"]),
@@ -628,6 +767,9 @@ class ServiceStatus(Step):
             where = info["unit"] or "supervisor"
             state = f"pid {info['pid']} ({where}), up {info['uptime_s']:g}s, /health {info['health']}"
         m = info["metrics"]
-        extra = (f", {m.get('requests', 0):g} requests, acceptance length {m['mean_acceptance_length']}"
-                 if "mean_acceptance_length" in m else "")
+        extra = (
+            f", {m.get('requests', 0):g} requests, acceptance length {m['mean_acceptance_length']}"
+            if "mean_acceptance_length" in m
+            else ""
+        )
         return Plan.noop(f"release {info['release'] or 'none'}: {state}{extra}", **info)

@@ -23,7 +23,15 @@ from ops.tasks import run_file
 from ops.wheel import REPO_ROOT, packaged_files
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
-GIT = ["git", "-c", "user.name=specops tests", "-c", "user.email=tests@specops.invalid", "-c", "commit.gpgsign=false"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=specops tests",
+    "-c",
+    "user.email=tests@specops.invalid",
+    "-c",
+    "commit.gpgsign=false",
+]
 
 
 @dataclass
@@ -46,7 +54,9 @@ class Checkout:
         for rel, text in edits.items():
             (self.path / rel).write_text(text)
         subprocess.run([*GIT, "-C", str(self.path), "add", "-A"], check=True)
-        subprocess.run([*GIT, "-C", str(self.path), "commit", "-q", "--allow-empty", "-m", message], check=True)
+        subprocess.run(
+            [*GIT, "-C", str(self.path), "commit", "-q", "--allow-empty", "-m", message], check=True
+        )
 
     def read(self, rel: str) -> str:
         return (self.path / rel).read_text()
@@ -73,7 +83,9 @@ def complete(port: int, prompt: str = "the first") -> dict[str, Any]:
     with urllib.request.urlopen(base + "/v1/models", timeout=30) as r:
         model = json.load(r)["data"][0]["id"]
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}).encode()
-    req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         assert r.status == 200
         return json.load(r)
@@ -160,4 +172,3 @@ def argv_holding(secret: str) -> list[str]:
                 if secret.encode() in cmdline:
                     found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
     return found
-

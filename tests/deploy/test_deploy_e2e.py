@@ -35,8 +35,10 @@ from tests.deploy.helpers import (
 
 MAIN = "ddtree_runtime/__main__.py"
 CRASH_ON_IMPORT = 'raise RuntimeError("deliberately broken release: crashes on import")\n'
-CRASH_AT_START = ('import sys\nif "serve" in sys.argv and "--help" not in sys.argv:\n'
-                  '    raise SystemExit("deliberately broken release: crashes at start-up")\n')
+CRASH_AT_START = (
+    'import sys\nif "serve" in sys.argv and "--help" not in sys.argv:\n'
+    '    raise SystemExit("deliberately broken release: crashes at start-up")\n'
+)
 FUTURE = "from __future__ import annotations\n"
 
 
@@ -47,21 +49,31 @@ def with_crash(main: str, code: str) -> str:
 
 
 def host_vars(tiny_pair, checkout, port: int, **extra) -> dict:
-    return {"profile": "cpu", "target": str(tiny_pair.target), "drafter": str(tiny_pair.drafter),
-            "serve": {"port": port, "budget": 8}, "venv_site_packages": ["controller"],
-            "release_source": str(checkout.path), "deploy_timeout": 120, **extra}
+    return {
+        "profile": "cpu",
+        "target": str(tiny_pair.target),
+        "drafter": str(tiny_pair.drafter),
+        "serve": {"port": port, "budget": 8},
+        "venv_site_packages": ["controller"],
+        "release_source": str(checkout.path),
+        "deploy_timeout": 120,
+        **extra,
+    }
 
 
 def test_deploy_redeploy_new_commit_broken_release_and_rollback(
-        sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, monkeypatch):
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, monkeypatch
+):
     token = "hf_" + secrets.token_hex(20)
     monkeypatch.setenv("SPECOPS_TEST_HF_TOKEN", token)
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     port = free_port()
     inventory = make_inventory(
-        [h1], host_vars={"h1": host_vars(tiny_pair, checkout, port)},
-        host_fields={"h1": {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}}}})
+        [h1],
+        host_vars={"h1": host_vars(tiny_pair, checkout, port)},
+        host_fields={"h1": {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}}}},
+    )
     results = tmp_path / "results"
 
     # First deploy, then a second one that changes nothing: same pid. No process ever holds the
@@ -86,8 +98,10 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     assert logs and not [p for p in logs if token in p.read_text(errors="replace")]
 
     # A new commit: a new release, a new process running it, answering.
-    checkout.commit("a new commit", {"ddtree_runtime/__init__.py":
-                                     checkout.read("ddtree_runtime/__init__.py") + "# release B\n"})
+    checkout.commit(
+        "a new commit",
+        {"ddtree_runtime/__init__.py": checkout.read("ddtree_runtime/__init__.py") + "# release B\n"},
+    )
     third = deploy(inventory, results)
     assert third.ok, third.summary()
     release_b = link(base, "current")
@@ -130,8 +144,9 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     assert info["metrics"]["requests"] >= 1 and "mean_acceptance_length" in info["metrics"]
 
 
-def test_link_cut_mid_deploy_then_rerun_converges(sshd_hosts, make_inventory, tiny_pair, checkout, servers,
-                                                   tmp_path):
+def test_link_cut_mid_deploy_then_rerun_converges(
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path
+):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     port = free_port()
@@ -163,12 +178,15 @@ def test_link_cut_mid_deploy_then_rerun_converges(sshd_hosts, make_inventory, ti
         watcher.join()
         return result, cut.is_set()
 
-    checkout.commit("release B", {"ddtree_runtime/__init__.py":
-                                  checkout.read("ddtree_runtime/__init__.py") + "# release B\n"})
+    checkout.commit(
+        "release B",
+        {"ddtree_runtime/__init__.py": checkout.read("ddtree_runtime/__init__.py") + "# release B\n"},
+    )
     with Sampler(current_is_complete, interval=0.005) as links:
         # Cut 1: while the release is being assembled on the host.
         cut, was_cut = deploy_cut_when(
-            lambda: any(p.name.startswith(".partial-") for p in (base / "releases").iterdir()))
+            lambda: any(p.name.startswith(".partial-") for p in (base / "releases").iterdir())
+        )
         assert was_cut and not cut.ok and link(base, "current") == release_a
         h1.start()
         # Cut 2: right after `current` moved, while the server is being restarted.
@@ -190,12 +208,36 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
     base = servers(tmp_path / "demo")
     port = free_port()
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(yaml.safe_dump({"hosts": {"local": {
-        "connection": "local", "base": str(base), "vars": {"profile": "cpu", "serve": {"port": port}}}}}))
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "local": {
+                        "connection": "local",
+                        "base": str(base),
+                        "vars": {"profile": "cpu", "serve": {"port": port}},
+                    }
+                }
+            }
+        )
+    )
     fab = Path(sys.executable).with_name("fab")
-    done = subprocess.run([str(fab), "play", str(PLAYBOOKS / "deploy.yaml"), "--inventory", str(inventory),
-                           "--results", str(tmp_path / "results")], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [
+            str(fab),
+            "play",
+            str(PLAYBOOKS / "deploy.yaml"),
+            "--inventory",
+            str(inventory),
+            "--results",
+            str(tmp_path / "results"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (base / "models" / "demo" / "DONE").is_file()
     assert complete(port)["choices"]

@@ -26,38 +26,80 @@ A, B, C = "0.1.0+gaaaaaaa", "0.1.0+gbbbbbbb", "0.1.0+gccccccc"
 
 
 def context(**variables: Any) -> StepContext:
-    host = Host(name="gpu1", connection="ssh", address="10.0.0.5", port=22, user="ubuntu", key_file=None,
-                base=BASE, host_key_policy="strict", known_hosts=(), sudo=False, connect_timeout=10.0,
-                vars={}, groups=())
-    return StepContext(host=host, playbook_dir=REPO_ROOT / "playbooks", templates_dir=REPO_ROOT / "templates",
-                       vars={**host.template_vars(), "profile": "blackwell", **variables})
+    host = Host(
+        name="gpu1",
+        connection="ssh",
+        address="10.0.0.5",
+        port=22,
+        user="ubuntu",
+        key_file=None,
+        base=BASE,
+        host_key_policy="strict",
+        known_hosts=(),
+        sudo=False,
+        connect_timeout=10.0,
+        vars={},
+        groups=(),
+    )
+    return StepContext(
+        host=host,
+        playbook_dir=REPO_ROOT / "playbooks",
+        templates_dir=REPO_ROOT / "templates",
+        vars={**host.template_vars(), "profile": "blackwell", **variables},
+    )
 
 
 def describe(plan: Plan) -> list[str]:
     out = []
     for change in plan.changes:
         kind = "wait" if isinstance(change, Wait) else "preflight" if isinstance(change, Preflight) else "run"
-        out.append(f"{kind}: {change.command}" if isinstance(change, Run) else f"write: {change.path} {change.mode}")
+        out.append(
+            f"{kind}: {change.command}" if isinstance(change, Run) else f"write: {change.path} {change.mode}"
+        )
     return out
 
 
 def service_args(**overrides: Any) -> dict[str, Any]:
-    raw = {"base": BASE, "release": B, "venv": f"{BASE}/venv", "target": "/m/target", "drafter": "/m/drafter",
-           "env_file": f"{BASE}/run/specops-ddtree.env", "serve": {"port": 8011, "budget": 32}, **overrides}
+    raw = {
+        "base": BASE,
+        "release": B,
+        "venv": f"{BASE}/venv",
+        "target": "/m/target",
+        "drafter": "/m/drafter",
+        "env_file": f"{BASE}/run/specops-ddtree.env",
+        "serve": {"port": 8011, "budget": 32},
+        **overrides,
+    }
     return get_step("service")().check_args(raw)
 
 
-def facts(current: str | None = A, previous: str | None = None, *, systemd: bool = False,
-          process: dict | None = None, state: dict | None = None, health: int | None = None) -> dict[str, Any]:
+def facts(
+    current: str | None = A,
+    previous: str | None = None,
+    *,
+    systemd: bool = False,
+    process: dict | None = None,
+    state: dict | None = None,
+    health: int | None = None,
+) -> dict[str, Any]:
     unit_dir = "/etc/systemd/system"
     return {
         "layout": {"current": current, "previous": previous, "releases": {A: 1, B: 2, C: 3}},
         "service": {
-            "systemd": {"usable": systemd, "scope": "system", "uid": 0, "unit_sha": None,
-                        "unit_path": f"{unit_dir}/specops-ddtree.service",
-                        "process": process if systemd else None},
+            "systemd": {
+                "usable": systemd,
+                "scope": "system",
+                "uid": 0,
+                "unit_sha": None,
+                "unit_path": f"{unit_dir}/specops-ddtree.service",
+                "process": process if systemd else None,
+            },
             "supervisor_process": None if systemd else process,
-            "state": state, "env_sha": ENV_SHA, "supervisor_sha": None, "log_size": 10, "health": health,
+            "state": state,
+            "env_sha": ENV_SHA,
+            "supervisor_sha": None,
+            "log_size": 10,
+            "health": health,
             "metrics": None,
         },
     }
@@ -65,11 +107,15 @@ def facts(current: str | None = A, previous: str | None = None, *, systemd: bool
 
 def host_after(plan: Plan, before: dict[str, Any], *, systemd: bool = False) -> dict[str, Any]:
     """The facts a host shows after ``plan`` ran and the server answered."""
-    state = next(json.loads(c.data) for c in plan.changes if isinstance(c, Write) and c.path.endswith(".state"))
+    state = next(
+        json.loads(c.data) for c in plan.changes if isinstance(c, Write) and c.path.endswith(".state")
+    )
     after = json.loads(json.dumps(before))
     after["layout"]["current"], after["layout"]["previous"] = plan.data["release"], plan.data["previous"]
     service = after["service"]
-    service.update(state=state, health=200, supervisor_sha=None if systemd else _sha_of(plan, "supervisor.py"))
+    service.update(
+        state=state, health=200, supervisor_sha=None if systemd else _sha_of(plan, "supervisor.py")
+    )
     running = {"pid": 4242, "uptime_s": 3.0, "cwd": f"{BASE}/releases/{plan.data['release']}"}
     if systemd:
         service["systemd"].update(process=running, unit_sha=_sha_of(plan, ".service"))
@@ -79,8 +125,11 @@ def host_after(plan: Plan, before: dict[str, Any], *, systemd: bool = False) -> 
 
 
 def _sha_of(plan: Plan, suffix: str) -> str:
-    return next(hashlib.sha256(c.data).hexdigest() for c in plan.changes
-                if isinstance(c, Write) and c.path.endswith(suffix))
+    return next(
+        hashlib.sha256(c.data).hexdigest()
+        for c in plan.changes
+        if isinstance(c, Write) and c.path.endswith(suffix)
+    )
 
 
 def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_nothing():
@@ -89,25 +138,37 @@ def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_not
     lines = describe(first)
     assert lines[0] == "write: /etc/systemd/system/specops-ddtree.service 0644"
     assert lines[1:3] == ["run: systemctl daemon-reload", "run: systemctl enable specops-ddtree.service"]
-    assert lines[3].startswith("preflight: cd /opt/specops/releases/0.1.0+gbbbbbbb && env "
-                               "PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site /opt/specops/venv/bin/python "
-                               "-m ddtree_runtime serve --help")
-    assert lines[4] == "run: ln -sfn releases/0.1.0+gaaaaaaa /opt/specops/.previous.tmp && " \
-                       "mv -T /opt/specops/.previous.tmp /opt/specops/previous"
+    assert lines[3].startswith(
+        "preflight: cd /opt/specops/releases/0.1.0+gbbbbbbb && env "
+        "PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site /opt/specops/venv/bin/python "
+        "-m ddtree_runtime serve --help"
+    )
+    assert (
+        lines[4] == "run: ln -sfn releases/0.1.0+gaaaaaaa /opt/specops/.previous.tmp && "
+        "mv -T /opt/specops/.previous.tmp /opt/specops/previous"
+    )
     assert lines[5].endswith("mv -T /opt/specops/.current.tmp /opt/specops/current")
     assert lines[6] == "run: systemctl restart specops-ddtree.service"
-    assert lines[7].startswith("wait: python3 -c ") and lines[8] == "write: /opt/specops/run/specops-ddtree.state 0644"
+    assert (
+        lines[7].startswith("wait: python3 -c ")
+        and lines[8] == "write: /opt/specops/run/specops-ddtree.state 0644"
+    )
     unit = first.changes[0].data.decode()
     assert "WorkingDirectory=/opt/specops/releases/0.1.0+gbbbbbbb\n" in unit
     assert 'Environment="PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site"' in unit
     assert "EnvironmentFile=/opt/specops/run/specops-ddtree.env\n" in unit
     assert "--device cuda --dtype bfloat16 --env-file /opt/specops/run/specops-ddtree.env" in unit
-    assert "WantedBy=multi-user.target" in unit and "StandardOutput=append:/opt/specops/logs/specops-ddtree.log" in unit
+    assert (
+        "WantedBy=multi-user.target" in unit
+        and "StandardOutput=append:/opt/specops/logs/specops-ddtree.log" in unit
+    )
     assert first.data["rollback_to"] == A and first.data["previous"] == A
 
     second = step.plan(host_after(first, facts(current=A, systemd=True), systemd=True), args, ctx)
     assert not second.will_change
-    assert second.reason == f"release {B} running (pid 4242, up 3s), /health 200" and second.data["pid"] == 4242
+    assert (
+        second.reason == f"release {B} running (pid 4242, up 3s), /health 200" and second.data["pid"] == 4242
+    )
 
 
 def test_supervisor_restarts_only_when_something_changed():
@@ -118,9 +179,11 @@ def test_supervisor_restarts_only_when_something_changed():
     assert lines[1] == "run: rm -f -- /opt/specops/previous"  # nothing ran before: no start check either
     assert lines[3].startswith("run: python3 /opt/specops/bin/specops-supervisor.py stop --pidfile")
     start = lines[4]
-    assert start.startswith("run: python3 /opt/specops/bin/specops-supervisor.py start --pidfile "
-                            "/opt/specops/run/specops-ddtree.pid --log /opt/specops/logs/specops-ddtree.log --cwd "
-                            "/opt/specops/releases/0.1.0+gbbbbbbb --env-file /opt/specops/run/specops-ddtree.env")
+    assert start.startswith(
+        "run: python3 /opt/specops/bin/specops-supervisor.py start --pidfile "
+        "/opt/specops/run/specops-ddtree.pid --log /opt/specops/logs/specops-ddtree.log --cwd "
+        "/opt/specops/releases/0.1.0+gbbbbbbb --env-file /opt/specops/run/specops-ddtree.env"
+    )
     assert "--device cpu --dtype float32" in start and "--port 8011 " in start
     assert first.data["rollback_to"] is None
 
@@ -161,20 +224,29 @@ def test_systemd_asked_for_where_it_is_not_usable_is_refused():
         get_step("service")().plan(facts(), service_args(backend="systemd"), context())
 
 
-@pytest.mark.parametrize(("serve", "message"), [
-    ({"prot": 1}, "unknown serve key 'prot'"),
-    ({"port": "http"}, "serve.port: expected int"),
-    ({"port": 70000}, "serve.port: expected 1-65535"),
-    ({"mode": "beam"}, "serve.mode: expected one of ar, dflash, ddtree"),
-])
+@pytest.mark.parametrize(
+    ("serve", "message"),
+    [
+        ({"prot": 1}, "unknown serve key 'prot'"),
+        ({"port": "http"}, "serve.port: expected int"),
+        ({"port": 70000}, "serve.port: expected 1-65535"),
+        ({"mode": "beam"}, "serve.mode: expected one of ar, dflash, ddtree"),
+    ],
+)
 def test_bad_serve_vars_name_the_key(serve, message):
     with pytest.raises(ArgError, match=message):
         service_args(serve=serve)
 
 
 def release_facts(state: str, partial: str | None = None) -> dict[str, Any]:
-    return {"state": state, "installed_sha256": "1" * 64 if state == "complete" else None,
-            "partial_sha256": partial, "release": B, "wheel": str(REPO_ROOT / "pyproject.toml"), "sha256": "2" * 64}
+    return {
+        "state": state,
+        "installed_sha256": "1" * 64 if state == "complete" else None,
+        "partial_sha256": partial,
+        "release": B,
+        "wheel": str(REPO_ROOT / "pyproject.toml"),
+        "sha256": "2" * 64,
+    }
 
 
 def test_release_uploads_by_checksum_and_renames_into_place_when_complete():
@@ -208,20 +280,27 @@ def test_prune_keeps_the_newest_and_always_current_and_previous():
 def test_layout_parser_reads_links_and_complete_releases():
     out = f"current=releases/{B}\nprevious=\nrelease=170 {A}\nrelease=180 {B}\n"
     assert parse_layout(CommandResult("layout", 0, out, "")) == {
-        "current": B, "previous": None, "releases": {A: 170, B: 180}}
+        "current": B,
+        "previous": None,
+        "releases": {A: 170, B: 180},
+    }
 
 
 def test_runtime_venv_names_the_current_release_and_shared_site_packages():
     step, ctx = get_step("runtime_venv")(), context()
-    args = step.check_args({"path": f"{BASE}/venv", "release_site": f"{BASE}/current/site",
-                            "site_packages": ["/srv/shared"]})
+    args = step.check_args(
+        {"path": f"{BASE}/venv", "release_site": f"{BASE}/current/site", "site_packages": ["/srv/shared"]}
+    )
     fresh = describe(step.plan({"exists": False}, args, ctx))
     assert fresh[0] == f"run: python3 -m venv {BASE}/venv" and "specops.pth" in fresh[1]
     pth = f"{BASE}/current/site\n/srv/shared\n"
     assert not step.plan({"exists": True, "version": "3.12", "pth": pth}, args, ctx).will_change
-    shared = step.check_args({"path": f"{BASE}/venv", "release_site": f"{BASE}/current/site",
-                              "site_packages": "controller"})
-    assert describe(step.plan({"exists": False}, shared, ctx))[0].startswith(f"run: {sys.executable} -m venv --without-pip")
+    shared = step.check_args(
+        {"path": f"{BASE}/venv", "release_site": f"{BASE}/current/site", "site_packages": "controller"}
+    )
+    assert describe(step.plan({"exists": False}, shared, ctx))[0].startswith(
+        f"run: {sys.executable} -m venv --without-pip"
+    )
     with pytest.raises(StepFailed, match="drop 'controller' from venv_site_packages"):
         step.plan({"exists": True, "version": "2.7", "pth": None}, shared, ctx)
 
@@ -235,17 +314,30 @@ vllm:request_success_total{model_name="m",engine="0",finished_reason="stop"} 3
 vllm:request_success_total{model_name="m",engine="0",finished_reason="length"} 4
 vllm:num_requests_waiting{model_name="m",engine="0"} 0
 """
-    assert parse_metrics(text) == {"drafts": 10, "draft_tokens": 50, "accepted_tokens": 25, "requests": 7,
-                                   "waiting": 0, "mean_acceptance_length": 3.5}
+    assert parse_metrics(text) == {
+        "drafts": 10,
+        "draft_tokens": 50,
+        "accepted_tokens": 25,
+        "requests": 7,
+        "waiting": 0,
+        "mean_acceptance_length": 3.5,
+    }
 
 
 def test_demo_checkpoints_are_generated_once_on_the_host():
     step = get_step("demo_checkpoints")()
-    args = step.check_args({"dir": f"{BASE}/models/demo", "python": f"{BASE}/venv/bin/python",
-                            "site": f"{BASE}/releases/{B}/site"})
+    args = step.check_args(
+        {
+            "dir": f"{BASE}/models/demo",
+            "python": f"{BASE}/venv/bin/python",
+            "site": f"{BASE}/releases/{B}/site",
+        }
+    )
     plan = step.plan({"done": False}, args, context())
-    assert describe(plan) == [f"run: env PYTHONPATH={BASE}/releases/{B}/site {BASE}/venv/bin/python -c "
-                              "'import sys; from ddtree_runtime.tiny import write_tiny_pair; "
-                              f"write_tiny_pair(sys.argv[1])' {BASE}/models/demo"]
+    assert describe(plan) == [
+        f"run: env PYTHONPATH={BASE}/releases/{B}/site {BASE}/venv/bin/python -c "
+        "'import sys; from ddtree_runtime.tiny import write_tiny_pair; "
+        f"write_tiny_pair(sys.argv[1])' {BASE}/models/demo"
+    ]
     again = step.plan({"done": True}, args, context())
     assert not again.will_change and again.data["target"] == f"{BASE}/models/demo/target"

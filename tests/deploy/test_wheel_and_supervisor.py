@@ -19,8 +19,12 @@ SUPERVISOR = Path(__file__).resolve().parents[2] / "ops" / "supervisor.py"
 
 
 def test_wheel_is_named_by_commit_cached_and_marks_local_edits(checkout):
-    sha = subprocess.run(["git", "-C", str(checkout.path), "rev-parse", "--short=7", "HEAD"],
-                         capture_output=True, text=True, check=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "-C", str(checkout.path), "rev-parse", "--short=7", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     wheel = build_wheel(checkout.path)
     assert wheel.version == f"{base_version(checkout.path)}+g{sha}" == wheel.release_id
     assert wheel.path.name == f"specops-{wheel.version}-py3-none-any.whl"
@@ -41,7 +45,9 @@ def test_wheel_is_named_by_commit_cached_and_marks_local_edits(checkout):
 
 
 def supervise(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SUPERVISOR), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SUPERVISOR), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(tmp_path):
@@ -51,13 +57,31 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
     env_file.write_text("# comment\nAPI_TOKEN='s3cret-value'\n\nOTHER=1\n")
     env_file.chmod(0o600)
     pidfile, log, out = run / "svc.pid", tmp_path / "svc.log", tmp_path / "seen.json"
-    child = ("import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-             "json.dump({'env': dict(os.environ), 'cwd': os.getcwd(), 'sid': os.getsid(0)}, open(sys.argv[1], 'w')); "
-             "print('started', flush=True); time.sleep(600)")
+    child = (
+        "import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "seen = {'env': dict(os.environ), 'cwd': os.getcwd(), 'sid': os.getsid(0)}; "
+        "json.dump(seen, open(sys.argv[1], 'w')); "
+        "print('started', flush=True); time.sleep(600)"
+    )
     try:
-        started = supervise("start", "--pidfile", str(pidfile), "--log", str(log), "--cwd", str(tmp_path),
-                            "--env-file", str(env_file), "--setenv", "SPECOPS_RELEASE=r1", "--",
-                            sys.executable, "-c", child, str(out))
+        started = supervise(
+            "start",
+            "--pidfile",
+            str(pidfile),
+            "--log",
+            str(log),
+            "--cwd",
+            str(tmp_path),
+            "--env-file",
+            str(env_file),
+            "--setenv",
+            "SPECOPS_RELEASE=r1",
+            "--",
+            sys.executable,
+            "-c",
+            child,
+            str(out),
+        )
         assert started.returncode == 0, started.stderr
         pid = json.loads(started.stdout)["pid"]
         assert int(pidfile.read_text()) == pid and is_running(pid)
@@ -69,15 +93,19 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
         assert seen["cwd"] == str(tmp_path) and seen["sid"] == pid  # its own session
         assert b"s3cret-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
-        refused = supervise("start", "--pidfile", str(pidfile), "--log", str(log), "--cwd", str(tmp_path),
-                            "--", "true")
+        refused = supervise(
+            "start", "--pidfile", str(pidfile), "--log", str(log), "--cwd", str(tmp_path), "--", "true"
+        )
         assert refused.returncode == 3 and "still running" in refused.stderr
 
         stopped = supervise("stop", "--pidfile", str(pidfile), "--timeout", "0.5")
         assert json.loads(stopped.stdout) == {"stopped": pid, "signal": "KILL"}  # it ignored TERM
         assert not is_running(pid) and not pidfile.exists()
         assert "started" in log.read_text() and "specops-supervisor: start" in log.read_text()
-        assert json.loads(supervise("stop", "--pidfile", str(pidfile)).stdout) == {"stopped": None, "signal": None}
+        assert json.loads(supervise("stop", "--pidfile", str(pidfile)).stdout) == {
+            "stopped": None,
+            "signal": None,
+        }
     finally:
         stop_servers(tmp_path)
 
@@ -85,8 +113,19 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
 def test_supervisor_refuses_an_environment_file_it_cannot_parse(tmp_path):
     env_file = tmp_path / "bad.env"
     env_file.write_text("not a key value line\n")
-    done = supervise("start", "--pidfile", str(tmp_path / "p"), "--log", str(tmp_path / "l"),
-                     "--cwd", str(tmp_path), "--env-file", str(env_file), "--", "true")
+    done = supervise(
+        "start",
+        "--pidfile",
+        str(tmp_path / "p"),
+        "--log",
+        str(tmp_path / "l"),
+        "--cwd",
+        str(tmp_path),
+        "--env-file",
+        str(env_file),
+        "--",
+        "true",
+    )
     assert done.returncode == 3 and "bad.env:1: expected KEY=VALUE" in done.stderr
     assert not (tmp_path / "p").exists()
 

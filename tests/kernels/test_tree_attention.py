@@ -99,3 +99,10 @@ def test_rejects_bad_shapes() -> None:
         tree_attention(q, k, k, 2, None, 1.0)
     with pytest.raises(RuntimeError, match="does not fit"):
         tree_attention(torch.randn(2, 4, 16, device=DEVICE), k, k, 8, None, 1.0)
+
+
+def test_rejects_caches_tma_cannot_read() -> None:
+    q = torch.randn(2, 3, 16, device=DEVICE)
+    k = torch.randn(2, 16, 10, device=DEVICE).transpose(1, 2)  # [2, 10, 16] with a non-unit last stride
+    with pytest.raises(RuntimeError, match="TMA"):
+        tree_attention(q, k, k, 2, None, 1.0)

@@ -102,3 +102,14 @@ def test_errors_exit_2_with_the_fix(pair_args: list[str], tiny_pair: TinyPair, t
     (bad / "model.safetensors").write_bytes((tiny_pair.drafter / "model.safetensors").read_bytes())
     proc = cli("generate", "--target", str(tiny_pair.target), "--drafter", str(bad), "--prompt", "the")
     assert proc.returncode == 2 and "DFL040" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tiny_writes_a_pair_once(tmp_path: Path) -> None:
+    proc = cli("tiny", "--out", str(tmp_path / "pair"))
+    assert proc.returncode == 0, proc.stderr
+    paths = json.loads(proc.stdout)
+    assert (Path(paths["target"]) / "tokenizer.json").exists() and (
+        Path(paths["drafter"]) / "config.json"
+    ).exists()
+    again = cli("tiny", "--out", str(tmp_path / "pair"))  # complete: reused, not refitted
+    assert again.returncode == 0 and json.loads(again.stdout) == paths
