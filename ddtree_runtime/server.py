@@ -81,7 +81,7 @@ class Settings:
     max_context: int | None = None  # None: the target's max_position_embeddings, capped
     temperature: float = 0.0  # for requests that send none
     queue_size: int = 64
-    drain_timeout: float = 30.0
+    drain_timeout: float = 20.0  # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     served_model_name: str | None = None  # None: --target as given (vLLM's convention)
 
 
@@ -101,7 +101,7 @@ FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
     ),
     "temperature": (float, "temperature for requests that send none (default 0: greedy)"),
     "queue_size": (int, "requests that may wait for the engine; more get 503 (default 64)"),
-    "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 30)"),
+    "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 20)"),
     "served_model_name": (str, "model id clients send (default: --target as given)"),
 }
 

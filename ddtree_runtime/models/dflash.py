@@ -70,6 +70,7 @@ class DFlashDrafter(nn.Module):
         ctx = self.hidden_norm(self.fc(features))  # [C, hidden]
         cos_kv, sin_kv = self.cos[ctx_start:total], self.sin[ctx_start:total]  # [C + Bk, D]
         x = noise
+        masks: dict[tuple[bool, int | None], Tensor | None] = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)  # [Bk, hidden]
@@ -82,7 +83,10 @@ class DFlashDrafter(nn.Module):
             rep = attn.n_heads // attn.n_kv
             k = self.k_cache[i, :, :total].repeat_interleave(rep, dim=0)  # [Hq, total, D]
             v = self.v_cache[i, :, :total].repeat_interleave(rep, dim=0)
-            mask = block_mask(start, total, cfg.causal[i], cfg.windows[i], x.device)
+            kind = (cfg.causal[i], cfg.windows[i])
+            if kind not in masks:
+                masks[kind] = block_mask(start, total, *kind, x.device)
+            mask = masks[kind]
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=attn.head_dim**-0.5
             )  # [Hq, Bk, D]

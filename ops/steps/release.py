@@ -277,19 +277,25 @@ def positive_int(value: Any) -> int:
 
 
 def releases_to_prune(layout: dict[str, Any], keep: int) -> list[str]:
-    """Pure: all but the ``keep`` newest releases, never the current or the previous one."""
+    """Pure: what goes so that ``keep`` releases stay: current and previous always, then the newest."""
     newest = sorted(layout["releases"], key=lambda r: (layout["releases"][r], r), reverse=True)
-    protected = set(newest[:keep]) | {layout["current"], layout["previous"]}
-    return [r for r in newest if r not in protected]
+    kept = {r for r in (layout["current"], layout["previous"]) if r in layout["releases"]}
+    for release in newest:
+        if len(kept) >= keep:
+            break
+        kept.add(release)
+    return [r for r in newest if r not in kept]
 
 
 @register
 class ReleasePrune(Step):
     name = "release_prune"
-    summary = "old releases removed, keeping the newest N and always current and previous"
+    summary = "old releases removed: N stay, current and previous always among them"
     args = arguments(
         base=Arg(str, required=True, help="the host's base directory"),
-        keep=Arg(positive_int, default=5, help="releases to keep (current and previous are always kept)"),
+        keep=Arg(
+            positive_int, default=5, help="releases to keep, counting current and previous (always kept)"
+        ),
     )
 
     def probe(self, conn, args, ctx):

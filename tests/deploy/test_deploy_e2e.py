@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 
 from ops.steps.release import COMPLETE
+from ops.tasks import run_file
 from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import (
-    PLAYBOOKS,
     Sampler,
     argv_holding,
     complete,
@@ -143,6 +143,14 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     assert info["health"] == 200 and info["uptime_s"] >= 0 and info["backend"] == "supervisor"
     assert info["metrics"]["requests"] >= 1 and "mean_acceptance_length" in info["metrics"]
 
+    # Pruning to one release still keeps current (A) and previous (B); the broken ones go.
+    prune = tmp_path / "prune.yaml"
+    prune.write_text(
+        "name: prune\nsteps:\n  - step: release_prune\n    args: {base: '{{ base }}', keep: 1}\n"
+    )
+    assert run_file(prune, inventory=str(inventory), results=str(results)).ok
+    assert sorted(p.name for p in (base / "releases").iterdir()) == sorted([release_a, release_b])
+
 
 def test_link_cut_mid_deploy_then_rerun_converges(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path
@@ -221,23 +229,29 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
             }
         )
     )
-    fab = Path(sys.executable).with_name("fab")
-    done = subprocess.run(
-        [
-            str(fab),
-            "play",
-            str(PLAYBOOKS / "deploy.yaml"),
-            "--inventory",
-            str(inventory),
-            "--results",
-            str(tmp_path / "results"),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    fab = [
+        str(Path(sys.executable).with_name("fab")),
+        "deploy",
+        "--inventory",
+        str(inventory),
+        "--results",
+        str(tmp_path / "results"),
+    ]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*fab, *extra],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+
+    checked = run("--check")  # probes and plans only: the host stays untouched
+    assert checked.returncode == 0 and "would change" in checked.stdout, checked.stdout[-3000:]
+    assert not base.exists()
+    done = run()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (base / "models" / "demo" / "DONE").is_file()
     assert complete(port)["choices"]

@@ -267,11 +267,11 @@ def test_release_uploads_by_checksum_and_renames_into_place_when_complete():
 
 def test_prune_keeps_the_newest_and_always_current_and_previous():
     layout = {"current": "r1", "previous": "r2", "releases": {f"r{i}": i for i in range(1, 9)}}
-    assert releases_to_prune(layout, 5) == ["r3"]
-    assert releases_to_prune(layout, 1) == ["r7", "r6", "r5", "r4", "r3"]
+    assert releases_to_prune(layout, 5) == ["r5", "r4", "r3"]  # r1, r2 + the 3 newest
+    assert releases_to_prune(layout, 1) == ["r8", "r7", "r6", "r5", "r4", "r3"]
     step = get_step("release_prune")()
     args = step.check_args({"base": BASE, "keep": "3"})
-    assert describe(step.plan(layout, args, context()))[0] == f"run: rm -rf -- {BASE}/releases/r5"
+    assert describe(step.plan(layout, args, context()))[0] == f"run: rm -rf -- {BASE}/releases/r7"
     assert not step.plan({**layout, "releases": {"r1": 1, "r2": 2}}, args, context()).will_change
     with pytest.raises(ArgError, match="whole number >= 1"):
         step.check_args({"base": BASE, "keep": 0})

@@ -2,7 +2,7 @@
 
 Both servers and the oracle load torch and the pair at the same time, so their start-up costs
 overlap on the two CI cores. `main` (ddtree, budget 16, big queue) takes its settings from an env
-file that also holds a fake HF token; `small` (ar, queue of 2, 2 s drain) is for queueing and SIGTERM.
+file that also holds a fake HF token; `small` (ar, queue of 2, 4 s drain) is for queueing and SIGTERM.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     pair_args = ["--target", str(pair.target), "--drafter", str(pair.drafter), "--device", "cpu"]
     main = Server.start([*pair_args, "--env-file", str(env_file)], root / "main.log")
     small = Server.start(
-        [*pair_args, "--mode", "ar", "--queue-size", "2", "--drain-timeout", "2"], root / "small.log"
+        [*pair_args, "--mode", "ar", "--queue-size", "2", "--drain-timeout", "4"], root / "small.log"
     )
     oracle = subprocess.Popen(
         [sys.executable, "-m", "ddtree_runtime", "generate", *pair_args, "--mode", "ddtree",

@@ -54,14 +54,21 @@ def _complete(port: int, body: dict[str, object], barrier: threading.Barrier) ->
     return 200, out["choices"][0]["text"], out["usage"]["completion_tokens"]
 
 
-def _wait_queue_empty(server: Server, deadline_s: float = 60.0) -> dict[str, float]:
+def _finished(m: dict[str, float]) -> dict[str, float]:
+    return {r: m[f'vllm:request_success_total{{finished_reason="{r}"}}'] for r in ("stop", "length", "abort")}
+
+
+def _settled(server: Server, before: dict[str, float], deadline_s: float = 60.0) -> dict[str, float]:
+    """Metrics once the queue is empty and every request is accounted for (a request's HTTP thread
+    records it just after its last byte, and notices a client that left within a poll)."""
     end = time.monotonic() + deadline_s
     while True:
         m = server.metrics()
-        if m["vllm:num_requests_waiting"] == 0 and m["vllm:num_requests_running"] == 0:
+        done = sum(_finished(m).values()) - sum(_finished(before).values())
+        if m["vllm:num_requests_waiting"] == m["vllm:num_requests_running"] == 0 and done == CLIENTS:
             return m
         if time.monotonic() > end:
-            raise AssertionError(f"queue not empty: {m['vllm:num_requests_waiting']} waiting")
+            raise AssertionError(f"not settled: {m['vllm:num_requests_waiting']} waiting, {done} finished")
         time.sleep(0.1)
 
 
@@ -106,14 +113,9 @@ def test_200_concurrent_clients_with_20_percent_leaving(main_server: Server) -> 
             assert status == 200, f"client {i}: {status} {text}"
             assert text == refs[PROMPTS[i % len(PROMPTS)]] and tokens == MAX_TOKENS, f"client {i}"
 
-    after = _wait_queue_empty(main_server)
+    after = _settled(main_server, before)  # every request reached the queue, accounted for once
     assert main_server.proc.poll() is None and main_server.request("GET", "/health")[0] == 200
-    finished = {
-        r: after[f'vllm:request_success_total{{finished_reason="{r}"}}']
-        - before[f'vllm:request_success_total{{finished_reason="{r}"}}']
-        for r in ("stop", "length", "abort")
-    }
-    assert sum(finished.values()) == CLIENTS  # every request reached the queue and was accounted for once
+    finished = {r: n - _finished(before)[r] for r, n in _finished(after).items()}
     assert CLIENTS - len(left) <= finished["length"] and 1 <= finished["abort"] <= len(left)
     status, body = main_server.post(
         "/v1/completions", {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS}
