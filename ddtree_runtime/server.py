@@ -9,12 +9,10 @@ the deployed runtime needs no web framework. Life cycle:
 2. serve `/v1/completions`, `/v1/chat/completions` (SSE streaming and not), `/v1/models`,
    `/metrics` (`server_metrics`); a full queue answers 503 with Retry-After;
 3. on SIGTERM (or SIGINT): stop accepting, let in-flight and queued requests finish for up to
-   `--drain-timeout` seconds, cancel the rest, exit 0.
+   `--drain-timeout` seconds (a second signal cuts that short), cancel the rest, exit 0.
 
-Settings come from flags, else from `--env-file` (the `<base>/run/<service>.env` file rendered from
-the inventory: `SPECOPS_SERVE_<FLAG>=value`, e.g. `SPECOPS_SERVE_BUDGET=64`), else defaults. That
-file may also hold secrets such as HF_TOKEN: it must be mode 0600, other keys in it are ignored, and
-no value from it is ever logged. Logs are JSON lines on stderr, one per request, without prompt text.
+Settings come from flags, else from `--env-file`, else defaults (`server_settings`); nothing from
+that file is ever logged. Logs are JSON lines on stderr, one per request, without prompt text.
 """
 
 from __future__ import annotations
@@ -32,16 +30,14 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ddtree_runtime.config import ConfigError
-from ddtree_runtime.engine import MODES, Engine, GenerationError
+from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.server_metrics import Metrics
 from ddtree_runtime.server_protocol import (
@@ -53,140 +49,20 @@ from ddtree_runtime.server_protocol import (
     parse_json,
     parse_request,
 )
+from ddtree_runtime.server_settings import (
+    DEFAULT_MAX_CONTEXT,
+    Settings,
+    SettingsError,
+    add_arguments,
+    settings_from,
+)
 from ddtree_runtime.server_worker import Job, QueueFull, Scheduler, Worker
 from ddtree_runtime.tokenizer import Tokenizer
 
-ENV_PREFIX = "SPECOPS_SERVE_"
-DTYPES = ("float32", "bfloat16", "float16")
-DEVICES = ("cpu", "cuda")
-DEFAULT_MAX_CONTEXT = 32768  # caps the cache when the target allows more (--max-context raises it)
+__all__ = ["add_arguments", "run"]  # what `ddtree_runtime.cli` wires into `serve`
+
 MAX_BODY = 16 * 2**20
 POLL_S = 0.1  # how often a waiting HTTP thread checks that its client is still there
-
-
-class SettingsError(ValueError):
-    """Bad flags or env file; the message names the flag or file:line and the fix."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    target: str
-    drafter: str | None = None
-    mode: str = "ddtree"
-    budget: int = 64
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype: str | None = None  # resolved by settings_from: bfloat16 on cuda, float32 on cpu
-    max_context: int | None = None  # None: the target's max_position_embeddings, capped
-    temperature: float = 0.0  # for requests that send none
-    queue_size: int = 64
-    drain_timeout: float = 20.0  # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
-    served_model_name: str | None = None  # None: --target as given (vLLM's convention)
-
-
-FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
-    "target": (str, "target checkpoint directory (HF Qwen3, with tokenizer.json)"),
-    "drafter": (str, "DFlash drafter checkpoint directory (needed by dflash and ddtree)"),
-    "mode": (str, f"decoding mode: {' | '.join(MODES)} (default ddtree)"),
-    "budget": (int, "ddtree: tree nodes verified per round (default 64)"),
-    "host": (str, "address to bind (default 127.0.0.1)"),
-    "port": (int, "port to bind (default 8000; 0 picks a free one)"),
-    "device": (str, "cpu | cuda (default cuda when available)"),
-    "dtype": (str, f"{' | '.join(DTYPES)} (default bfloat16 on cuda, float32 on cpu)"),
-    "max_context": (
-        int,
-        f"cache size in tokens: prompt + output + verify rows (default: the model's, "
-        f"at most {DEFAULT_MAX_CONTEXT})",
-    ),
-    "temperature": (float, "temperature for requests that send none (default 0: greedy)"),
-    "queue_size": (int, "requests that may wait for the engine; more get 503 (default 64)"),
-    "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 20)"),
-    "served_model_name": (str, "model id clients send (default: --target as given)"),
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `serve` flags; defaults apply after the env file (flags win over it, it wins over defaults)."""
-    for name, (kind, text) in FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
-    parser.add_argument(
-        "--env-file",
-        help=f"KEY=VALUE file (mode 0600) with {ENV_PREFIX}<FLAG> settings; other keys (secrets) are ignored",
-    )
-
-
-def read_env_file(path: str) -> dict[str, str]:
-    """`SPECOPS_SERVE_*` values of an env file, as flag names -> raw strings; values never echoed."""
-    file = Path(path)
-    try:
-        mode = file.stat().st_mode
-        lines = file.read_text().splitlines()
-    except OSError as e:
-        raise SettingsError(
-            f"{path}: cannot read the env file: {e.strerror} (fix: check --env-file)"
-        ) from None
-    if mode & 0o077:
-        raise SettingsError(
-            f"{path}: mode {oct(mode & 0o777)} lets other users read it, and it may hold tokens (fix: chmod 600 {path})"
-        )
-    known = set(FLAGS)
-    out: dict[str, str] = {}
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.removeprefix("export ").partition("=")
-        key = key.strip()
-        if not sep:
-            raise SettingsError(f"{path}:{number}: not a KEY=VALUE line (fix: write {key}=...)")
-        if not key.startswith(ENV_PREFIX):
-            continue
-        name = key.removeprefix(ENV_PREFIX).lower()
-        if name not in known:
-            choices = ", ".join(ENV_PREFIX + k.upper() for k in sorted(known))
-            raise SettingsError(f"{path}:{number}: unknown key {key} (fix: one of {choices})")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[name] = value
-    return out
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    """Flags, else the env file, else defaults; then checked."""
-    given = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
-    from_file = read_env_file(args.env_file) if args.env_file else {}
-    for name, raw in from_file.items():
-        if name in given:
-            continue
-        kind = FLAGS[name][0]
-        try:
-            given[name] = kind(raw)
-        except ValueError:
-            raise SettingsError(
-                f"{args.env_file}: {ENV_PREFIX}{name.upper()} is not a valid {kind.__name__} (fix: correct it)"
-            ) from None
-    if "target" not in given:
-        raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
-    s = Settings(**given)
-    s = replace(s, dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"))
-    checks = [
-        (s.mode in MODES, "mode", f"one of {', '.join(MODES)}"),
-        (s.mode == "ar" or s.drafter is not None, "drafter", "pass --drafter DIR, or use --mode ar"),
-        (s.budget >= 1, "budget", "at least 1"),
-        (0 <= s.port <= 65535, "port", "0 to 65535"),
-        (s.device in DEVICES, "device", f"one of {', '.join(DEVICES)}"),
-        (s.dtype is None or s.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-        (s.max_context is None or s.max_context >= 2, "max-context", "at least 2"),
-        (0 <= s.temperature <= 2, "temperature", "0 to 2"),
-        (s.queue_size >= 1, "queue-size", "at least 1"),
-        (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
-    ]
-    for ok, flag, fix in checks:
-        if not ok:
-            raise SettingsError(f"--{flag}: {getattr(s, flag.replace('-', '_'))!r} is not valid (fix: {fix})")
-    return s
 
 
 class EventLog:
@@ -214,7 +90,8 @@ class App:
         self.settings, self.log = settings, log
         self.model = settings.served_model_name or settings.target
         self.state = "loading"  # loading | ready | draining
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # first SIGTERM/SIGINT: drain
+        self.hurry = threading.Event()  # second one: cancel what is left now
         self.scheduler = Scheduler(settings.queue_size)
         self.started = int(time.time())
         self.tokenizer: Tokenizer | None = None
@@ -334,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
                 "created": app.started,
                 "owned_by": "specops",
                 "root": app.settings.target,
-                "max_model_len": app.limits.max_context,
+                "max_model_len": app.limits.max_context - app.limits.verify_rows,  # prompt + output
             }
             if path == "/v1/models":
                 return self._send_json(200, {"object": "list", "data": [card]})
@@ -576,7 +453,10 @@ def drain(app: App, httpd: HTTPServer, worker: Worker) -> None:
     httpd.socket.close()
     waiting, running = app.scheduler.counts()
     app.log.write("draining", waiting=waiting, running=running, timeout_s=app.settings.drain_timeout)
-    drained = app.wait_idle(app.settings.drain_timeout)
+    deadline = time.monotonic() + app.settings.drain_timeout
+    drained = app.wait_idle(0)
+    while not drained and not app.hurry.is_set() and time.monotonic() < deadline:
+        drained = app.wait_idle(min(0.2, max(0.0, deadline - time.monotonic())))
     if not drained:
         app.scheduler.cancel_all()
         app.wait_idle(5.0)
@@ -603,8 +483,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+
+    def on_signal(*_: Any) -> None:
+        (app.hurry if app.stopping.is_set() else app.stopping).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: app.stopping.set())
+        signal.signal(sig, on_signal)
     threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     host, port = httpd.server_address[:2]
     log.write(

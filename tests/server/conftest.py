@@ -1,8 +1,8 @@
-"""Session fixtures: one tiny pair, two real server processes and one `generate` run, started together.
+"""Package fixtures (gone when tests/server ends): one tiny pair, two real servers, one `generate`.
 
 Both servers and the oracle load torch and the pair at the same time, so their start-up costs
 overlap on the two CI cores. `main` (ddtree, budget 16, big queue) takes its settings from an env
-file that also holds a fake HF token; `small` (ar, queue of 2, 4 s drain) is for queueing and SIGTERM.
+file that also holds a fake HF token; `small` (ar, queue of 2) is for queueing and SIGTERM.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Launched:
     env_file: Path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     root = tmp_path_factory.mktemp("server")
     pair = write_tiny_pair(root / "pair")
@@ -54,7 +54,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     pair_args = ["--target", str(pair.target), "--drafter", str(pair.drafter), "--device", "cpu"]
     main = Server.start([*pair_args, "--env-file", str(env_file)], root / "main.log")
     small = Server.start(
-        [*pair_args, "--mode", "ar", "--queue-size", "2", "--drain-timeout", "4"], root / "small.log"
+        [*pair_args, "--mode", "ar", "--queue-size", "2", "--drain-timeout", "60"], root / "small.log"
     )
     oracle = subprocess.Popen(
         [sys.executable, "-m", "ddtree_runtime", "generate", *pair_args, "--mode", "ddtree",
@@ -73,19 +73,19 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
             oracle.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def main_server(launched: Launched) -> Server:
     launched.main.wait_ready()
     return launched.main
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def small_server(launched: Launched) -> Server:
     launched.small.wait_ready()
     return launched.small
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def oracle(launched: Launched) -> dict[str, Any]:
     """`python -m ddtree_runtime generate --format json` for PROMPT: what chat at T=0 must return."""
     out, err = launched.oracle.communicate(timeout=120)

@@ -1,8 +1,9 @@
-"""Queueing and shutdown on the `small` server (ar, queue of 2, 4 s drain): a full queue answers 503
-with Retry-After, a client that leaves frees its place at once, SIGTERM drains then exits 0.
+"""Queueing and shutdown on the `small` server (ar, queue of 2): a full queue answers 503 with
+Retry-After, a client that leaves frees its place at once, SIGTERM drains then exits 0.
 
-The long requests here (thousands of tokens) only need to outlast a few HTTP round trips; they are
-cut short by the test or by the drain, never waited for. The SIGTERM test must stay last in this file.
+Nothing here depends on speed: long requests (thousands of tokens) only need to outlast a few HTTP
+round trips, and are cut short by the test (a client leaving, a second SIGTERM), never waited for.
+The SIGTERM test must stay last in this file.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def _until(
     return m
 
 
+def _get(conn: http.client.HTTPConnection, path: str) -> tuple[int, Any]:
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read())
+
+
 def _waiting(n: int) -> Callable[[dict[str, float]], bool]:
     return lambda m: m["vllm:num_requests_waiting"] == n
 
@@ -91,20 +98,33 @@ def test_queue_full_then_leaving_clients_free_their_places(small_server: Server)
 
 def test_sigterm_drains_in_flight_requests_then_exits(small_server: Server) -> None:
     s = small_server
-    # 200 tokens outlast the two requests sent next, and, with the 10 after, end well inside the
-    # 4 s drain; LONG does not fit in it even at the tiny model's full speed
-    first = Pending(s, {"prompt": "the city of", "max_tokens": 200, "stream": True}).first_event()
+    first = Pending(s, {"prompt": "the city of", "max_tokens": 1000, "stream": True, "ignore_eos": True})
+    first.first_event()
     queued = Pending(s, {"prompt": "his time was", "max_tokens": 10})
-    too_long = Pending(s, {"prompt": "the", "max_tokens": LONG, "stream": True, "ignore_eos": True})
+    _until(s, _waiting(1))  # one at a time: the queue is FIFO by arrival
+    last = Pending(s, {"prompt": "the", "max_tokens": LONG, "stream": True, "ignore_eos": True})
     _until(s, _waiting(2))
+    kept = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)  # keep-alive, open before SIGTERM
+    assert _get(kept, "/health")[0] == 200
     s.proc.send_signal(signal.SIGTERM)
 
+    end = time.monotonic() + 30
+    while (health := _get(kept, "/health")) != (503, {"status": "draining"}):  # new work is refused
+        assert time.monotonic() < end, health
+        time.sleep(0.05)
+    kept.request("POST", "/v1/completions", json.dumps({"prompt": "the", "max_tokens": 1}))
+    refused = kept.getresponse()
+    assert refused.status == 503 and "draining" in json.loads(refused.read())["error"]["message"]
+    kept.close()
     status, data = first.body()  # in flight: finishes whole
     events = sse_events(data)
     assert status == 200 and events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
-    status, data = queued.body()  # queued before SIGTERM: served within the drain timeout
-    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 10, s.log.read_text()[-3000:]
-    status, data = too_long.body()  # still running at the timeout: cut, told why
+    assert len(stream_text(events, chat=False).split()) == 1000
+    status, data = queued.body()  # queued before SIGTERM: still served
+    assert status == 200 and json.loads(data)["usage"]["completion_tokens"] == 10
+    last.first_event()  # running now; a second SIGTERM cuts the drain short
+    s.proc.send_signal(signal.SIGTERM)
+    status, data = last.body()
     cut = sse_events(data)
     assert status == 200 and cut[-1] == "[DONE]" and "shutting down" in cut[-2]["error"]["message"]
     assert 0 < len(stream_text(cut, chat=False).split()) < LONG

@@ -81,7 +81,7 @@ def test_200_concurrent_clients_with_20_percent_leaving(main_server: Server) -> 
         assert status == 200
         refs[p] = body["choices"][0]["text"]
     before = main_server.metrics()
-    barrier = threading.Barrier(CLIENTS)
+    barrier = threading.Barrier(CLIENTS, timeout=60)
     results: list[object] = [None] * CLIENTS
 
     def client(i: int) -> None:

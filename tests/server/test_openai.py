@@ -10,7 +10,7 @@ import pytest
 
 from ddtree_runtime.tokenizer import Tokenizer
 from tests.server.client import Server, sse_events
-from tests.server.conftest import MODEL, ORACLE_TOKENS, PROMPT, Launched
+from tests.server.conftest import BUDGET, MODEL, ORACLE_TOKENS, PROMPT, Launched
 
 
 def client(server: Server) -> openai.OpenAI:
@@ -31,6 +31,8 @@ def test_models(main_server: Server) -> None:
     assert c.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("other")
+    card = json.loads(main_server.request("GET", "/v1/models")[2])["data"][0]
+    assert card["max_model_len"] == 1024 - (BUDGET + 1)  # --max-context minus one verify round's rows
 
 
 def test_chat_matches_generate_cli_streamed_and_not(main_server: Server, oracle: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_runtime.server import SettingsError, add_arguments, settings_from
+from ddtree_runtime.server_settings import SettingsError, add_arguments, settings_from
 from tests.server.client import SECRET, Server
 from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
 
@@ -40,7 +40,7 @@ def test_flags_win_over_env_file_which_wins_over_defaults(tmp_path: Path) -> Non
         (f"HF_TOKEN={SECRET}\n", 0o644, "chmod 600"),
         (f"HF_TOKEN={SECRET}\n\nSPECOPS_SERVE_BUDGT=3\n", 0o600, ":3: unknown key SPECOPS_SERVE_BUDGT"),
         (f"SPECOPS_SERVE_BUDGET={SECRET}\n", 0o600, "SPECOPS_SERVE_BUDGET is not a valid int"),
-        ("just words\n", 0o600, ":1: not a KEY=VALUE line"),
+        (f"{SECRET}\n", 0o600, ":1: not a KEY=VALUE line"),
     ],
 )
 def test_env_file_errors_name_the_line_never_the_value(
