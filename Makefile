@@ -1,4 +1,5 @@
-# Two entry points for a fresh machine (see README): `make demo` and `make test`.
+# Two entry points for a fresh machine (see README): `make demo` (provision, deploy and status on the
+# local demo host of inventory.yaml) and `make test` (the whole suite; .ci/run calls it).
 # Both build .venv first; the CPU test environment pins torch==2.13.0 (a local CPU wheel).
 PY ?= python3
 VENV := .venv
@@ -22,7 +23,8 @@ venv: $(VENV)/.installed
 
 demo: venv
 	$(BIN)/fab provision
-	$(BIN)/fab facts
+	$(BIN)/fab deploy
+	$(BIN)/fab status
 
 test: venv
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || \

@@ -90,8 +90,9 @@ def facts_table(result: RunResult, title: str) -> Table:
     """One row per host from the ``host_facts`` each host registered (a failed host shows why)."""
     services = any("service_status" in h.registered for h in result.hosts.values())
     table = Table(title=title)
-    columns = ["host", "os", "cpus", "memory", "disk free", "python", "systemd", "gpus", "driver", "CUDA",
-               "torch", "triton", "vllm", "venv", "release"]
+    stacks = any("gpu_facts" in h.registered for h in result.hosts.values())
+    columns = ["host", "os", "cpus", "memory", "disk free", "python", "systemd", "gpus",
+               *(["driver", "CUDA", "torch", "triton", "vllm"] if stacks else []), "venv", "release"]
     for column in columns + (["service"] if services else []):
         table.add_column(column)
     for name, host in result.hosts.items():
@@ -105,7 +106,7 @@ def facts_table(result: RunResult, title: str) -> Table:
         row = [name, f["os"]["name"], f"{f['cpu']['count']} ({f['cpu']['model']})",
                f"{f['memory']['total_gib']} GiB", f"{f['disk']['free_gib']} GiB", f["python"]["version"] or "none",
                "usable" if f["systemd"]["usable"] else "no", gpus,
-               *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm")),
+               *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm") if stacks),
                f["venv"] or "none", f["release"] or "none"]
         if services:
             row.append(host.registered.get("service_status", {}).get("message", "unknown"))
