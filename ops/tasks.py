@@ -1,4 +1,4 @@
-"""Fabric tasks (``fab provision|deploy|rollback|status|facts|lint-drafter|patch-drafter|play FILE``).
+"""Fabric tasks (``fab provision|deploy|bench|tune|rollback|status|facts|lint-drafter|patch-drafter|play FILE``).
 
 Thin wrappers over the runner, one shipped playbook each (``playbook_task``).
 
@@ -9,7 +9,9 @@ non-zero when a host failed (1) or the input was wrong (2), so shell scripts and
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ops.bench.progress import BenchProgress
+from ops.bench.report import make_report
+from ops.bench.store import find_results
 from ops.errors import SpecopsError
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.runner import DEFAULT_FORKS, REPO_ROOT, RunResult, run_playbook
+from ops.runner import (
+    DEFAULT_FORKS,
+    DEFAULT_RESULTS,
+    REPO_ROOT,
+    RunResult,
+    new_run_id,
+    point_latest,
+    run_playbook,
+)
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
 
@@ -156,4 +169,105 @@ def status(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, resu
     _facts_task("status.yaml", "host status", limit, check, inventory, forks, results)
 
 
-ns = Collection(play, provision, facts, status, deploy, rollback, lint_drafter, patch_drafter)
+# ---------------------------------------------------------------- bench and tune
+def bench_dir(book_path: Path, results: str | None, resume: str | None) -> Path:
+    """results/<run-id> of a new benchmark run, or of the run ``resume`` names (``latest`` works)."""
+    root = Path(results) if results else DEFAULT_RESULTS
+    if resume:
+        run_dir = (root / resume).resolve()
+        if not run_dir.is_dir():
+            raise SpecopsError(f"--resume {resume}: no run directory {root / resume} (fix: pass a run id from "
+                               f"{root}, or leave --resume out to start a new run)")
+        return run_dir
+    run_dir = root / new_run_id(load_playbook(book_path))
+    run_dir.mkdir(parents=True)
+    return run_dir.resolve()
+
+
+def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: bool = False,
+                   inventory: str | None = None, forks: int = DEFAULT_FORKS, results: str | None = None,
+                   resume: str | None = None, extra_vars: dict[str, Any] | None = None,
+                   live: bool | None = None) -> tuple[RunResult, Path]:
+    """Run a bench/tune playbook into one run directory that holds every cell of every attempt.
+
+    The cells of ``results/<run-id>/<host>/`` outlive an interrupted attempt; each attempt's runner
+    files go to ``results/<run-id>/runs/<attempt>/``, the newest summary is copied to
+    ``results/<run-id>/summary.json`` and ``results/latest`` points at the run.
+    """
+    try:
+        hosts = load_inventory(inventory).select(limit)
+        book = load_playbook(playbook)
+        run_dir = bench_dir(Path(playbook), results, resume)
+        with BenchProgress(live=live) as progress:
+            hosts = [dataclasses.replace(h, vars={**h.vars, **(extra_vars or {}), "bench_run_dir": str(run_dir),
+                                                  "bench_progress": progress}) for h in hosts]
+            result = run_playbook(book, hosts, check=check, forks=int(forks), results_root=run_dir / "runs",
+                                  live=False)
+    except SpecopsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise Exit(code=2) from None
+    shutil.copyfile(result.run_dir / "summary.json", run_dir / "summary.json")
+    point_latest(run_dir.parent, run_dir.name)
+    return result, run_dir
+
+
+def _report(run_dir: Path, console: Console) -> None:
+    if not find_results([run_dir]):
+        console.print(f"no results in {run_dir} yet")
+        return
+    report = make_report([run_dir], run_dir)
+    console.print(report.table)
+    console.print(f"report {report.markdown_path}" + "".join(f"\nplot {p}" for p in report.plots))
+
+
+BENCH_HELP = {
+    **{k: v for k, v in COMMON_HELP.items() if k != "tags"},
+    "matrix": "benchmark matrix file (default: playbooks/bench-matrix.yaml; bench-quick.yaml on cpu hosts)",
+    "resume": "RUN_ID (or latest) of an interrupted run: measure only its missing cells",
+}
+
+
+@task(help=BENCH_HELP)
+def bench(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None, matrix=None, resume=None):
+    """Benchmark each host's servers over a matrix; results, logs, report.md and plots in results/<run-id>/."""
+    extra = {"bench_matrix": str(Path(matrix).resolve())} if matrix else {}
+    result, run_dir = run_bench_file(PLAYBOOKS / "bench.yaml", limit=limit, check=check, inventory=inventory,
+                                     forks=forks, results=results, resume=resume, extra_vars=extra)
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    if not check:
+        _report(run_dir, console)
+    console.print(f"run directory {run_dir}" + ("" if result.ok else f" (resume: fab bench --resume {run_dir.name})"))
+    _finish(result)
+
+
+def sweep_table(result: RunResult) -> Table:
+    """One row per host and swept point, the chosen one marked."""
+    table = Table(title="fab tune: DDTree budget sweep")
+    for column in ("host", "system", "mode", "budget / k", "tok/s", "τ", "speedup", "chosen"):
+        table.add_column(column, justify="right" if column in ("tok/s", "τ", "speedup") else "left")
+    for name, host in result.hosts.items():
+        sweep = host.registered.get("sweep", {})
+        for row in sweep.get("sweep", []):
+            setting = row["budget"] if row["budget"] is not None else row["num_speculative_tokens"]
+            chosen = row == sweep.get("best")
+            table.add_row(name, row["system"], row["mode"], str(setting), f"{row['tokens_per_s']:.1f}",
+                          "-" if row["tau"] is None else f"{row['tau']:.2f}", f"{row['speedup']:.2f}x",
+                          "<-" if chosen else "")
+        if not sweep.get("sweep"):
+            table.add_row(name, Text(sweep.get("message", "not run"), style="red"))
+    return table
+
+
+@task(help=FACTS_HELP)
+def tune(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
+    """Sweep the DDTree budget, serve the best tokens/s (written to <base>/run, restarted via the deploy steps)."""
+    result, run_dir = run_bench_file(PLAYBOOKS / "tune.yaml", limit=limit, check=check, inventory=inventory,
+                                     forks=forks, results=results)
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
+    if not check:
+        console.print(sweep_table(result))
+        _report(run_dir, console)
+    _finish(result)
+
+
+ns = Collection(play, provision, facts, status, deploy, bench, tune, rollback, lint_drafter, patch_drafter)

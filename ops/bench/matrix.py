@@ -1,0 +1,222 @@
+"""The benchmark matrix file: which servers to start, and which workload cells to run on each.
+
+Why a file: a benchmark is a product of choices (system x mode x budget x prompts x temperature x
+concurrency x output length); writing it as data keeps ``fab bench`` and ``fab tune`` one code path,
+lets a user keep their own matrix beside the shipped ones, and gives every cell a stable id
+(``schema.cell_id_for``) so a resumed run skips exactly the cells already done. Format::
+
+    workload:                       # defaults for every system; scalars or lists (lists multiply)
+      prompts: [math]               # shipped set names or JSONL files (beside the matrix file)
+      temperature: [0]
+      concurrency: [1]
+      output_len: [128]
+      num_prompts: 16               # measured requests per cell
+      warmup: 2                     # unmeasured requests per cell
+    systems:
+      - system: ddtree              # ddtree (our server) | vllm | sglang
+        mode: ddtree                # ar | dflash | ddtree (ours); dflash | mtp (vllm); mtp | eagle (sglang)
+        budget: [16, 32, 64]        # ddtree only: one server per budget
+        # num_speculative_tokens: [7, 15]   vllm/sglang: one server per value
+        # template: bench-vllm.argv.j2      vllm/sglang: the server's command line, one argument a line
+        # port: 8100                        vllm/sglang: where it listens (default 8100)
+        # vars: {model: ...}                more template variables
+        # workload: {...}                   overrides for this system's cells
+        # stay: true                        leave this server running afterwards
+        # enabled: false                    keep the entry, skip it
+
+One entry with list-valued ``budget`` or ``num_speculative_tokens`` is several servers; each server
+runs every workload cell. Servers run one at a time (one GPU, one model).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.bench.schema import SYSTEMS, BenchResult, cell_id_for, slug
+from ops.errors import InputFileError
+
+OUR_MODES = ("ar", "dflash", "ddtree")
+FOREIGN_MODES = {"vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
+                 "sglang": ("ar", "mtp", "eagle", "eagle3", "ngram", "dflash")}
+DEFAULT_TEMPLATES = {"vllm": "bench-vllm.argv.j2", "sglang": "bench-sglang.argv.j2"}
+DEFAULT_FOREIGN_PORT = 8100
+WORKLOAD_LISTS = ("prompts", "temperature", "concurrency", "output_len")
+WORKLOAD_DEFAULTS: dict[str, Any] = {"prompts": ["math"], "temperature": [0.0], "concurrency": [1],
+                                     "output_len": [128], "num_prompts": 16, "warmup": 2}
+SYSTEM_KEYS = ("system", "mode", "budget", "num_speculative_tokens", "block_size", "template", "port", "vars",
+               "workload", "stay", "enabled", "name")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured workload on one server."""
+
+    cell_id: str
+    prompts: str
+    temperature: float
+    concurrency: int
+    output_len: int
+    num_prompts: int
+    warmup: int
+
+
+@dataclass
+class Server:
+    """One server instance of the matrix and the cells it runs."""
+
+    label: str
+    system: str
+    mode: str
+    budget: int | None = None
+    num_speculative_tokens: int | None = None
+    block_size: int | None = None
+    template: str | None = None
+    port: int | None = None
+    vars: dict[str, Any] = field(default_factory=dict)
+    stay: bool = False
+    cells: list[Cell] = field(default_factory=list)
+    line: int = 0
+
+
+@dataclass
+class Matrix:
+    path: Path
+    servers: list[Server]
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [c for s in self.servers for c in s.cells]
+
+
+def load_matrix(path: str | Path, overrides: dict[str, Any] | None = None) -> Matrix:
+    """Read and expand a matrix file; errors name the file, line and key. ``overrides`` replace
+    ``workload`` keys of every system (``fab tune`` narrows the prompt set and lengths this way)."""
+    from ops.playbook import load_yaml  # here: ops.playbook imports the steps, which import this module
+
+    path = Path(path)
+    try:
+        doc = load_yaml(path.read_text(), path)
+    except OSError as exc:
+        raise InputFileError(path, None, f"cannot read the matrix: {exc.strerror}",
+                             "pass --matrix FILE, e.g. playbooks/bench-matrix.yaml") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("systems"), list) or not doc["systems"]:
+        raise InputFileError(path, 1, "a matrix is a mapping with a non-empty 'systems' list", "see ops/bench/matrix.py")
+    for key in doc:
+        if key not in ("workload", "systems"):
+            raise InputFileError(path, _line(doc, key), f"unknown key '{key}'", "use 'workload' and 'systems'")
+    base = _workload(path, doc.get("workload") or {}, dict(WORKLOAD_DEFAULTS), _line(doc, "workload"))
+    servers: list[Server] = []
+    for index, entry in enumerate(doc["systems"]):
+        line = doc["systems"].item_lines[index] if hasattr(doc["systems"], "item_lines") else 0
+        servers += _servers(path, entry, base, overrides or {}, line)
+    if not servers:
+        raise InputFileError(path, _line(doc, "systems"), "every system is disabled", "enable at least one")
+    seen: dict[str, int] = {}
+    for server in servers:
+        for cell in server.cells:
+            if cell.cell_id in seen:
+                raise InputFileError(path, server.line, f"cell {cell.cell_id} appears twice (first on line "
+                                     f"{seen[cell.cell_id]})", "give the entries different settings")
+            seen[cell.cell_id] = server.line
+    return Matrix(path=path, servers=servers)
+
+
+def _line(mapping: Any, key: str) -> int:
+    return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", 0))
+
+
+def _workload(path: Path, raw: Any, base: dict[str, Any], line: int) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise InputFileError(path, line, "'workload' must be a mapping", "e.g. {prompts: [math], output_len: [128]}")
+    out = dict(base)
+    for key, value in raw.items():
+        where = _line(raw, key) or line
+        if key not in WORKLOAD_DEFAULTS:
+            raise InputFileError(path, where, f"unknown workload key '{key}'", f"use {', '.join(WORKLOAD_DEFAULTS)}")
+        if key in WORKLOAD_LISTS:
+            values = value if isinstance(value, list) else [value]
+            kind = {"prompts": str, "temperature": float, "concurrency": int, "output_len": int}[key]
+            out[key] = [_typed(path, where, key, v, kind) for v in values]
+            if not out[key]:
+                raise InputFileError(path, where, f"workload '{key}' is empty", "give at least one value")
+        else:
+            out[key] = _typed(path, where, key, value, int, minimum=1 if key == "num_prompts" else 0)
+    return out
+
+
+def _typed(path: Path, line: int, key: str, value: Any, kind: type, minimum: float | None = None) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputFileError(path, line, f"'{key}': expected {kind.__name__}, got {value!r}")
+    try:
+        typed = kind(value)
+    except ValueError:
+        raise InputFileError(path, line, f"'{key}': expected {kind.__name__}, got {value!r}") from None
+    if kind is int and float(value) != typed:
+        raise InputFileError(path, line, f"'{key}': expected a whole number, got {value!r}")
+    low = minimum if minimum is not None else (0 if key == "temperature" else 1 if kind is not str else None)
+    if low is not None and typed < low:
+        raise InputFileError(path, line, f"'{key}': must be >= {low}, got {value!r}")
+    return typed
+
+
+def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, Any], line: int) -> list[Server]:
+    if not isinstance(entry, dict):
+        raise InputFileError(path, line, "each system is a mapping with 'system' and 'mode'")
+    for key in entry:
+        if key not in SYSTEM_KEYS:
+            raise InputFileError(path, _line(entry, key) or line, f"unknown system key '{key}'",
+                                 f"use {', '.join(SYSTEM_KEYS)}")
+    if entry.get("enabled", True) is False:
+        return []
+    system, mode = entry.get("system"), entry.get("mode")
+    if system not in SYSTEMS:
+        raise InputFileError(path, _line(entry, "system") or line, f"system {system!r} is unknown",
+                             f"use one of {', '.join(SYSTEMS)}")
+    modes = OUR_MODES if system == "ddtree" else FOREIGN_MODES[system]
+    if mode not in modes:
+        raise InputFileError(path, _line(entry, "mode") or line, f"mode {mode!r} is not a {system} mode",
+                             f"use one of {', '.join(modes)}")
+    work = _workload(path, entry.get("workload") or {}, base, _line(entry, "workload") or line)
+    work = _workload(path, overrides, work, line) if overrides else work
+    settings = {}
+    for key in ("budget", "num_speculative_tokens", "block_size"):
+        raw = entry.get(key)
+        if raw is None:
+            continue
+        if key == "budget" and not (system == "ddtree" and mode == "ddtree"):
+            raise InputFileError(path, _line(entry, key) or line, "'budget' applies to system ddtree, mode ddtree only",
+                                 "use num_speculative_tokens for vllm/sglang")
+        values = raw if isinstance(raw, list) else [raw]
+        settings[key] = [_typed(path, _line(entry, key) or line, key, v, int) for v in values]
+    if system == "ddtree" and mode == "ddtree" and "budget" not in settings:
+        settings["budget"] = [64]
+    if system != "ddtree" and not isinstance(entry.get("vars", {}), dict):
+        raise InputFileError(path, _line(entry, "vars") or line, "'vars' must be a mapping")
+    keys = list(settings)
+    servers = []
+    for combo in itertools.product(*(settings[k] for k in keys)) if keys else [()]:
+        chosen = dict(zip(keys, combo, strict=True))
+        server = Server(label="", system=system, mode=mode, line=line, stay=entry.get("stay") is True,
+                        template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
+                        port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
+                        vars=dict(entry.get("vars") or {}), **chosen)
+        probe = BenchResult(system=system, mode=mode, budget=server.budget, block_size=server.block_size,
+                            num_speculative_tokens=server.num_speculative_tokens)
+        server.label = slug(entry.get("name") or cell_id_for(probe))
+        server.cells = [_cell(server, probe, p, t, c, o, work) for p, t, c, o in itertools.product(
+            work["prompts"], work["temperature"], work["concurrency"], work["output_len"])]
+        servers.append(server)
+    return servers
+
+
+def _cell(server: Server, probe: BenchResult, prompts: str, temperature: float, concurrency: int,
+          output_len: int, work: dict[str, Any]) -> Cell:
+    name = Path(prompts).stem if prompts.endswith(".jsonl") else prompts
+    probe = BenchResult(system=probe.system, mode=probe.mode, budget=probe.budget, block_size=probe.block_size,
+                        num_speculative_tokens=probe.num_speculative_tokens, prompt_set=name,
+                        temperature=temperature, concurrency=concurrency, output_len=output_len)
+    return Cell(cell_id=cell_id_for(probe), prompts=prompts, temperature=temperature, concurrency=concurrency,
+                output_len=output_len, num_prompts=work["num_prompts"], warmup=work["warmup"])
