@@ -157,10 +157,14 @@ class Connection:
         raise NotImplementedError
 
     def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
-        raise NotImplementedError
+        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
 
     def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        raise NotImplementedError
+        """Upload atomically; without `mode` the file keeps the local file's permission bits."""
+        src = Path(local_path)
+        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
+        with open(src, "rb") as source:
+            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         raise NotImplementedError
@@ -187,6 +191,10 @@ class Connection:
             self._secrets = self.host.resolve_secrets(self.redactor, strict=False)
 
     def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
+        raise NotImplementedError
+
+    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+        """Write through `write` into a temp file beside `path`, then rename it over `path`."""
         raise NotImplementedError
 
     @staticmethod
@@ -258,15 +266,6 @@ class LocalConnection(Connection):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-
-    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
-
-    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        src = Path(local_path)
-        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
-        with open(src, "rb") as source:
-            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with open(self._path(remote_path), "rb") as source:
@@ -523,15 +522,6 @@ class SshConnection(Connection):
                 with contextlib.suppress(Exception):
                     sftp.remove(tmp)
                 raise
-
-    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
-
-    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        src = Path(local_path)
-        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
-        with open(src, "rb") as source:
-            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:

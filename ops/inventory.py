@@ -44,10 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ops.errors import InputFileError, SpecopsError
 from ops.redact import Redactor
+from ops.yamlfile import LineMap, LineSeq, load_yaml, plain
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "/opt/specops"
@@ -219,88 +218,8 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
 
 def parse_inventory(text: str, path: Path, base_dir: Path | None = None) -> Inventory:
     """Validate inventory text; `path` is only used in messages and to resolve relative paths."""
-    data = _load_yaml(text, path)
+    data = load_yaml(text, path)
     return _Parser(path, base_dir or path.resolve().parent).inventory(data)
-
-
-# ---------------------------------------------------------------- YAML with line numbers
-
-
-class _Map(dict):
-    """A YAML mapping that remembers its own line and each key's line (1-based)."""
-
-    line = 0
-    key_lines: dict[Any, int]
-
-
-class _Seq(list):
-    """A YAML sequence that remembers its own line and each item's line (1-based)."""
-
-    line = 0
-    item_lines: list[int]
-
-
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that records line numbers and refuses duplicate keys (PyYAML keeps the last)."""
-
-    source = "<inventory>"
-
-    def construct_line_map(self, node: yaml.MappingNode):
-        data = _Map()
-        data.line = node.start_mark.line + 1
-        data.key_lines = {}
-        yield data
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                first = data.key_lines.get(key)
-            except TypeError:
-                raise InputFileError(self.source, line, f"a mapping key must be a plain value, got {key!r}") from None
-            if first is not None:
-                raise InputFileError(self.source, line, f"duplicate key '{key}' (first defined at line {first})",
-                                     "remove or rename one of them")
-            data.key_lines[key] = line
-        data.update(self.construct_mapping(node, deep=True))
-        for key in data:  # keys that came in through a YAML merge (<<: *anchor) point at the mapping
-            data.key_lines.setdefault(key, data.line)
-
-    def construct_line_seq(self, node: yaml.SequenceNode):
-        data = _Seq()
-        data.line = node.start_mark.line + 1
-        data.item_lines = [item.start_mark.line + 1 for item in node.value]
-        yield data
-        data.extend(self.construct_sequence(node, deep=True))
-
-
-_LineLoader.add_constructor("tag:yaml.org,2002:map", _LineLoader.construct_line_map)
-_LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_line_seq)
-
-
-def _load_yaml(text: str, path: Path) -> Any:
-    loader = _LineLoader(text)
-    loader.source = str(path)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise InputFileError(path, line, f"invalid YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise InputFileError(path, None, f"invalid YAML: {exc}") from None
-    finally:
-        loader.dispose()
-
-
-def _plain(value: Any) -> Any:
-    """Drop the line-tracking types so hosts carry ordinary dicts and lists."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _suggest(word: str, choices: list[str] | tuple[str, ...] | frozenset[str]) -> str | None:
@@ -327,19 +246,19 @@ class _Parser:
     def error(self, line: int | None, message: str, hint: str | None = None) -> InputFileError:
         return InputFileError(self.path, line, message, hint)
 
-    def mapping(self, value: Any, line: int, what: str) -> _Map:
+    def mapping(self, value: Any, line: int, what: str) -> LineMap:
         if value is None:
-            empty = _Map()
+            empty = LineMap()
             empty.line, empty.key_lines = line, {}
             return empty
-        if not isinstance(value, _Map):
+        if not isinstance(value, LineMap):
             raise self.error(line, f"{what} must be a mapping, got {_kind(value)}")
         for key in value:
             if not isinstance(key, str):
                 raise self.error(value.key_lines[key], f"{what}: key {key!r} must be a string")
         return value
 
-    def check_keys(self, m: _Map, allowed: tuple[str, ...], what: str, extra_hint: str = "",
+    def check_keys(self, m: LineMap, allowed: tuple[str, ...], what: str, extra_hint: str = "",
                    free_prefix: str | None = None) -> None:
         for key in m:
             if key not in allowed and not (free_prefix and key.startswith(free_prefix)):
@@ -391,11 +310,11 @@ class _Parser:
             hosts[name] = self.host(name, line, member_of, layers)
         return Inventory(path=self.path, hosts=hosts, groups=groups)
 
-    def members(self, body: _Map, gname: str, host_layers: dict[str, Any]) -> list[str]:
+    def members(self, body: LineMap, gname: str, host_layers: dict[str, Any]) -> list[str]:
         if "hosts" not in body or body["hosts"] is None:
             return []
         value, line = body["hosts"], body.key_lines["hosts"]
-        if not isinstance(value, _Seq):
+        if not isinstance(value, LineSeq):
             raise self.error(line, f"group '{gname}': hosts must be a list of host names, got {_kind(value)}")
         members: list[str] = []
         for item, item_line in zip(value, value.item_lines, strict=True):
@@ -408,7 +327,7 @@ class _Parser:
                 members.append(item)
         return members
 
-    def layer(self, m: _Map, where: str, skip: tuple[str, ...] = ()) -> _Layer:
+    def layer(self, m: LineMap, where: str, skip: tuple[str, ...] = ()) -> _Layer:
         """Type-check one section's fields; values are normalised, lines kept for later errors."""
         fields: dict[str, tuple[Any, int]] = {}
         for key, value in m.items():
@@ -427,7 +346,7 @@ class _Parser:
         if key == "port":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
                 raise self.error(line, f"{what} must be an integer port 1-65535, got {value!r}")
-            return value
+            return int(value)
         if key == "connection":
             return self.choice(value, ("ssh", "local"), line, what)
         if key == "host_key_policy":
@@ -451,7 +370,7 @@ class _Parser:
                 if var in _RESERVED_VARS:
                     raise self.error(m.key_lines[var], f"variable '{var}' in {where} clashes with the host field '{var}'",
                                      f"set it as a host field ({var}: ...) or rename the variable")
-            return _plain(m)
+            return plain(m)
         if key == "secrets":
             return self.secrets(value, line, where)
         raise AssertionError(f"unhandled field {key}")
@@ -462,7 +381,7 @@ class _Parser:
         for name, spec in m.items():
             sline = m.key_lines[name]
             origin = f"{self.path}:{sline}"
-            if not isinstance(spec, _Map) or len(spec) != 1 or next(iter(spec)) not in ("env", "file"):
+            if not isinstance(spec, LineMap) or len(spec) != 1 or next(iter(spec)) not in ("env", "file"):
                 raise self.error(sline, f"secret '{name}' in {where} must be {{env: VAR}} or {{file: PATH}}",
                                  "secret values never go in the inventory; reference an environment "
                                  "variable or a 0600 file on the controller")
@@ -535,5 +454,5 @@ class _Parser:
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
-    return {dict: "a mapping", _Map: "a mapping", list: "a list", _Seq: "a list", str: f"'{value}'"}.get(
+    return {dict: "a mapping", LineMap: "a mapping", list: "a list", LineSeq: "a list", str: f"'{value}'"}.get(
         type(value), repr(value))

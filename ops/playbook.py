@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import yaml
 
 from ops.errors import InputFileError
 from ops.steps import REGISTRY, get_step
 from ops.steps.base import ArgError
+from ops.yamlfile import line_of, load_yaml
 
 STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
 TOP_KEYS = ("name", "steps")
@@ -63,80 +63,6 @@ class Playbook:
         return self.path.parent
 
 
-# ---------------------------------------------------------------- YAML with line numbers
-class _LineDict(dict):
-    """A mapping that remembers the line of itself and of each key (1-based)."""
-
-    line = 0
-    key_lines: dict[str, int]
-
-
-class _LineList(list):
-    line = 0
-    item_lines: list[int]
-
-
-class YamlInt(int):
-    """An int that remembers how it was written, so ``mode: 755`` means 0o755, as with chmod."""
-
-    raw = ""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct_int(loader: _Loader, node: yaml.ScalarNode) -> YamlInt:
-    value = YamlInt(loader.construct_yaml_int(node))
-    value.raw = node.value
-    return value
-
-
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _LineDict:
-    loader.flatten_mapping(node)
-    mapping = _LineDict()
-    mapping.line = node.start_mark.line + 1
-    mapping.key_lines = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        if key in mapping:
-            raise InputFileError(loader.name, line, f"duplicate key '{key}'", "keep only one")
-        mapping[key] = loader.construct_object(value_node, deep=True)
-        mapping.key_lines[key] = line
-    return mapping
-
-
-def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> _LineList:
-    items = _LineList(loader.construct_object(child, deep=True) for child in node.value)
-    items.line = node.start_mark.line + 1
-    items.item_lines = [child.start_mark.line + 1 for child in node.value]
-    return items
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
-_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
-
-
-def load_yaml(text: str, name: str | Path) -> Any:
-    """YAML with line numbers on mappings/lists and ints that keep their text; errors carry file:line."""
-    loader = _Loader(text)
-    loader.name = str(name)
-    try:
-        return loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise InputFileError(name, mark.line + 1 if mark else None, f"invalid YAML: {exc.problem}",
-                             "check indentation and quoting") from None
-    finally:
-        loader.dispose()
-
-
-def _line_of(mapping: Any, key: str, default: int) -> int:
-    return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", default))
-
-
 def _hint(word: str, choices: Any) -> str:
     close = difflib.get_close_matches(str(word), list(choices), n=1)
     return f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(choices))}"
@@ -157,13 +83,13 @@ def load_playbook(path: str | Path) -> Playbook:
                              "start the file with 'name: ...' then 'steps:'")
     for key in doc:
         if key not in TOP_KEYS:
-            raise InputFileError(path, _line_of(doc, key, 1), f"unknown key '{key}'", _hint(key, TOP_KEYS))
+            raise InputFileError(path, line_of(doc, key, 1), f"unknown key '{key}'", _hint(key, TOP_KEYS))
     name = doc.get("name", path.stem)
     if not isinstance(name, str) or not name.strip():
-        raise InputFileError(path, _line_of(doc, "name", 1), "'name' must be a non-empty string")
+        raise InputFileError(path, line_of(doc, "name", 1), "'name' must be a non-empty string")
     steps = doc.get("steps")
     if not isinstance(steps, list) or not steps:
-        raise InputFileError(path, _line_of(doc, "steps", 1), "'steps' must be a non-empty list",
+        raise InputFileError(path, line_of(doc, "steps", 1), "'steps' must be a non-empty list",
                              "add steps like '- step: directory'")
     specs = tuple(_load_step(path, i, raw, steps.item_lines[i]) for i, raw in enumerate(steps))
     seen: set[str] = set()
@@ -184,7 +110,7 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     where = f"step '{label}'" if isinstance(label, str) else f"step {index + 1}"
     for key in raw:
         if key not in STEP_KEYS:
-            raise InputFileError(path, _line_of(raw, key, line), f"{where}: unknown key '{key}'",
+            raise InputFileError(path, line_of(raw, key, line), f"{where}: unknown key '{key}'",
                                  _hint(key, STEP_KEYS))
     step_name = raw.get("step")
     if not isinstance(step_name, str):
@@ -193,14 +119,14 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     try:
         step_cls = get_step(step_name)
     except KeyError as exc:
-        raise InputFileError(path, _line_of(raw, "step", line), f"{where}: unknown step '{step_name}'",
+        raise InputFileError(path, line_of(raw, "step", line), f"{where}: unknown step '{step_name}'",
                              exc.args[0]) from None
     label = raw.get("name", step_name)
     if not isinstance(label, str) or not label.strip():
-        raise InputFileError(path, _line_of(raw, "name", line), f"{where}: 'name' must be a non-empty string")
+        raise InputFileError(path, line_of(raw, "name", line), f"{where}: 'name' must be a non-empty string")
 
     def fail(key: str, message: str, hint: str | None = None) -> InputFileError:
-        return InputFileError(path, _line_of(raw, key, line), f"{where}: {message}", hint)
+        return InputFileError(path, line_of(raw, key, line), f"{where}: {message}", hint)
 
     args = raw.get("args", {})
     if args is None:
@@ -208,7 +134,7 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     if not isinstance(args, dict):
         raise fail("args", "'args' must be a mapping", "write 'args: {key: value}'")
     for key, value in args.items():
-        arg_line = _line_of(args, key, line)
+        arg_line = line_of(args, key, line)
         if key not in step_cls.args:
             raise InputFileError(path, arg_line, f"{where}: unknown argument '{key}' for step '{step_name}'",
                                  _hint(key, step_cls.args) if step_cls.args else "this step takes no arguments")
