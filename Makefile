@@ -1,4 +1,4 @@
-# Two entry points for a fresh machine (see README): `make demo` (provision, deploy and status on the
+# Two entry points for a fresh machine (see README): `make demo` (provision, deploy, bench and status on the
 # local demo host of inventory.yaml) and `make test` (the whole suite; .ci/run calls it).
 # Both build .venv first; the CPU test environment pins torch==2.13.0 (a local CPU wheel).
 PY ?= python3
@@ -24,6 +24,7 @@ venv: $(VENV)/.installed
 demo: venv
 	$(BIN)/fab provision
 	$(BIN)/fab deploy
+	$(BIN)/fab bench
 	$(BIN)/fab status
 
 test: venv

@@ -37,6 +37,7 @@ from typing import Any
 
 from ops.bench.schema import SYSTEMS, BenchResult, cell_id_for, slug
 from ops.errors import InputFileError
+from ops.yamlfile import line_of, load_yaml, plain
 
 OUR_MODES = ("ar", "dflash", "ddtree")
 FOREIGN_MODES = {"vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
@@ -94,8 +95,6 @@ class Matrix:
 def load_matrix(path: str | Path, overrides: dict[str, Any] | None = None) -> Matrix:
     """Read and expand a matrix file; errors name the file, line and key. ``overrides`` replace
     ``workload`` keys of every system (``fab tune`` narrows the prompt set and lengths this way)."""
-    from ops.playbook import load_yaml  # here: ops.playbook imports the steps, which import this module
-
     path = Path(path)
     try:
         doc = load_yaml(path.read_text(), path)
@@ -125,7 +124,7 @@ def load_matrix(path: str | Path, overrides: dict[str, Any] | None = None) -> Ma
 
 
 def _line(mapping: Any, key: str) -> int:
-    return getattr(mapping, "key_lines", {}).get(key, getattr(mapping, "line", 0))
+    return line_of(mapping, key)
 
 
 def _workload(path: Path, raw: Any, base: dict[str, Any], line: int) -> dict[str, Any]:
@@ -202,7 +201,7 @@ def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, 
         server = Server(label="", system=system, mode=mode, line=line, stay=entry.get("stay") is True,
                         template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
                         port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
-                        vars=dict(entry.get("vars") or {}), **chosen)
+                        vars=plain(entry.get("vars") or {}), **chosen)
         probe = BenchResult(system=system, mode=mode, budget=server.budget, block_size=server.block_size,
                             num_speculative_tokens=server.num_speculative_tokens)
         server.label = slug(entry.get("name") or cell_id_for(probe))

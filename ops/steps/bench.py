@@ -98,7 +98,8 @@ COMMON_ARGS = dict(
 
 # ---------------------------------------------------------------- facts
 _HW = (
-    "nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null; echo '--'; "
+    "nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null; "
+    "nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*'; echo '--'; "
     "{python} -c 'import importlib.metadata as m; print(m.version(\"torch\"))' 2>/dev/null; true"
 )
 
@@ -109,11 +110,14 @@ def hardware_fact(python: str) -> Fact[dict[str, Any]]:
 
 
 def parse_hardware(result: CommandResult) -> dict[str, Any]:
+    """Pure parser of :func:`hardware_fact` (CUDA is the driver's, from the nvidia-smi banner)."""
     gpus_text, _, torch_text = result.stdout.partition("--")
     gpus = [[p.strip() for p in line.split(",")] for line in gpus_text.splitlines() if line.count(",") >= 2]
     first = gpus[0] if gpus else [None, None, None]
+    cuda = [line.split(":", 1)[1].strip() for line in gpus_text.splitlines() if line.startswith("CUDA Version:")]
     return {"gpu_name": first[0], "gpu_count": len(gpus) or None, "compute_cap": first[1], "driver": first[2],
-            "cuda": None, "torch": torch_text.strip().splitlines()[-1] if torch_text.strip() else None}
+            "cuda": cuda[0] if cuda else None,
+            "torch": torch_text.strip().splitlines()[-1] if torch_text.strip() else None}
 
 
 # ---------------------------------------------------------------- one host's session
@@ -237,7 +241,9 @@ class Session:
             self._stop_foreign()
 
     # -- cells
-    def run_cell(self, server: Server, cell: Cell, url: str) -> BenchResult:
+    def run_cell(self, server: Server, cell: Cell, url: str, log: tuple[str, int]) -> BenchResult:
+        """Measure one cell on the host; its server log comes home first, so every complete cell
+        (the result file is the commit point) has the log of its measurement beside it."""
         run_id = self.run_dir.name
         remote_dir = f"{self.base}/results/{run_id}"
         remote = f"{remote_dir}/{cell.cell_id}.json"
@@ -271,6 +277,7 @@ class Session:
         measured.host, measured.run_id, measured.cell_id = self.host, run_id, cell.cell_id
         measured.prompt_set = measured.prompt_set if cell.prompts in shipped_sets() else Path(cell.prompts).stem
         measured.hardware = Hardware(**self.hardware)
+        self.fetch_log(server, *log)
         write_result(self.run_dir, measured)
         return measured
 
@@ -314,7 +321,7 @@ class Session:
         try:
             url, log, offset = self.start(server)
         except StepFailed as exc:
-            self.failures.append(f"{server.label}: {exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))
+            self.failures.append(f"{exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))  # names the server
             for cell in cells:
                 self.progress.cell_started(self.host, cell.cell_id)
                 self.progress.cell_finished(self.host, cell.cell_id, ok=False)
@@ -323,13 +330,12 @@ class Session:
             for cell in cells:
                 self.progress.cell_started(self.host, cell.cell_id)
                 try:
-                    done.append(self.run_cell(server, cell, url))
+                    done.append(self.run_cell(server, cell, url, (log, offset)))
                     self.progress.cell_finished(self.host, cell.cell_id)
                 except StepFailed as exc:
                     self.failures.append(f"{cell.cell_id}: {exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))
                     self.progress.cell_finished(self.host, cell.cell_id, ok=False)
         finally:
-            self.fetch_log(server, log, offset)
             if not server.stay:
                 self.stop(server)
         self.measured += done
@@ -405,7 +411,8 @@ class Bench(Step):
                              + "; ".join(f.splitlines()[0] for f in session.failures),
                              stderr="\n".join(session.failures))
         return Applied(True, f"measured {ran} cell(s); {plan.data['done_before']} were done before; results in "
-                       f"{session.run_dir / session.host}", {"run_dir": str(session.run_dir), "measured": ran})
+                       f"{session.run_dir / session.host}",
+                       {"run_dir": str(session.run_dir), "measured": ran, "release": session.release})
 
 
 # ---------------------------------------------------------------- tune

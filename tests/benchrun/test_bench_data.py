@@ -173,9 +173,9 @@ def test_bench_without_a_release_says_deploy_first(tmp_path):
 
 
 def test_hardware_and_tuned_parsers():
-    out = "NVIDIA H200, 9.0, 570.86.15\nNVIDIA H200, 9.0, 570.86.15\n--\n2.13.0\n"
+    out = "NVIDIA H200, 9.0, 570.86.15\nNVIDIA H200, 9.0, 570.86.15\nCUDA Version: 12.8\n--\n2.13.0\n"
     assert parse_hardware(CommandResult("hw", 0, out, "")) == {
-        "gpu_name": "NVIDIA H200", "gpu_count": 2, "compute_cap": "9.0", "driver": "570.86.15", "cuda": None,
+        "gpu_name": "NVIDIA H200", "gpu_count": 2, "compute_cap": "9.0", "driver": "570.86.15", "cuda": "12.8",
         "torch": "2.13.0"}
     assert parse_hardware(CommandResult("hw", 0, "--\n", ""))["gpu_name"] is None
     assert parse_tuned(CommandResult("cat", 0, "", "")) == {}

@@ -104,16 +104,20 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["failed"] == 0 and completed_cells(run_dir, "h1") == CELLS
     assert {name: (run_dir / "h1" / name).read_bytes() for name in first} == first  # not measured again
-    resumed = summary["hosts"]["h1"]["steps"][-1]["message"]
+    resumed = next(st["message"] for st in summary["hosts"]["h1"]["steps"] if st["step"] == "bench")
     assert f"{len(CELLS) - len(first)} cell(s)" in resumed and f"{len(first)} were done" in resumed
     assert (results / "latest").resolve() == run_dir
     printed = capsys.readouterr().out
     assert "specops benchmark" in printed and "B=8" in printed and "ETA" in printed
 
-    # A third run of the same directory has nothing left to do.
+    # Afterwards the deployed server answers again with its deployed settings.
+    cmdline = Path(f"/proc/{server_pid(base)}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[cmdline.index(b"--mode") + 1 :][:3] == [b"ddtree", b"--budget", b"8"] and complete(port)["choices"]
+
+    # A third run of the same directory has nothing left to do, and changes nothing.
     again, _ = run_bench_file(REPO_ROOT / "playbooks" / "bench.yaml", inventory=str(inventory),
                               results=str(results), resume=run_dir.name, live=False)
-    assert again.ok and not again.hosts["h1"].steps[-1].changed
+    assert again.ok and not [st.name for st in again.hosts["h1"].steps if st.changed]
 
     # The numbers agree with the server's own records of the measured requests.
     for cell in CELLS:
@@ -149,3 +153,14 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
     assert cmdline[cmdline.index(b"--budget") + 1] == str(record["serve"]["budget"]).encode()
     assert complete(port)["choices"]
     assert (tune_dir / "speedup_vs_budget.png").is_file()
+
+    # A server that cannot start fails its cells, the run says how to resume, the next servers still run.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("workload: {output_len: [4], num_prompts: 1, warmup: 0}\nsystems:\n"
+                      f"  - {{system: sglang, mode: mtp, num_speculative_tokens: 3, port: {free_port()}}}\n"
+                      "  - {system: ddtree, mode: ar}\n")
+    failed, fail_dir = run_bench_file(REPO_ROOT / "playbooks" / "bench.yaml", inventory=str(inventory),
+                                      results=str(results), extra_vars={"bench_matrix": str(broken)}, live=False)
+    failure = next(st for st in failed.hosts["h1"].steps if st.step == "bench")
+    assert not failed.ok and "sglang-mtp-k3" in failure.message and f"--resume {fail_dir.name}" in failure.message
+    assert "sglang" in failure.stderr and completed_cells(fail_dir, "h1") == {"ddtree-ar-math-t0-c1-o4"}
