@@ -1,5 +1,4 @@
-"""Fixtures for the deploy tests: a throw-away git checkout to deploy, the tiny checkpoint pair,
-and clean-up of every server a test started (they run in their own sessions, outside sshd's)."""
+"""Fixtures for the deploy tests: a throw-away git checkout to deploy, and clean-up of every server a test started (they run in their own sessions, outside sshd's)."""
 
 from __future__ import annotations
 
@@ -8,13 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_runtime.tiny import TinyPair, write_tiny_pair
 from tests.deploy.helpers import Checkout, stop_servers
-
-
-@pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    return write_tiny_pair(tmp_path_factory.mktemp("deploy-pair") / "pair")
 
 
 @pytest.fixture

@@ -36,12 +36,6 @@ def dtype() -> torch.dtype:
 
 
 @pytest.fixture(scope="session")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    """The fitted pair (64 words, block 6): drafts get accepted, often 3+ at a time."""
-    return write_tiny_pair(tmp_path_factory.mktemp("tiny") / "pair")
-
-
-@pytest.fixture(scope="session")
 def small_vocab_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
     """A 12-word pair with a broad target distribution, for the chi-square test."""
     return write_tiny_pair(

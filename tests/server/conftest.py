@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_runtime.tiny import TinyPair, write_tiny_pair
+from ddtree_runtime.tiny import TinyPair
 from tests.server.client import REPO, SECRET, Server, child_env
 
 MODEL = "tiny-ddtree"
@@ -36,9 +36,9 @@ class Launched:
 
 
 @pytest.fixture(scope="package")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
+def launched(tmp_path_factory: pytest.TempPathFactory, tiny_pair: TinyPair) -> Iterator[Launched]:
     root = tmp_path_factory.mktemp("server")
-    pair = write_tiny_pair(root / "pair")
+    pair = tiny_pair
     env_file = root / "ddtree.env"
     env_file.write_text(
         "# rendered from the inventory; mode 0600\n"
