@@ -6,7 +6,11 @@ lets a user keep their own matrix beside the shipped ones, and gives every cell 
 (``schema.cell_id_for``) so a resumed run skips exactly the cells already done. Format::
 
     workload:                       # defaults for every system; scalars or lists (lists multiply)
-      prompts: [math]               # shipped set names or JSONL files (beside the matrix file)
+      prompts: [math]               # shipped set names, JSONL files (beside the matrix file), or
+                                    # hf:ORG/NAME[@CONFIG][:SPLIT[:COLUMN]] (default split train,
+                                    # column prompt): a Hugging Face dataset, fetched on the host
+                                    # (its venv needs `datasets`, the host internet) once, into
+                                    # <base>/results/prompts/ (ops/bench/prompts.py)
       temperature: [0]
       concurrency: [1]
       output_len: [128]
@@ -18,7 +22,10 @@ lets a user keep their own matrix beside the shipped ones, and gives every cell 
         budget: [16, 32, 64]        # ddtree only: one server per budget
         # num_speculative_tokens: [7, 15]   vllm/sglang: one server per value
         # template: bench-vllm.argv.j2      vllm/sglang: the server's command line, one argument a line
-        # port: 8100                        vllm/sglang: where it listens (default 8100)
+        # port: 8100                        vllm/sglang: where it listens (default 8100); a server
+        #                                   already answering there whose /v1/models lists the served
+        #                                   model (vars.served_name, default the target) is reused,
+        #                                   not started, and left running afterwards
         # vars: {model: ...}                more template variables
         # workload: {...}                   overrides for this system's cells
         # stay: true                        leave this server running afterwards
@@ -35,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.bench.prompts import HF_PREFIX, HF_SYNTAX, parse_hf_spec, prompt_set_name
 from ops.bench.schema import SYSTEMS, BenchResult, cell_id_for, slug
 from ops.errors import InputFileError
 from ops.yamlfile import line_of, load_yaml, plain
@@ -139,11 +147,21 @@ def _workload(path: Path, raw: Any, base: dict[str, Any], line: int) -> dict[str
             values = value if isinstance(value, list) else [value]
             kind = {"prompts": str, "temperature": float, "concurrency": int, "output_len": int}[key]
             out[key] = [_typed(path, where, key, v, kind) for v in values]
+            for value in out[key] if key == "prompts" else ():
+                if value.startswith(HF_PREFIX):
+                    _hf_spec(path, where, value)
             if not out[key]:
                 raise InputFileError(path, where, f"workload '{key}' is empty", "give at least one value")
         else:
             out[key] = _typed(path, where, key, value, int, minimum=1 if key == "num_prompts" else 0)
     return out
+
+
+def _hf_spec(path: Path, line: int, value: str) -> None:
+    try:
+        parse_hf_spec(value)
+    except ValueError as exc:
+        raise InputFileError(path, line, f"prompt set {exc}", f"write {HF_SYNTAX}") from None
 
 
 def _typed(path: Path, line: int, key: str, value: Any, kind: type, minimum: float | None = None) -> Any:
@@ -213,7 +231,7 @@ def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, 
 
 def _cell(server: Server, probe: BenchResult, prompts: str, temperature: float, concurrency: int,
           output_len: int, work: dict[str, Any]) -> Cell:
-    name = Path(prompts).stem if prompts.endswith(".jsonl") else prompts
+    name = prompt_set_name(prompts)
     probe = BenchResult(system=probe.system, mode=probe.mode, budget=probe.budget, block_size=probe.block_size,
                         num_speculative_tokens=probe.num_speculative_tokens, prompt_set=name,
                         temperature=temperature, concurrency=concurrency, output_len=output_len)

@@ -5,8 +5,11 @@ one GPU holds one model: our DDTree server is switched between modes and budgets
 its serve settings and restarting it through the deploy machinery (``ops/steps/service.py``: the
 same launch fingerprint, supervisor or systemd unit, health wait); vLLM and SGLang start under the
 built-in supervisor from a command-line template (``templates/bench-*.argv.j2``) after our server
-is stopped. Each server is health-checked (``/health``, ``/v1/models``, one completion), then every
-pending cell runs our client on the host (``python -m ops.bench.client``), whose JSON comes home
+is stopped, unless a server already answers on the entry's port listing the served model in
+``/v1/models``: that one is reused as it is, and left running afterwards, since this run did not
+start it. Each server is health-checked (``/health``, ``/v1/models``, one completion), then every
+pending cell runs our client on the host (a ``hf:`` prompt set is first fetched there, once, into
+``<base>/results/prompts/``) (``python -m ops.bench.client``), whose JSON comes home
 over SFTP and is written atomically to ``results/<run-id>/<host>/<cell-id>.json``; the server's
 log slice comes home to ``.../<host>/logs/<server>.log``. A server is stopped afterwards unless its
 matrix entry says ``stay: true``.
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ops.bench.matrix import DEFAULT_TEMPLATES, Cell, Server, load_matrix
 from ops.bench.progress import BenchProgress
-from ops.bench.prompts import shipped_sets
+from ops.bench.prompts import HF_PREFIX, parse_hf_spec, prompt_set_name, shipped_sets
 from ops.bench.schema import BenchResult, Hardware, SchemaError, cell_id_for, slug
 from ops.bench.store import completed_cells, write_result
 from ops.drafter_config.store import LocalStore
@@ -63,6 +66,20 @@ if TYPE_CHECKING:
 
 TUNED_FILE = "specops-ddtree.tuned.json"
 CELL_TIMEOUT_S = 3600.0
+# On the host: the model ids a server on the URL lists; {"models": null} when nothing listens there.
+_MODELS = r"""
+import json, sys, urllib.error, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=10) as r:
+        out = {"models": [m["id"] for m in json.load(r)["data"]]}
+except urllib.error.HTTPError as exc:
+    out = {"error": "HTTP %d from /v1/models" % exc.code}
+except urllib.error.URLError as exc:
+    out = {"models": None} if isinstance(exc.reason, ConnectionRefusedError) else {"error": str(exc.reason)}
+except (OSError, ValueError, KeyError, TypeError) as exc:
+    out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+print(json.dumps(out))
+"""
 
 
 def progress_arg(value: Any) -> BenchProgress:
@@ -145,6 +162,7 @@ class Session:
     progress: BenchProgress
     failures: list[str] = field(default_factory=list)
     measured: list[BenchResult] = field(default_factory=list)
+    reused: set[str] = field(default_factory=set)  # labels of servers found running, not started by us
 
     @property
     def host(self) -> str:
@@ -187,9 +205,34 @@ class Session:
                     raise StepFailed(f"{server.label} did not answer: {exc}", command=exc.command,
                                      stderr=exc.stderr) from None
             return serve_url(ours["serve"]), Paths(self.base, SERVICE).log, offset
+        context = self._foreign_context(server)
+        url = f"http://127.0.0.1:{server.port}"
         self._stop_ours(facts)
+        if self._running_already(server, url, context["served_name"]):
+            self.reused.add(server.label)
+            return url, "", 0
         self._stop_foreign()
-        return self._start_foreign(server, facts)
+        return self._start_foreign(server, facts, context, url)
+
+    def _foreign_context(self, server: Server) -> dict[str, Any]:
+        context = {"venv": self.venv, "target": self.args["target"], "drafter": self.args["drafter"],
+                   "port": server.port, "mode": server.mode, "num_speculative_tokens": server.num_speculative_tokens,
+                   "block_size": server.block_size, **server.vars}
+        context.setdefault("served_name", context["target"])
+        return context
+
+    def _running_already(self, server: Server, url: str, served: str) -> bool:
+        """True when a server on ``url`` lists ``served``; something else answering there is an error."""
+        answer = _parse_json_line("the running-server probe")(
+            self.conn.run(join(["python3", "-c", _MODELS, url]), timeout=60))
+        if answer.get("models") is None and "error" not in answer:
+            return False
+        if served in (answer.get("models") or ()):
+            self.progress.note(self.host, f"{server.label}: reusing the server already on port {server.port}")
+            return True
+        found = f"lists {answer['models']}" if answer.get("models") is not None else f"answers {answer['error']}"
+        raise StepFailed(f"{server.label}: port {server.port} on {self.host} is taken: {url} {found}, not "
+                         f"{served!r} (fix: stop that server, set this entry's port, or vars.served_name)")
 
     def _stop_ours(self, facts: dict[str, Any]) -> None:
         svc = facts["service"]
@@ -206,13 +249,9 @@ class Session:
             if self.conn.stat(pidfile) is not None and self.conn.stat(paths.supervisor) is not None:
                 self._run(join(["python3", paths.supervisor, "stop", "--pidfile", pidfile]), f"stop {system}")
 
-    def _start_foreign(self, server: Server, facts: dict[str, Any]) -> tuple[str, str, int]:
-        name = f"specops-bench-{server.system}"
-        paths = Paths(self.base, name)
-        context = {"venv": self.venv, "target": self.args["target"], "drafter": self.args["drafter"],
-                   "port": server.port, "mode": server.mode, "num_speculative_tokens": server.num_speculative_tokens,
-                   "block_size": server.block_size, **server.vars}
-        context.setdefault("served_name", context["target"])
+    def _start_foreign(self, server: Server, facts: dict[str, Any], context: dict[str, Any],
+                       url: str) -> tuple[str, str, int]:
+        paths = Paths(self.base, f"specops-bench-{server.system}")
         argv = render_argv(server.template, context, self.ctx)
         if argv[0].startswith("/") and self.conn.stat(argv[0]) is None:
             raise StepFailed(f"{server.label}: {argv[0]} does not exist on the host (fix: install {server.system} "
@@ -224,7 +263,6 @@ class Session:
         offset = info.size if info else 0
         self._run(join(["python3", paths.supervisor, "start", "--pidfile", paths.pidfile, "--log", paths.log,
                         "--cwd", self.base, "--env-file", self.args["env_file"], "--", *argv]), f"start {server.label}")
-        url = f"http://127.0.0.1:{server.port}"
         wait = {"url": url, "timeout": self.args["timeout"], "prompt": "the", "max_tokens": 4,
                 "pidfile": paths.pidfile}
         answer = _parse_json_line("the health wait")(
@@ -275,16 +313,19 @@ class Session:
         finally:
             fetched.unlink(missing_ok=True)
         measured.host, measured.run_id, measured.cell_id = self.host, run_id, cell.cell_id
-        measured.prompt_set = measured.prompt_set if cell.prompts in shipped_sets() else Path(cell.prompts).stem
+        measured.prompt_set = prompt_set_name(cell.prompts)
         measured.hardware = Hardware(**self.hardware)
         self.fetch_log(server, *log)
         write_result(self.run_dir, measured)
         return measured
 
     def _prompts(self, prompts: str, remote_dir: str) -> str:
-        """A shipped set by name; a user file (beside the matrix) uploaded next to the results."""
+        """A shipped set by name; a dataset fetched on the host; a user file (beside the matrix)
+        uploaded next to the results."""
         if prompts in shipped_sets():
             return prompts
+        if prompts.startswith(HF_PREFIX):
+            return self._dataset_prompts(prompts)
         local = Path(prompts).expanduser()
         local = local if local.is_absolute() else self.matrix_dir / local
         if not local.is_file():
@@ -294,6 +335,24 @@ class Session:
         self.conn.write_bytes(remote, local.read_bytes(), 0o644)
         return remote
 
+    def _dataset_prompts(self, prompts: str) -> str:
+        """The dataset's prompt file on the host, fetched there unless present: the fetch renames a
+        complete file into place, so one that exists is whole and is used as it is."""
+        spec = parse_hf_spec(prompts)
+        remote_dir = f"{self.base}/results/prompts"
+        remote = f"{remote_dir}/{spec.name}.jsonl"
+        if self.conn.stat(remote) is not None:
+            return remote
+        self._run(join(["mkdir", "-p", "--", remote_dir]), "prompts folder")
+        result = self.conn.run(join(["env", f"PYTHONPATH={release_dir(self.base, self.release)}/site",
+                                     f"{self.venv}/bin/python", "-m", "ops.bench.prompts", spec.text, remote]),
+                               timeout=self.args["cell_timeout"])
+        if not result.ok:
+            said = (result.stderr or result.stdout).strip().splitlines() or [f"exited {result.exit_code}"]
+            raise StepFailed(f"host {self.host}: prompt set {prompts}: {said[-1]}", command=result.command,
+                             stderr=result.stderr)
+        return remote
+
     def fetch_log(self, server: Server, log: str, offset: int) -> None:
         data = self._log_slice(log, offset)
         logs = self.run_dir / self.host / "logs"
@@ -301,6 +360,8 @@ class Session:
         LocalStore().write_bytes(str(logs / f"{server.label}.log"), data)
 
     def _log_slice(self, log: str, offset: int) -> bytes:
+        if not log:  # a reused server: its log is not ours to read
+            return b"reused a server that was already running; its log is wherever it writes it\n"
         info = self.conn.stat(log)
         if info is None:
             return b""
@@ -336,7 +397,7 @@ class Session:
                     self.failures.append(f"{cell.cell_id}: {exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))
                     self.progress.cell_finished(self.host, cell.cell_id, ok=False)
         finally:
-            if not server.stay:
+            if not server.stay and server.label not in self.reused:
                 self.stop(server)
         self.measured += done
         return done
@@ -506,7 +567,7 @@ class BenchTune(Step):
 def _tune_server(system: str, mode: str, cell: Cell, **settings: Any) -> Server:
     server = Server(label="", system=system, mode=mode, template=DEFAULT_TEMPLATES.get(system), **settings)
     probe = BenchResult(system=system, mode=mode, budget=server.budget,
-                        num_speculative_tokens=server.num_speculative_tokens, prompt_set=Path(cell.prompts).stem,
+                        num_speculative_tokens=server.num_speculative_tokens, prompt_set=prompt_set_name(cell.prompts),
                         temperature=cell.temperature, concurrency=1, output_len=cell.output_len)
     server.label = slug(f"tune-{system}-{mode}" + (f"-b{server.budget}" if server.budget else "")
                         + (f"-k{server.num_speculative_tokens}" if server.num_speculative_tokens else ""))
