@@ -46,18 +46,18 @@ from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, argu
 from ops.steps.files import render_template
 from ops.steps.release import layout_fact, release_dir
 from ops.steps.service import (
-    _WAIT,
     SERVICE,
     SUPERVISOR_SOURCE,
+    WAIT_SCRIPT,
     Paths,
-    _execute,
-    _parse_json_line,
-    _systemctl,
     backend_arg,
+    execute_plan,
     gather,
+    parse_json_line,
     plan_service,
     serve_arg,
     serve_url,
+    systemctl,
 )
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class Session:
             offset = facts["service"]["log_size"]
             if plan.will_change:
                 try:
-                    _execute(self.conn, plan)
+                    execute_plan(self.conn, plan)
                 except StepFailed as exc:
                     raise StepFailed(f"{server.label} did not answer: {exc}", command=exc.command,
                                      stderr=exc.stderr) from None
@@ -223,7 +223,7 @@ class Session:
 
     def _running_already(self, server: Server, url: str, served: str) -> bool:
         """True when a server on ``url`` lists ``served``; something else answering there is an error."""
-        answer = _parse_json_line("the running-server probe")(
+        answer = parse_json_line("the running-server probe")(
             self.conn.run(join(["python3", "-c", _MODELS, url]), timeout=60))
         if answer.get("models") is None and "error" not in answer:
             return False
@@ -237,7 +237,7 @@ class Session:
     def _stop_ours(self, facts: dict[str, Any]) -> None:
         svc = facts["service"]
         if svc["systemd"]["process"]:
-            self._run(_systemctl(svc["systemd"], "stop", f"{SERVICE}.service"), "stop our server (systemd)")
+            self._run(systemctl(svc["systemd"], "stop", f"{SERVICE}.service"), "stop our server (systemd)")
         if svc["supervisor_process"]:
             self._run(join(["python3", Paths(self.base, SERVICE).supervisor, "stop", "--pidfile",
                             Paths(self.base, SERVICE).pidfile]), "stop our server")
@@ -265,8 +265,8 @@ class Session:
                         "--cwd", self.base, "--env-file", self.args["env_file"], "--", *argv]), f"start {server.label}")
         wait = {"url": url, "timeout": self.args["timeout"], "prompt": "the", "max_tokens": 4,
                 "pidfile": paths.pidfile}
-        answer = _parse_json_line("the health wait")(
-            self.conn.run(join(["python3", "-c", _WAIT, json.dumps(wait)]), timeout=self.args["timeout"] + 60))
+        answer = parse_json_line("the health wait")(
+            self.conn.run(join(["python3", "-c", WAIT_SCRIPT, json.dumps(wait)]), timeout=self.args["timeout"] + 60))
         if not answer["ready"]:
             raise StepFailed(f"{server.label} did not answer: {answer['error']}",
                              stderr=self._log_slice(paths.log, offset).decode("utf-8", "replace")[-4000:])

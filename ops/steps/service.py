@@ -176,7 +176,7 @@ print(json.dumps(facts))
 """
 
 # argv[1]: JSON {url, timeout, prompt, max_tokens, pidfile | (systemctl, unit)}
-_WAIT = r"""
+WAIT_SCRIPT = r"""
 import json, os, subprocess, sys, time, urllib.error, urllib.request
 s = json.loads(sys.argv[1])
 def current_pid():
@@ -244,7 +244,7 @@ while True:
 """
 
 
-def _parse_json_line(what: str) -> Any:
+def parse_json_line(what: str) -> Any:
     def parse(result: CommandResult) -> Any:
         try:
             return json.loads(result.stdout.strip().splitlines()[-1])
@@ -301,7 +301,7 @@ def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[st
         "health": url + "/health",
         "metrics": url + "/metrics" if metrics else "",
     }
-    return Fact(join(["python3", "-c", _PROBE, json.dumps(spec)]), _parse_json_line("the service probe"))
+    return Fact(join(["python3", "-c", _PROBE, json.dumps(spec)]), parse_json_line("the service probe"))
 
 
 def gather(conn: Connection, args: dict[str, Any], *, metrics: bool = False) -> dict[str, Any]:
@@ -401,7 +401,7 @@ def unit_text(
     )
 
 
-def _systemctl(systemd: dict[str, Any], *words: str) -> str:
+def systemctl(systemd: dict[str, Any], *words: str) -> str:
     if systemd["scope"] == "system":
         return join(["systemctl", *words])
     return join(["env", f"XDG_RUNTIME_DIR=/run/user/{systemd['uid']}", "systemctl", "--user", *words])
@@ -458,8 +458,8 @@ def plan_service(
                     f"{systemd['unit_path']}: unit for {wanted}\n",
                     why="unit",
                 ),
-                Run(_systemctl(systemd, "daemon-reload"), why="unit changed"),
-                Run(_systemctl(systemd, "enable", f"{args['name']}.service"), why="start at boot"),
+                Run(systemctl(systemd, "daemon-reload"), why="unit changed"),
+                Run(systemctl(systemd, "enable", f"{args['name']}.service"), why="start at boot"),
             ]
         process = systemd["process"]
     else:
@@ -517,7 +517,7 @@ def plan_service(
     if backend == "systemd":
         if svc["supervisor_process"]:
             changes.append(Run(stop, why="the supervisor ran it before"))
-        changes.append(Run(_systemctl(systemd, "restart", f"{args['name']}.service"), why="start"))
+        changes.append(Run(systemctl(systemd, "restart", f"{args['name']}.service"), why="start"))
         wait_on: dict[str, Any] = {
             "systemctl": ["systemctl"] if systemd["scope"] == "system" else ["systemctl", "--user"],
             "unit": f"{args['name']}.service",
@@ -526,7 +526,7 @@ def plan_service(
         if systemd["process"]:
             changes.append(
                 Run(
-                    _systemctl(systemd, "disable", "--now", f"{args['name']}.service"),
+                    systemctl(systemd, "disable", "--now", f"{args['name']}.service"),
                     why="systemd ran it before",
                 )
             )
@@ -556,7 +556,7 @@ def plan_service(
     }
     changes.append(
         Wait(
-            join(["python3", "-c", _WAIT, json.dumps(wait)]),
+            join(["python3", "-c", WAIT_SCRIPT, json.dumps(wait)]),
             timeout=args["timeout"] + 60,
             why=f"/health and one completion within {args['timeout']:g}s",
         )
@@ -577,7 +577,7 @@ def plan_service(
 
 
 # ---------------------------------------------------------------- apply
-def _execute(conn: Connection, plan: Plan) -> dict[str, Any]:
+def execute_plan(conn: Connection, plan: Plan) -> dict[str, Any]:
     """Run a service plan's changes in order; the Wait's answer is returned, a failure raised as
     ServiceFailed saying whether the server had been touched (switch, stop or start) by then."""
     answer: dict[str, Any] = {}
@@ -585,7 +585,7 @@ def _execute(conn: Connection, plan: Plan) -> dict[str, Any]:
     for index, change in enumerate(plan.changes):
         try:
             if isinstance(change, Wait):
-                answer = _parse_json_line("the health wait")(conn.run(change.command, timeout=change.timeout))
+                answer = parse_json_line("the health wait")(conn.run(change.command, timeout=change.timeout))
                 if not answer["ready"]:
                     raise StepFailed(answer["error"])
             elif isinstance(change, Run):
@@ -639,10 +639,10 @@ class Service(Step):
     def apply(self, conn, plan, ctx):
         data = plan.data
         if "args" not in data:  # only the service definition changed
-            _execute(conn, plan)
+            execute_plan(conn, plan)
             return Applied(True, plan.reason, dict(plan.data))
         try:
-            answer = _execute(conn, plan)
+            answer = execute_plan(conn, plan)
         except ServiceFailed as exc:
             if not exc.touched:
                 kept = (
@@ -680,7 +680,7 @@ class Service(Step):
             back = plan_service(
                 gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False
             )
-            answer = _execute(conn, back) if back.will_change else {"pid": back.data.get("pid")}
+            answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
         except StepFailed as again:
             raise StepFailed(
                 f"release {bad} did not answer ({failure}); rolling back to {old} failed too: {again}",
