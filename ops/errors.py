@@ -7,11 +7,19 @@ so the runner can print it next to the host name without a traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 
 class SpecopsError(Exception):
     """Base for user-facing failures; str() is one line with the fix."""
+
+
+def did_you_mean(word: object, choices: Iterable[str], otherwise: str | None = None) -> str | None:
+    """The hint for a misspelt name: "did you mean 'x'?" when a choice is close, else `otherwise`."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"did you mean '{close[0]}'?" if close else otherwise
 
 
 def _one_line(text: str) -> str:

@@ -36,7 +36,6 @@ secret named ``sudo_password`` is what the connection feeds to ``sudo -S`` on st
 
 from __future__ import annotations
 
-import difflib
 import os
 import stat
 from collections.abc import Mapping
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.errors import InputFileError, SpecopsError
+from ops.errors import InputFileError, SpecopsError, did_you_mean
 from ops.redact import Redactor
 from ops.yamlfile import LineMap, LineSeq, load_yaml, plain
 
@@ -195,7 +194,7 @@ class Inventory:
                 known = [*self.hosts, *self.groups]
                 raise InputFileError(
                     self.path, None, f"--limit names '{token}', which is neither a host nor a group",
-                    _suggest(token, known) or f"known hosts and groups: {', '.join(known)}",
+                    did_you_mean(token, known) or f"known hosts and groups: {', '.join(known)}",
                 )
         return [host for name, host in self.hosts.items() if name in wanted]
 
@@ -220,11 +219,6 @@ def parse_inventory(text: str, path: Path, base_dir: Path | None = None) -> Inve
     """Validate inventory text; `path` is only used in messages and to resolve relative paths."""
     data = load_yaml(text, path)
     return _Parser(path, base_dir or path.resolve().parent).inventory(data)
-
-
-def _suggest(word: str, choices: list[str] | tuple[str, ...] | frozenset[str]) -> str | None:
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean '{match[0]}'?" if match else None
 
 
 # ---------------------------------------------------------------- validation
@@ -262,7 +256,7 @@ class _Parser:
                    free_prefix: str | None = None) -> None:
         for key in m:
             if key not in allowed and not (free_prefix and key.startswith(free_prefix)):
-                hint = _suggest(key, allowed) or f"allowed keys: {', '.join(allowed)}"
+                hint = did_you_mean(key, allowed) or f"allowed keys: {', '.join(allowed)}"
                 raise self.error(m.key_lines[key], f"unknown key '{key}' in {what}", hint + extra_hint)
 
     def name(self, name: str, line: int, what: str) -> None:
@@ -322,7 +316,7 @@ class _Parser:
                 raise self.error(item_line, f"group '{gname}': host entry {item!r} must be a host name")
             if item not in host_layers:
                 raise self.error(item_line, f"group '{gname}' names host '{item}', which is not under hosts",
-                                 _suggest(item, list(host_layers)) or f"add '{item}' under hosts: or remove it")
+                                 did_you_mean(item, list(host_layers)) or f"add '{item}' under hosts: or remove it")
             if item not in members:
                 members.append(item)
         return members
@@ -396,7 +390,7 @@ class _Parser:
 
     def choice(self, value: Any, choices: tuple[str, ...], line: int, what: str) -> str:
         if value not in choices:
-            hint = (_suggest(value, choices) if isinstance(value, str) else None) or f"use one of: {', '.join(choices)}"
+            hint = (did_you_mean(value, choices) if isinstance(value, str) else None) or f"use one of: {', '.join(choices)}"
             raise self.error(line, f"{what} must be one of {', '.join(choices)}, got {value!r}", hint)
         return value
 

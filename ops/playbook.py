@@ -8,7 +8,6 @@ is rendered per host with ``StrictUndefined``: an undefined variable is an error
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any
 
 import jinja2
 
-from ops.errors import InputFileError
+from ops.errors import InputFileError, did_you_mean
 from ops.steps import REGISTRY, get_step
 from ops.steps.base import ArgError
 from ops.yamlfile import line_of, load_yaml
@@ -64,8 +63,7 @@ class Playbook:
 
 
 def _hint(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(sorted(choices))}"
+    return did_you_mean(word, choices, f"allowed: {', '.join(sorted(choices))}")
 
 
 # ---------------------------------------------------------------- loading and validation

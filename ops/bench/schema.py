@@ -66,7 +66,6 @@ and hands it to ``store.write_result``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import re
@@ -74,6 +73,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from ops.errors import did_you_mean
 
 SCHEMA_ID = "specops.bench.result"
 SCHEMA_VERSION = 1
@@ -217,7 +218,7 @@ class BenchResult:
             if key in ("schema", "schema_version"):
                 continue
             if key not in known:
-                raise SchemaError(key, "unknown field", _suggest(key, known, "put free-form data under 'extra'"))
+                raise SchemaError(key, "unknown field", did_you_mean(key, sorted(known), "put free-form data under 'extra'"))
             kwargs[key] = value
         for name in ("system", "mode"):
             if name not in kwargs:
@@ -241,7 +242,7 @@ def _nested(name: str, value: Any) -> Latency | Hardware:
         raise SchemaError(name, f"expected an object with keys {', '.join(keys)}, got {value!r}")
     for key in value:
         if key not in keys:
-            raise SchemaError(f"{name}.{key}", "unknown field", _suggest(key, set(keys)))
+            raise SchemaError(f"{name}.{key}", "unknown field", did_you_mean(key, sorted(keys)))
     return kind(**value)
 
 
@@ -254,11 +255,6 @@ def _histogram_keys(hist: Mapping[Any, Any]) -> dict[int, int]:
             raise SchemaError(f"accepted_length_histogram.{key}", "keys must be integer lengths (>= 1)") from None
         out[length] = count
     return out
-
-
-def _suggest(key: str, known: set[str], fallback: str | None = None) -> str | None:
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    return f"did you mean {close[0]!r}?" if close else fallback
 
 
 # ----------------------------------------------------------------------------- validation
@@ -420,7 +416,7 @@ def set_field(result: BenchResult, name: str, value: Any) -> None:
     """
     kind = SETTABLE.get(name)
     if kind is None:
-        raise SchemaError(name, "not a settable field", _suggest(name, set(SETTABLE),
+        raise SchemaError(name, "not a settable field", did_you_mean(name, sorted(SETTABLE),
                                                                 f"one of {', '.join(sorted(SETTABLE))}"))
     if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
         try:

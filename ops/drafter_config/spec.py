@@ -8,7 +8,6 @@ model card. Each spec field maps to the rule code that owns that field.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import yaml
 
 from ops.drafter_config.source import LintInputError
+from ops.errors import did_you_mean
 
 SPECS_DIR = Path(__file__).with_name("specs")
 
@@ -61,8 +61,7 @@ def shipped_specs() -> list[str]:
 
 
 def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"did you mean '{close[0]}'?" if close else f"known: {', '.join(choices)}"
+    return did_you_mean(word, choices, f"known: {', '.join(choices)}")
 
 
 def load_spec(name_or_file: str) -> Spec:

@@ -9,10 +9,10 @@ Each failure is ONE line: what is wrong on which host, then "(fix: ...)".
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from ops.errors import did_you_mean
 from ops.gpu.pins import ProfilePins
 
 GB = 1e9
@@ -47,8 +47,8 @@ def profile_named(name: Any) -> Profile:
     if name in ("", None):
         raise ValueError(f"the host has no profile (fix: set vars.profile in the inventory to one of "
                          f"{', '.join(PROFILES)})")
-    close = difflib.get_close_matches(str(name), PROFILES, n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    close = did_you_mean(name, PROFILES)
+    hint = f"{close} " if close else ""
     raise ValueError(f"unknown profile {str(name)!r} (fix: {hint}set the host's vars.profile in the inventory "
                      f"to one of {', '.join(PROFILES)})")
 

@@ -6,10 +6,10 @@ Every module in this folder (except ``base``) is a step family following the con
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import pkgutil
 
+from ops.errors import did_you_mean
 from ops.steps.base import REGISTRY, Step
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
@@ -22,8 +22,7 @@ def get_step(name: str) -> type[Step]:
     try:
         return REGISTRY[name]
     except KeyError:
-        close = difflib.get_close_matches(name, REGISTRY, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"known steps: {', '.join(sorted(REGISTRY))}"
+        hint = did_you_mean(name, REGISTRY, f"known steps: {', '.join(sorted(REGISTRY))}")
         raise KeyError(hint) from None
 
 
