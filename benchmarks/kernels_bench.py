@@ -22,6 +22,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.kv_compact import compact
+from kernels.marginal_topk import marginal_topk
 from kernels.tree_attention import (
     AttentionConfig,
     _tree_attention_kernel,
@@ -29,7 +30,7 @@ from kernels.tree_attention import (
     tree_attention_reference,
     tree_visibility,
 )
-from kernels.tree_build import build_tree, candidate_pairs
+from kernels.tree_build import build_tree, candidate_pairs, tree_from_topk
 from kernels.tree_walk import node_choices, tree_walk, walk_choices
 
 HQ, HKV, D, LAYERS_ROT = 32, 8, 128, 8
@@ -136,8 +137,15 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
     return row
 
 
-def tree_build_case(budget: int, depth: int, vocab: int, gen: torch.Generator) -> dict:
-    logits = (torch.randn(depth, vocab, generator=gen) * 2).to(DEV, torch.bfloat16)
+def drafter_like_logits(depth: int, vocab: int, peak: float, gen: torch.Generator) -> torch.Tensor:
+    """bf16 logits: N(0, 2^2) noise, plus ``peak`` on one token per position (0: a flat draft)."""
+    logits = torch.randn(depth, vocab, generator=gen) * 2
+    logits[torch.arange(depth), torch.randint(0, vocab, (depth,), generator=gen)] += peak
+    return logits.to(DEV, torch.bfloat16)
+
+
+def tree_build_case(budget: int, depth: int, vocab: int, peak: float, gen: torch.Generator) -> dict:
+    logits = drafter_like_logits(depth, vocab, peak, gen)
     root = torch.tensor(1, device=DEV)
     pairs = candidate_pairs(budget, min(budget, vocab), DEV)
     from ddtree_runtime.backend import TorchBackend
@@ -153,26 +161,17 @@ def tree_build_case(budget: int, depth: int, vocab: int, gen: torch.Generator) -
         return s.sort().values
 
     ok = torch.allclose(scores(tokens, parents, dep), scores(h_tokens, h_parents, h_dep), atol=1e-3)
+    vals, toks = marginal_topk(logits, min(budget, vocab))
     return {
-        "budget": budget, "depth": depth, "vocab": vocab, "same_scores_as_heap": bool(ok),
+        "budget": budget, "depth": depth, "vocab": vocab, "peak": peak, "same_scores_as_heap": bool(ok),
+        "tree_depth": int(dep.max()),
         "build_graph_us": graph_us(lambda: build_tree(logits, budget, root, pairs)),
-        "marginals_topk_graph_us": graph_us(lambda: torch.log_softmax(logits.float(), -1).topk(budget, dim=-1)),
-        # alternatives for the per-position top-K, measured only (not used by build_tree yet)
-        "topk_raw_bf16_graph_us": graph_us(lambda: (logits.topk(budget, dim=-1), torch.logsumexp(logits.float(), -1))),
-        "topk_two_stage_graph_us": graph_us(lambda: two_stage_topk(logits, budget)),
+        "marginal_topk_graph_us": graph_us(lambda: marginal_topk(logits, min(budget, vocab))),
+        "tree_from_topk_graph_us": graph_us(lambda: tree_from_topk(vals, toks, budget, root, pairs)),
+        "torch_log_softmax_topk_graph_us": graph_us(lambda: torch.log_softmax(logits.float(), -1).topk(budget, dim=-1)),
         "build_eager_us": eager_us(lambda: build_tree(logits, budget, root, pairs)),
         "heap_torchbackend_us": eager_us(lambda: TorchBackend().build_tree(logits, budget, root)),
     }
-
-
-def two_stage_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k per row as top-k of per-chunk top-k's: many small slices instead of D long ones."""
-    rows, vocab = logits.shape
-    chunks = 128 if vocab % 128 == 0 else 1
-    part_v, part_i = logits.view(rows, chunks, vocab // chunks).topk(min(k, vocab // chunks), dim=-1)
-    base = (torch.arange(chunks, device=logits.device) * (vocab // chunks))[None, :, None]
-    v, j = part_v.reshape(rows, -1).topk(k, dim=-1)
-    return v, (part_i + base).reshape(rows, -1).gather(1, j)
 
 
 def walk_case(n: int, vocab: int, layers: int, ctx: int, gen: torch.Generator) -> dict:
@@ -249,14 +248,16 @@ def main() -> None:
     result["copy_bw_TBps"] = bw / 1e12
     print(f"{props.name}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
 
-    sweep = {
-        257: [AttentionConfig(128, 64, 8, 3, sp) for sp in (2, 3)],
-        1025: [],
-        1: [AttentionConfig(16, 128, 4, 3, sp) for sp in (4, 8, 16)],
+    sweep = {  # beside the planner's choice: without the tail launch, other stage counts and splits
+        257: [AttentionConfig(128, 64, 8, 4, None, False), AttentionConfig(128, 64, 8, 3)],
+        1025: [AttentionConfig(128, 64, 8, 3)],
+        1: [AttentionConfig(16, 128, 4, 3, sp) for sp in (8, 16)],
+        256: [],
     }
 
     def attention_4k():
-        return [attention_case(n, 4096, gen, sweep[n] if args.sweep else None) for n in (257, 1025, 1)]
+        # 256 nodes: the same tree budget without the 257th node's tail rows, for comparison
+        return [attention_case(n, 4096, gen, sweep[n] if args.sweep else None) for n in (257, 1025, 1, 256)]
 
     def scaling():
         rows = []
@@ -269,7 +270,7 @@ def main() -> None:
 
     section(result, "attention_4k", attention_4k)
     section(result, "attention_scaling", scaling)
-    section(result, "tree_build", lambda: [tree_build_case(512, 15, 151936, gen), tree_build_case(256, 15, 151936, gen)])
+    section(result, "tree_build", lambda: [tree_build_case(b, 15, 151936, peak, gen) for b in (512, 256) for peak in (0.0, 14.0)])
     section(result, "walk", lambda: [walk_case(n, 151936, 36, 4096, gen) for n in (257, 513)])
     section(result, "sass", lambda: sass_excerpt(args.out))
     (args.out / "kernels_bench.json").write_text(json.dumps(result, indent=1))
@@ -283,10 +284,10 @@ def summary(result: dict, bw: float) -> None:
     scaling = result["attention_scaling"] if isinstance(result["attention_scaling"], list) else []
     print("\n| case | ours µs | chain µs | SDPA mask µs | SDPA no mask µs | goal | rel err |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    goals = {257: "≤ 40", 1025: "≤ 130"}
+    goals = {257: "≤ 40", 1025: "≤ 130", 1: "≤ {:.1f} (1.3× KV read)"}
     for row in rows:
         n = row["nodes"]
-        goal = goals.get(n, f"≤ {1.3 * row['kv_bytes'] / bw * 1e6:.1f} (1.3× KV read)")
+        goal = goals.get(n, "(no goal)").format(1.3 * row["kv_bytes"] / bw * 1e6)
         print(f"| attn N={n} ctx=4096 | {row['tree_us']:.1f} | {row['chain_us']:.1f} | {row['sdpa_mask_us']:.1f} | "
               f"{row['sdpa_nomask_us']:.1f} | {goal} | {row['rel_err_tree']:.1e} |")
     for row in scaling:
@@ -294,10 +295,10 @@ def summary(result: dict, bw: float) -> None:
               f"{row.get('sdpa_mask_us', float('nan')):.1f} | {row.get('sdpa_nomask_us', float('nan')):.1f} | "
               f"KV floor {row['kv_read_floor_us']:.1f} | {row['rel_err_tree']:.1e} |")
     for tb in result["tree_build"] if isinstance(result["tree_build"], list) else []:
-        print(f"tree build B={tb['budget']} depth {tb['depth']}: graph {tb['build_graph_us']:.1f} µs, eager "
-              f"{tb['build_eager_us']:.1f} µs (log_softmax + top-K {tb['marginals_topk_graph_us']:.1f}; alternatives: raw bf16 "
-              f"top-K {tb['topk_raw_bf16_graph_us']:.1f}, two-stage {tb['topk_two_stage_graph_us']:.1f}), heap (TorchBackend) {tb['heap_torchbackend_us']:.1f} µs, "
-              f"same scores {tb['same_scores_as_heap']} (goal ≤ 100 µs)")
+        print(f"tree build B={tb['budget']} depth {tb['depth']} peak {tb['peak']} (tree depth {tb['tree_depth']}): graph "
+              f"{tb['build_graph_us']:.1f} µs = top-k {tb['marginal_topk_graph_us']:.1f} + tree {tb['tree_from_topk_graph_us']:.1f}; "
+              f"eager {tb['build_eager_us']:.1f} µs; torch log_softmax+topk {tb['torch_log_softmax_topk_graph_us']:.1f}; heap "
+              f"(TorchBackend) {tb['heap_torchbackend_us']:.1f} µs; same scores {tb['same_scores_as_heap']} (goal ≤ 100 µs)")
     for w in result["walk"] if isinstance(result["walk"], list) else []:
         print(f"walk+compact N={w['nodes']} 36 layers: {w['walk_plus_compact_graph_us']:.1f} µs (choices "
               f"{w['choices_only_us']:.1f}, walk {w['walk_only_us']:.1f}, compact {w['compact_only_us']:.1f}; "

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.host import next_pow2
+
 
 @triton.jit
 def _compact_kernel(
@@ -60,7 +62,7 @@ def compact(k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, pa
         k3, v3, path, path_len,
         *k3.stride(),
         context_len, path.shape[0],
-        HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), BLOCK_P=16,
+        HEAD_DIM=d, D_PAD=max(16, next_pow2(d)), BLOCK_P=16,
         num_warps=4,
     )
 

@@ -11,13 +11,13 @@ bitmasks over DFS pre/post-order intervals because the seam hands us best-first 
 need a depth-first renumbering (subtree sizes, then a prefix sum over siblings), a sequential scan
 or several launches per round, while a bitmask row is one independent walk up the parent chain per
 node (``tree_visibility``: one launch, ``depth[i] + 1`` dependent loads per program, no host sync).
-Inside the attention kernel a key tile touches at most BLOCK_N / 32 + 1 words per query row, loaded
-as row vectors on the <= N / BLOCK_N tree tiles only. Measured (H200, bf16, 4096 context, see
-benchmarks/RESULTS.md) against the causal chain, which needs no description at all and so bounds
-what intervals could save: 64.2 vs 61.2 µs per layer at N = 257, 208 vs 184 µs at N = 1025.
-Because ``parents[i] < i``,
-ancestors of i have indices <= i, so key tiles past a query tile's last node are skipped (the same
-saving as a causal mask). ``visibility=None`` is that causal chain (ar prefill, decode = N = 1).
+Inside the attention kernel a key tile touches at most (BLOCK_N + 30) // 32 + 1 words per query
+row, loaded as row vectors on the <= N / BLOCK_N tree tiles only. Measured (H200, bf16, 4096
+context, see benchmarks/RESULTS.md) against the causal chain, which needs no description at all and
+so bounds what intervals could save: 64.2 vs 61.2 µs per layer at N = 257, 208 vs 184 µs at
+N = 1025. Because ``parents[i] < i``, ancestors of i have indices <= i, so key tiles past a query
+tile's last node are skipped (the same saving as a causal mask). ``visibility=None`` is that causal
+chain (ar prefill, decode = N = 1).
 
 **Kernel.** One program per (block of packed query rows, KV head, key split). GQA is packed: the
 ``G = Hq / Hkv`` query heads that share a KV head become rows ``r = node * G + g`` of one tile, so K/V
@@ -26,7 +26,12 @@ are read once per group. Online softmax in base 2 with fp32 accumulators: for ea
 ``acc' = acc * 2^(m - m') + P V``; the output is ``acc / l``. When the tree is small the context is
 split into S key ranges (split-K) so that the grid fills the GPU; each split writes ``(acc, m, l)``
 and a second kernel merges them: ``M = max_s m_s``, ``out = sum_s 2^(m_s - M) acc_s /
-sum_s 2^(m_s - M) l_s``. Tiles wholly inside the context take an unmasked path. K/V tiles come
+sum_s 2^(m_s - M) l_s``. The split count comes from a cost model (waves of programs times key
+tiles per program, plus a per-program overhead). A tree of 2^k + 1 nodes (the root plus a power-of-
+two budget) leaves G rows past the last full 128-row tile; a whole tile program per KV head for
+them would cost a second wave, so the planner gives those rows their own launch of 16-row tiles
+(``separate_tail``; H200, 4096 context: 257 nodes 64.8 -> 57.6 µs, against 47.8 µs for 256 nodes). Tiles wholly
+inside the context take an unmasked path. K/V tiles come
 through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
 pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +48,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels.host import cdiv, next_pow2, num_sms
 
 _LOG2E = 1.4426950408889634
 
@@ -59,13 +67,19 @@ class TreeVisibility:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Launch configuration; ``splits=None`` lets the wrapper choose split-K from the grid size."""
+    """Launch configuration; ``None`` fields are chosen by the wrapper from the grid size.
+
+    ``separate_tail``: the last ``rows % block_m`` packed rows go to a second launch of 16-row
+    tiles, so that a 257-node tree does not pay a whole 128-row tile program per KV head for the
+    4 rows of its 257th node.
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     splits: int | None = None
+    separate_tail: bool | None = None
 
 
 @triton.jit
@@ -110,7 +124,7 @@ def _tree_attention_kernel(
     stride_oh, stride_on, stride_od,
     stride_bn,
     stride_ps, stride_ph, stride_pn,
-    n_nodes, context_len, keys_per_split, qk_scale,
+    n_nodes, row0, part_node0, context_len, keys_per_split, qk_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -125,7 +139,7 @@ def _tree_attention_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: node * GROUP + g
+    rows = row0 + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: node * GROUP + g
     node = rows // GROUP
     head = kvh * GROUP + rows % GROUP
     row_ok = node < n_nodes
@@ -140,7 +154,7 @@ def _tree_attention_kernel(
     # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
     # last node is visible (causal skip).
     n_words = (n_nodes + 31) // 32
-    last_node = tl.minimum((pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
+    last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
     ctx_full = (context_len // BLOCK_N) * BLOCK_N
@@ -171,12 +185,12 @@ def _tree_attention_kernel(
         s = _dot(q, tl.trans(k), PRECISION) * qk_scale
         j = pos - context_len  # tree index of the key (negative inside the context)
         if TREE:
-            # the tile's keys span at most BLOCK_N / 32 + 1 bitmask words: load each as a
-            # per-row vector and pick per column, instead of a [BLOCK_M, BLOCK_N] gather
+            # BLOCK_N consecutive keys span at most (BLOCK_N + 30) // 32 + 1 bitmask words: load
+            # each as a per-row vector and pick per column, instead of a [BLOCK_M, BLOCK_N] gather
             jc = tl.maximum(j, 0)
             w0 = tl.maximum(start - context_len, 0) // 32
             word = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-            for t in tl.static_range(BLOCK_N // 32 + 1):
+            for t in tl.static_range((BLOCK_N + 30) // 32 + 1):
                 w_idx = tl.full([BLOCK_M], 0, tl.int32) + w0 + t
                 w = tl.load(BITS + node * stride_bn + w_idx, mask=row_ok & (w_idx < n_words), other=0)
                 word = tl.where((jc // 32 == w0 + t)[None, :], w[:, None], word)
@@ -195,7 +209,7 @@ def _tree_attention_kernel(
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if SPLIT:
-        part = split * stride_ps + head * stride_ph + node * stride_pn
+        part = split * stride_ps + head * stride_ph + (node - part_node0) * stride_pn
         tl.store(PART_ACC + part[:, None] + dims[None, :], acc, mask=out_mask)
         tl.store(PART_ML + 2 * (part // D_PAD), m_i, mask=row_ok)
         tl.store(PART_ML + 2 * (part // D_PAD) + 1, l_i, mask=row_ok)
@@ -210,33 +224,44 @@ def _tree_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    PART_ACC, PART_ML, OUT,
-    stride_ps, stride_ph, stride_pn,
+    MAIN_ACC, MAIN_ML, TAIL_ACC, TAIL_ML, OUT,
+    stride_ms, stride_mh, stride_mn,
+    stride_ts, stride_th, stride_tn,
     stride_oh, stride_on, stride_od,
-    n_nodes, n_splits,
+    n_nodes, main_splits, tail_splits, tail_node0,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    """Merge the splits' (acc, m, l) of BLOCK_R nodes of one head: one log-sum-exp per row."""
+    """Merge the splits' (acc, m, l) of BLOCK_R nodes of one head: one log-sum-exp per row.
+
+    Nodes from ``tail_node0`` on came from the tail launch (their own buffers and split count);
+    rows of a launch that did not split were written directly and are left alone.
+    """
     node = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     head = tl.program_id(1)
     dims = tl.arange(0, D_PAD)
-    row_ok = node < n_nodes
+    is_tail = node >= tail_node0
+    n_splits = tl.where(is_tail, tail_splits, main_splits)
+    row_ok = (node < n_nodes) & (n_splits > 1)
+    row_part = tl.where(is_tail, head * stride_th + (node - tail_node0) * stride_tn, head * stride_mh + node * stride_mn)
+    split_stride = tl.where(is_tail, stride_ts, stride_ms)
+    acc_base = tl.where(is_tail, TAIL_ACC + row_part, MAIN_ACC + row_part)
+    ml_base = tl.where(is_tail, TAIL_ML + 2 * (row_part // D_PAD), MAIN_ML + 2 * (row_part // D_PAD))
+    block_splits = tl.max(tl.where(row_ok, n_splits, 0), 0)  # main-only blocks skip the tail's splits
     m_all = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(n_splits):
-        base = (s * stride_ps + head * stride_ph + node * stride_pn) // D_PAD
-        m_all = tl.maximum(m_all, tl.load(PART_ML + 2 * base, mask=row_ok, other=float("-inf")))
+    for s in range(block_splits):
+        ok = row_ok & (s < n_splits)
+        m_all = tl.maximum(m_all, tl.load(ml_base + 2 * (s * split_stride // D_PAD), mask=ok, other=float("-inf")))
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
-    for s in range(n_splits):
-        part = s * stride_ps + head * stride_ph + node * stride_pn
-        m_s = tl.load(PART_ML + 2 * (part // D_PAD), mask=row_ok, other=float("-inf"))
-        l_s = tl.load(PART_ML + 2 * (part // D_PAD) + 1, mask=row_ok, other=0.0)
-        w = tl.math.exp2(m_s - m_safe)
-        l_all += w * l_s
-        a_s = tl.load(PART_ACC + part[:, None] + dims[None, :], mask=row_ok[:, None], other=0.0)
+    for s in range(block_splits):
+        ok = row_ok & (s < n_splits)
+        ml = ml_base + 2 * (s * split_stride // D_PAD)
+        w = tl.math.exp2(tl.load(ml, mask=ok, other=float("-inf")) - m_safe)
+        l_all += w * tl.load(ml + 1, mask=ok, other=0.0)
+        a_s = tl.load((acc_base + s * split_stride)[:, None] + dims[None, :], mask=ok[:, None], other=0.0)
         acc += w[:, None] * a_s
     out = acc / tl.where(row_ok, l_all, 1.0)[:, None]
     tl.store(
@@ -252,19 +277,67 @@ def _precision(dtype: torch.dtype) -> int:
     return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 0
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4
-
-
 def _default_config(rows: int, device: torch.device) -> AttentionConfig:
     """Small row counts (decode, small trees) are memory-bound: short tiles, many splits."""
     if rows <= 16:
         return AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
     if rows <= 256:
         return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
-    return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=4)
+
+
+# The tail launch's tiles: 16 rows (the smallest tl.dot tile), many splits over the keys.
+_TAIL_CONFIG = AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
+# Per-program cost outside the key loop, in key tiles (prologue, partial store, merge share), and
+# the cost of a second (tail) launch in the same units; fitted to the H200 sweep in RESULTS.md.
+_PROGRAM_OVERHEAD_TILES = 4
+_TAIL_LAUNCH_TILES = 4
+# The tail's splits are merged row by row; more than this costs the merge more than it saves.
+_TAIL_MAX_SPLITS = 16
+
+
+def _split_cost(programs: int, key_tiles: int, sms: int, max_splits: int = 64) -> tuple[int, int]:
+    """(cost, splits) for the best split-K: cost ~ waves x (key tiles per program + overhead)."""
+    options = range(1, max(1, min(max_splits, key_tiles // 2)) + 1)
+    return min(
+        (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) + _PROGRAM_OVERHEAD_TILES), sp)
+        for sp in options
+    )
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One launch of the attention kernel over packed rows [row0, row0 + rows) with ``splits`` key ranges."""
+
+    row0: int
+    rows: int
+    config: AttentionConfig
+    splits: int
+
+
+@lru_cache(maxsize=1024)
+def _plan(rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms: int) -> tuple[_Launch, ...]:
+    """The main launch, and a tail launch when it saves whole waves of big-tile programs.
+
+    Cached: a decode loop asks for the same few shapes every layer, and eager launches pay for
+    any host work.
+    """
+    tail = rows % cfg.block_m
+    m_tiles = cdiv(rows, cfg.block_m)
+    key_tiles = cdiv(keys, cfg.block_n)
+    cost, splits = _split_cost(m_tiles * hkv, key_tiles, sms)
+    can_split_tail = tail and rows > cfg.block_m > _TAIL_CONFIG.block_m and cfg.block_m % group == 0
+    if cfg.separate_tail is False or not can_split_tail:
+        return (_Launch(0, rows, cfg, cfg.splits or splits),)
+    main_cost, main_splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms)
+    if cfg.separate_tail is None and main_cost + _TAIL_LAUNCH_TILES >= cost:
+        return (_Launch(0, rows, cfg, cfg.splits or splits),)
+    tail_programs = cdiv(tail, _TAIL_CONFIG.block_m) * hkv
+    _, tail_splits = _split_cost(tail_programs, cdiv(keys, _TAIL_CONFIG.block_n), sms, _TAIL_MAX_SPLITS)
+    return (
+        _Launch(0, rows - tail, cfg, cfg.splits or main_splits),
+        _Launch(rows - tail, tail, _TAIL_CONFIG, tail_splits),
+    )
 
 
 def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int, visibility) -> None:
@@ -307,49 +380,52 @@ def tree_attention(
     hq, n, d = q.shape
     hkv = k_cache.shape[0]
     group = hq // hkv
-    rows = n * group
-    cfg = config or _default_config(rows, q.device)
-    d_pad = max(16, triton.next_power_of_2(d))
-    m_tiles = triton.cdiv(rows, cfg.block_m)
+    d_pad = max(16, next_pow2(d))
     total = context_len + n
-    key_tiles = triton.cdiv(total, cfg.block_n)
-    splits = cfg.splits
-    if splits is None:
-        want = 2 * _num_sms(q.device)
-        splits = min(max(1, want // (m_tiles * hkv)), max(1, key_tiles // 4))
-    tiles_per_split = triton.cdiv(key_tiles, max(1, splits))
-    keys_per_split = tiles_per_split * cfg.block_n
-    splits = triton.cdiv(total, keys_per_split)
+    cfg = config or _default_config(n * group, q.device)
+    launches = _plan(n * group, group, total, hkv, cfg, num_sms(q.device))
 
     out = torch.empty_like(q)
-    bits = visibility.bits if visibility is not None else q.new_zeros(1, 1, dtype=torch.int32)
-    if splits > 1:
-        part_acc = torch.empty(splits, hq, n, d_pad, device=q.device, dtype=torch.float32)
-        part_ml = torch.empty(splits, hq, n, 2, device=q.device, dtype=torch.float32)
-    else:
-        part_acc = part_ml = out  # unused
-    # TMA descriptors over [Hkv, context_len + N, D]: rows past the tree read as zeros (never
-    # uninitialised cache rows), and K/V addressing costs no registers
-    k_desc = TensorDescriptor(k_cache, [hkv, total, d], list(k_cache.stride()), [1, cfg.block_n, d_pad])
-    v_desc = TensorDescriptor(v_cache, [hkv, total, d], list(v_cache.stride()), [1, cfg.block_n, d_pad])
-    _tree_attention_kernel[(m_tiles, hkv, splits)](
-        q, k_desc, v_desc, bits, out, part_acc, part_ml,
-        *q.stride(), *out.stride(),
-        bits.stride(0),
-        hq * n * d_pad, n * d_pad, d_pad,
-        n, context_len, keys_per_split, scale * _LOG2E,
-        GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        TREE=visibility is not None, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if splits > 1:
+    bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read
+    partials = []
+    for launch in launches:
+        c = launch.config
+        keys_per_split = cdiv(cdiv(total, c.block_n), launch.splits) * c.block_n
+        splits = cdiv(total, keys_per_split)
+        node0 = launch.row0 // group
+        part_nodes = n - node0
+        if splits > 1:
+            part_acc = torch.empty(splits, hq, part_nodes, d_pad, device=q.device, dtype=torch.float32)
+            part_ml = torch.empty(splits, hq, part_nodes, 2, device=q.device, dtype=torch.float32)
+        else:
+            part_acc = part_ml = out  # unused
+        partials.append((part_acc, part_ml, splits, node0))
+        # TMA descriptors over [Hkv, context_len + N, D]: rows past the tree read as zeros (never
+        # uninitialised cache rows), and K/V addressing costs no registers
+        k_desc = TensorDescriptor(k_cache, [hkv, total, d], list(k_cache.stride()), [1, c.block_n, d_pad])
+        v_desc = TensorDescriptor(v_cache, [hkv, total, d], list(v_cache.stride()), [1, c.block_n, d_pad])
+        _tree_attention_kernel[(cdiv(launch.rows, c.block_m), hkv, splits)](
+            q, k_desc, v_desc, bits, out, part_acc, part_ml,
+            *q.stride(), *out.stride(),
+            bits.stride(0),
+            hq * part_nodes * d_pad, part_nodes * d_pad, d_pad,
+            n, launch.row0, node0, context_len, keys_per_split, scale * _LOG2E,
+            GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
+            BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+            TREE=visibility is not None, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+    if any(p[2] > 1 for p in partials):
+        if len(partials) == 1:  # no tail launch: the main buffers stand in, for no node
+            partials.append((*partials[0][:2], 1, n))
+        (main_acc, main_ml, main_splits, _), (tail_acc, tail_ml, tail_splits, tail_node0) = partials
         block_r = 16
-        _merge_splits_kernel[(triton.cdiv(n, block_r), hq)](
-            part_acc, part_ml, out,
+        _merge_splits_kernel[(cdiv(n, block_r), hq)](
+            main_acc, main_ml, tail_acc, tail_ml, out,
             hq * n * d_pad, n * d_pad, d_pad,
+            hq * (n - tail_node0) * d_pad, (n - tail_node0) * d_pad, d_pad,
             *out.stride(),
-            n, splits,
+            n, main_splits, tail_splits, tail_node0,
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=block_r,
             num_warps=4,
         )
@@ -361,11 +437,11 @@ def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
     if parents.dim() != 1 or depth.shape != parents.shape:
         raise RuntimeError(f"parents and depth must be [N], got {tuple(parents.shape)} and {tuple(depth.shape)}")
     n = parents.shape[0]
-    words = triton.cdiv(n, 32)
+    words = cdiv(n, 32)
     bits = torch.empty(n, words, device=parents.device, dtype=torch.int32)
     _visibility_kernel[(n,)](
         parents, depth, bits, bits.stride(0),
-        WORDS=words, WORDS_PAD=triton.next_power_of_2(words),
+        WORDS=words, WORDS_PAD=next_pow2(words),
         num_warps=1,
     )
     return TreeVisibility(bits)

@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels.host import cdiv, next_pow2, num_sms
+
 
 @triton.jit
 def _choice_kernel(
@@ -120,12 +122,12 @@ def _partial_choices(logits: Tensor, temperature: float, generator: torch.Genera
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     n, vocab = logits.shape
     sample = temperature > 0
-    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 4
-    block_r = max(1, min(16, triton.next_power_of_2(max(1, n // (2 * sms)))))
-    block_v = min(4096 // block_r, triton.next_power_of_2(vocab))
-    row_blocks = triton.cdiv(n, block_r)
-    splits = min(64, triton.next_power_of_2(triton.cdiv(4 * sms, row_blocks)), triton.next_power_of_2(triton.cdiv(vocab, block_v)))
-    chunk = triton.cdiv(triton.cdiv(vocab, splits), block_v) * block_v
+    sms = num_sms(logits.device)
+    block_r = max(1, min(16, next_pow2(max(1, n // (2 * sms)))))
+    block_v = min(4096 // block_r, next_pow2(vocab))
+    row_blocks = cdiv(n, block_r)
+    splits = min(64, next_pow2(cdiv(4 * sms, row_blocks)), next_pow2(cdiv(vocab, block_v)))
+    chunk = cdiv(cdiv(vocab, splits), block_v) * block_v
     part_val = torch.empty(n, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(n, splits, dtype=torch.int32, device=logits.device)
     seed = _seed(generator, logits.device) if sample else part_idx
@@ -173,7 +175,7 @@ def _walk(tokens: Tensor, parents: Tensor, part_val: Tensor, part_idx: Tensor) -
     _walk_kernel[(1,)](
         tokens, parents, part_val, part_idx, path, path_len, bonus,
         n,
-        SPLITS=part_val.shape[1], N_PAD=max(16, triton.next_power_of_2(n)),
+        SPLITS=part_val.shape[1], N_PAD=max(16, next_pow2(n)),
         num_warps=4,
     )
     return path, path_len, bonus

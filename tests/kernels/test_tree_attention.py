@@ -106,3 +106,25 @@ def test_rejects_caches_tma_cannot_read() -> None:
     k = torch.randn(2, 16, 10, device=DEVICE).transpose(1, 2)  # [2, 10, 16] with a non-unit last stride
     with pytest.raises(RuntimeError, match="TMA"):
         tree_attention(q, k, k, 2, None, 1.0)
+
+
+@pytest.mark.parametrize(("main_splits", "shape"), [(1, "random"), (3, "deep"), (None, "star")])
+def test_a_separate_tail_launch_gives_the_same_attention(main_splits, shape) -> None:
+    """37 nodes x 4 heads = 148 packed rows: 4 tiles of 32 and a 20-row tail in 16-row tiles."""
+    parents, q, k, v = _case(8, 2, 37, 75, 32, torch.float32, shape, seed=37 + (main_splits or 0))
+    vis = tree_visibility(parents, ancestors_reference(parents).sum(1) - 1)
+    ref = tree_attention_reference(q, k, v, 75, parents, 0.25)
+    for separate in (True, False):
+        out = tree_attention(q, k, v, 75, vis, 0.25, AttentionConfig(32, 16, 4, 1, main_splits, separate))
+        assert _rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_the_planner_sends_a_small_tail_to_its_own_launch() -> None:
+    """257 nodes on 132 SMs: 8 tiles x 8 KV heads x 2 splits fill one wave; the 257th node goes apart."""
+    from kernels.tree_attention import _plan
+
+    cfg = AttentionConfig(128, 64, 8, 3)
+    main, tail = _plan(257 * 4, 4, 4096 + 257, 8, cfg, 132)
+    assert (main.rows, main.splits, tail.row0, tail.rows) == (1024, 2, 1024, 4)
+    assert len(_plan(1025 * 4, 4, 4096 + 1025, 8, cfg, 132)) == 1  # 2 full waves either way
+    assert len(_plan(256 * 4, 4, 4096 + 256, 8, cfg, 132)) == 1  # no tail
