@@ -489,8 +489,8 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     host, port = httpd.server_address[:2]
+    # the socket already listens; log that before serving, so no request line can come first
     log.write(
         "listening",
         host=host,
@@ -504,6 +504,7 @@ def run(args: argparse.Namespace) -> int:
         max_context=settings.max_context,
         queue_size=settings.queue_size,
     )
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     try:
         engine, tokenizer = load(app)
     except (ConfigError, GenerationError, SettingsError) as e:
