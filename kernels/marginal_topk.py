@@ -156,16 +156,19 @@ def _collect_kernel(
 
 
 @triton.jit
+def _at_or_above(X, stride_row, vocab, i, lo_mono, lo_index):
+    """Images of the program's row at positions i, and whether (value, -index) >= (lo_mono, -lo_index)."""
+    ok = i < vocab
+    mono = _mono(tl.load(X + tl.program_id(0) * stride_row + i, mask=ok, other=float("-inf")).to(tl.float32))
+    return mono, ok & ((mono > lo_mono) | ((mono == lo_mono) & (i <= lo_index)))
+
+
+@triton.jit
 def _count_ge(X, stride_row, vocab, lo_mono, lo_index, M: tl.constexpr):
     """# row elements whose (value, -index) is >= (lo_mono, -lo_index), by one pass."""
-    row = tl.program_id(0)
-    lane = tl.arange(0, M)
     total = tl.zeros([], tl.int32)
     for t0 in range(0, vocab, M):
-        i = t0 + lane
-        ok = i < vocab
-        mono = _mono(tl.load(X + row * stride_row + i, mask=ok, other=float("-inf")).to(tl.float32))
-        hit = ok & ((mono > lo_mono) | ((mono == lo_mono) & (i <= lo_index)))
+        _, hit = _at_or_above(X, stride_row, vocab, t0 + tl.arange(0, M), lo_mono, lo_index)
         total += tl.sum(hit.to(tl.int32), 0)
     return total
 
@@ -196,13 +199,10 @@ def _exact_kernel(
             enough = _count_ge(X, stride_row, vocab, v, mid, M) >= k
             j_lo = tl.where(enough, j_lo, mid)
             j_hi = tl.where(enough, mid, j_hi)
-        lane = tl.arange(0, M)
         off = tl.zeros([], tl.int32)
         for t0 in range(0, vocab, M):
-            i = t0 + lane
-            ok = i < vocab
-            mono = _mono(tl.load(X + row * stride_row + i, mask=ok, other=float("-inf")).to(tl.float32))
-            take = ok & ((mono > v) | ((mono == v) & (i <= j_hi)))
+            i = t0 + tl.arange(0, M)
+            mono, take = _at_or_above(X, stride_row, vocab, i, v, j_hi)
             pos = off + tl.cumsum(take.to(tl.int32), 0) - 1
             tl.store(CAND + row * cap + pos, _key(mono, i), mask=take)
             off += tl.sum(take.to(tl.int32), 0)
@@ -293,5 +293,7 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
 
 
 def marginal_topk_reference(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """PyTorch: log_softmax then topk (ties in no promised order)."""
-    return torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    """PyTorch, the test oracle: a stable descending sort (equal values: lower token first), log_softmax values."""
+    x = logits.float()
+    toks = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
+    return torch.log_softmax(x, dim=-1).gather(1, toks), toks

@@ -5,20 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.marginal_topk import marginal_topk
+from kernels.marginal_topk import marginal_topk, marginal_topk_reference
 from tests.kernels.trees import DEVICE
-
-
-def _reference(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted by the logit (larger first, then lower token: a stable sort), values from log_softmax."""
-    x = logits.float()
-    toks = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :k]
-    return torch.log_softmax(x, dim=-1).gather(1, toks), toks
 
 
 def _check(logits: torch.Tensor, k: int, cap: int | None = None) -> None:
     vals, toks = marginal_topk(logits.to(DEVICE), k, cap)
-    want_vals, want_toks = _reference(logits, k)
+    want_vals, want_toks = marginal_topk_reference(logits, k)
     assert vals.shape == toks.shape == (logits.shape[0], k)
     assert vals.dtype == torch.float32 and toks.dtype == torch.int64
     assert torch.equal(toks.cpu(), want_toks)
