@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -277,7 +278,7 @@ def _precision(dtype: torch.dtype) -> int:
     return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 0
 
 
-def _default_config(rows: int, device: torch.device) -> AttentionConfig:
+def _default_config(rows: int) -> AttentionConfig:
     """Small row counts (decode, small trees) are memory-bound: short tiles, many splits."""
     if rows <= 16:
         return AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
@@ -303,6 +304,15 @@ def _split_cost(programs: int, key_tiles: int, sms: int, max_splits: int = 64) -
         (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) + _PROGRAM_OVERHEAD_TILES), sp)
         for sp in options
     )
+
+
+class _Partials(NamedTuple):
+    """One launch's split-K partials: (acc, m/l) buffers over its nodes [node0, N), and its split count."""
+
+    acc: Tensor
+    ml: Tensor
+    splits: int
+    node0: int
 
 
 @dataclass(frozen=True)
@@ -382,7 +392,7 @@ def tree_attention(
     group = hq // hkv
     d_pad = max(16, next_pow2(d))
     total = context_len + n
-    cfg = config or _default_config(n * group, q.device)
+    cfg = config or _default_config(n * group)
     launches = _plan(n * group, group, total, hkv, cfg, num_sms(q.device))
 
     out = torch.empty_like(q)
@@ -393,13 +403,12 @@ def tree_attention(
         keys_per_split = cdiv(cdiv(total, c.block_n), launch.splits) * c.block_n
         splits = cdiv(total, keys_per_split)
         node0 = launch.row0 // group
-        part_nodes = n - node0
         if splits > 1:
-            part_acc = torch.empty(splits, hq, part_nodes, d_pad, device=q.device, dtype=torch.float32)
-            part_ml = torch.empty(splits, hq, part_nodes, 2, device=q.device, dtype=torch.float32)
+            part_acc = torch.empty(splits, hq, n - node0, d_pad, device=q.device, dtype=torch.float32)
+            part_ml = torch.empty(splits, hq, n - node0, 2, device=q.device, dtype=torch.float32)
         else:
-            part_acc = part_ml = out  # unused
-        partials.append((part_acc, part_ml, splits, node0))
+            part_acc = part_ml = out  # unused: this launch writes out directly
+        partials.append(_Partials(part_acc, part_ml, splits, node0))
         # TMA descriptors over [Hkv, context_len + N, D]: rows past the tree read as zeros (never
         # uninitialised cache rows), and K/V addressing costs no registers
         k_desc = TensorDescriptor(k_cache, [hkv, total, d], list(k_cache.stride()), [1, c.block_n, d_pad])
@@ -408,24 +417,28 @@ def tree_attention(
             q, k_desc, v_desc, bits, out, part_acc, part_ml,
             *q.stride(), *out.stride(),
             bits.stride(0),
-            hq * part_nodes * d_pad, part_nodes * d_pad, d_pad,
+            *part_acc.stride()[:3],
             n, launch.row0, node0, context_len, keys_per_split, scale * _LOG2E,
             GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n,
             TREE=visibility is not None, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
             num_warps=c.num_warps, num_stages=c.num_stages,
         )
-    if any(p[2] > 1 for p in partials):
-        if len(partials) == 1:  # no tail launch: the main buffers stand in, for no node
-            partials.append((*partials[0][:2], 1, n))
-        (main_acc, main_ml, main_splits, _), (tail_acc, tail_ml, tail_splits, tail_node0) = partials
+    split = [p for p in partials if p.splits > 1]
+    if split:
+        # a launch that did not split (or a missing tail) merges no row; fp32 buffers of one that
+        # did stand in for its pointers
+        main, tail = (
+            p if p.splits > 1 else p._replace(acc=split[0].acc, ml=split[0].ml)
+            for p in (*partials, _Partials(out, out, 1, n))[:2]
+        )
         block_r = 16
         _merge_splits_kernel[(cdiv(n, block_r), hq)](
-            main_acc, main_ml, tail_acc, tail_ml, out,
-            hq * n * d_pad, n * d_pad, d_pad,
-            hq * (n - tail_node0) * d_pad, (n - tail_node0) * d_pad, d_pad,
+            main.acc, main.ml, tail.acc, tail.ml, out,
+            *main.acc.stride()[:3],
+            *tail.acc.stride()[:3],
             *out.stride(),
-            n, main_splits, tail_splits, tail_node0,
+            n, main.splits, tail.splits, tail.node0,
             HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=block_r,
             num_warps=4,
         )

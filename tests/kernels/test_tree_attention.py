@@ -108,15 +108,22 @@ def test_rejects_caches_tma_cannot_read() -> None:
         tree_attention(q, k, k, 2, None, 1.0)
 
 
-@pytest.mark.parametrize(("main_splits", "shape"), [(1, "random"), (3, "deep"), (None, "star")])
-def test_a_separate_tail_launch_gives_the_same_attention(main_splits, shape) -> None:
+@pytest.mark.parametrize(
+    ("hkv", "main_splits", "shape", "ctx", "dtype"),
+    [
+        (1, 1, "random", 1100, torch.bfloat16),  # only the tail launch splits (2 ways)
+        (2, 3, "deep", 75, torch.bfloat16),  # only the main launch splits
+        (2, None, "star", 75, torch.float32),
+    ],
+)
+def test_a_separate_tail_launch_gives_the_same_attention(hkv, main_splits, shape, ctx, dtype) -> None:
     """37 nodes x 4 heads = 148 packed rows: 4 tiles of 32 and a 20-row tail in 16-row tiles."""
-    parents, q, k, v = _case(8, 2, 37, 75, 32, torch.float32, shape, seed=37 + (main_splits or 0))
+    parents, q, k, v = _case(4 * hkv, hkv, 37, ctx, 32, dtype, shape, seed=37 + (main_splits or 0))
     vis = tree_visibility(parents, ancestors_reference(parents).sum(1) - 1)
-    ref = tree_attention_reference(q, k, v, 75, parents, 0.25)
+    ref = tree_attention_reference(q, k, v, ctx, parents, 0.25)
     for separate in (True, False):
-        out = tree_attention(q, k, v, 75, vis, 0.25, AttentionConfig(32, 16, 4, 1, main_splits, separate))
-        assert _rel_err(out, ref) < TOL[torch.float32]
+        out = tree_attention(q, k, v, ctx, vis, 0.25, AttentionConfig(32, 16, 4, 1, main_splits, separate))
+        assert _rel_err(out, ref) < TOL[dtype]
 
 
 def test_the_planner_sends_a_small_tail_to_its_own_launch() -> None:
