@@ -1,7 +1,9 @@
 """The hot-path seams: tree attention, tree build, tree walk and KV compaction.
 
-Every step of a decoding round that touches the tree goes through one of these methods, so that
-the Triton kernels (`kernels/backend.py`, `TritonBackend`) can replace them on CUDA. `TorchBackend`
+Every step of a decoding round that touches the tree goes through one of these methods, and so do
+the decoder layers' small fused steps (RMSNorm with the residual add, q/k norm + RoPE + the cache
+write, SwiGLU's gate), so that the Triton kernels (`kernels/backend.py`, `TritonBackend`) can
+replace them on CUDA. The PyTorch versions are the kernels' references. `TorchBackend`
 is the CPU path and the oracle the kernels are tested against; it favours clarity over speed.
 
 Tree conventions (DDTree, Ringel & Romano, arXiv 2604.12989): node 0 is the root (the bonus token of
@@ -18,6 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels.qk_rope import qk_rope_reference
+from kernels.rms_norm import rms_norm_reference
+from kernels.silu_mul import silu_mul_reference
+
 
 class TorchBackend:
     """Plain PyTorch implementation of the seams (SDPA with an explicit boolean mask)."""
@@ -28,32 +34,52 @@ class TorchBackend:
         """Dense ancestor-or-self matrix `vis[i, j]` (bool [N, N]); `depth` is not needed here."""
         return _ancestors(parents)
 
+    rms_norm = staticmethod(rms_norm_reference)
+    qk_rope = staticmethod(qk_rope_reference)
+    silu_mul = staticmethod(silu_mul_reference)
+
     def attention(
         self,
         q: Tensor,
         k_cache: Tensor,
         v_cache: Tensor,
-        context_len: int,
+        context_len: int | Tensor,
         visibility: Tensor | None,
         scale: float,
+        key_bound: int | None = None,
+        all_visible: bool = False,
+        window: int | None = None,
     ) -> Tensor:
         """Attention of N new rows over `[0, context_len)` plus the visible new rows.
 
         q: [Hq, N, D]; k_cache, v_cache: [Hkv, S_max, D] with the new rows already written at
-        `context_len .. context_len + N - 1`. Returns [Hq, N, D] in q's dtype (fp32 inside).
+        `context_len .. context_len + N - 1` (row = position). `context_len` may be a 0-d device
+        tensor; then `key_bound` (static) is the most keys it can reach and rows past the live
+        length are masked. New rows see each other through `visibility` (None: causal), or all of
+        them with `all_visible`; `window` keeps only keys fewer than `window` positions away.
+        Returns [Hq, N, D] in q's dtype (fp32 inside).
         """
         hq, n, _ = q.shape
         hkv = k_cache.shape[0]
         if hq % hkv:
             raise RuntimeError(f"GQA needs Hq % Hkv == 0, got Hq={hq}, Hkv={hkv}")
-        total = context_len + n
-        k = k_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, T, D]
-        v = v_cache[:, :total].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, T, D]
-        if visibility is None:
+        if key_bound is None:
+            key_bound = int(context_len) + n
+        k = k_cache[:, :key_bound].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, K, D]
+        v = v_cache[:, :key_bound].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, K, D]
+        if all_visible:
+            tree = torch.ones(n, n, dtype=torch.bool, device=q.device)
+        elif visibility is None:
             tree = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         else:
             tree = visibility
-        mask = torch.cat([torch.ones(n, context_len, dtype=torch.bool, device=q.device), tree], dim=1)
+        rel = torch.arange(key_bound, device=q.device) - context_len  # key's new-row index (< 0: context)
+        mask = (rel < 0)[None, :] | (tree[:, rel.clamp(0, n - 1)] & (rel < n)[None, :])  # [N, K]
+        if window is not None:
+            dist = rel[None, :] - torch.arange(n, device=q.device)[:, None]  # key pos - query pos
+            mask &= dist > -window
+            if all_visible:
+                mask &= dist < window
         out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
         return out.to(q.dtype)
 
@@ -134,7 +160,7 @@ class TorchBackend:
         return path, path_len, choice[last]
 
     def compact(
-        self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor
+        self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
     ) -> None:
         """Move accepted rows `context_len + path[a]` to `context_len + a` in every layer, in place.
 

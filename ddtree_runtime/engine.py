@@ -10,7 +10,9 @@ target's distribution at T > 0 (target-only verification: a draft is kept only w
 target's own sample at its parent; exact, though a chain accepts less often than with rejection
 sampling against the draft distribution).
 
-The one host sync per round is reading the accepted length, which the stopping rules need anyway.
+Rounds run on static buffers (`rounds.py`); on CUDA a greedy round is one replayed CUDA graph
+(`graphs.py`), captured at `warmup` for every mode, budget and context bucket serving can hit.
+The one host sync per round is reading the accepted tokens, which the stopping rules need anyway.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
 from ddtree_runtime.backend import TorchBackend, select_backend
+from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
 
 MODES = ("ar", "dflash", "ddtree")
-PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact")
+# "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
+PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
 
 
 class GenerationError(ValueError):
@@ -136,28 +140,6 @@ class _Output:
         return text[: min(cuts)] if cuts else text
 
 
-def nucleus(logits: Tensor, temperature: float, top_p: float) -> Tensor:
-    """logits: [..., V] with every token outside the top-p nucleus of softmax(logits / T) at -inf.
-
-    Sampling softmax(result / T) is then sampling the nucleus distribution, so the backend's walk
-    (which only knows T) stays exact for top-p too."""
-    if temperature <= 0 or top_p >= 1.0:
-        return logits
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # the best token always stays
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.float().masked_fill(drop, float("-inf"))
-
-
-def _choose(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
-    """logits: [V] -> 0-d token: argmax at T == 0, else a sample of softmax(logits / T)."""
-    if temperature <= 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[0]
-
-
 def tree_capacity(vocab: int, depth: int, cap: int = 1 << 30) -> int:
     """Distinct prefixes of length 1..depth over `vocab` tokens (the most nodes a tree can have),
     counted up to `cap`."""
@@ -171,7 +153,8 @@ def tree_capacity(vocab: int, depth: int, cap: int = 1 << 30) -> int:
 
 
 class Engine:
-    """Owns the models, their static caches (allocated once at `max_context`) and the backend."""
+    """Owns the models, their static caches (allocated once at `max_context`), the round buffers,
+    the backend and, on CUDA, the captured round graphs."""
 
     def __init__(
         self,
@@ -179,6 +162,7 @@ class Engine:
         drafter: DFlashDrafter | None,
         max_context: int,
         backend: TorchBackend | None = None,
+        graphs: bool | None = None,
     ) -> None:
         cfg = target.config
         if max_context > cfg.max_position_embeddings:
@@ -193,10 +177,20 @@ class Engine:
         target.setup_caches(max_context, capture)
         if drafter is not None:
             drafter.setup_caches(max_context)
+        block = drafter.config.block_size if drafter is not None else 1
+        features = max(1, len(capture) * cfg.hidden_size)
+        self.buffers = RoundBuffers.allocate(block, features, self.device, target.embed_tokens.weight.dtype)
+        use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.graphs = RoundGraphs(self.device) if use_graphs else None
+        self.warmed: set[GraphKey] | None = None  # after warmup: the only rounds served
 
     @property
     def max_context(self) -> int:
         return self.target.max_context
+
+    def _rows(self, mode: str, budget: int, block: int) -> int:
+        """Cache rows a round writes past the committed context (the drafter's block included)."""
+        return {"ar": 1, "dflash": block, "ddtree": max(budget + 1, block)}[mode]
 
     def _check(
         self, mode: str, prompt: Sequence[int], max_new_tokens: int, budget: int, block_size: int
@@ -222,7 +216,7 @@ class Engine:
                 f"budget {budget} does not fit a tree of depth {block_size - 1} over {vocab} tokens "
                 f"(fix: a budget from 1 to {capacity})"
             )
-        rows = {"ar": 1, "dflash": block_size, "ddtree": budget + 1}[mode]
+        rows = self._rows(mode, budget, block_size)
         need = len(prompt) + max_new_tokens + rows
         if need > self.max_context:
             raise GenerationError(
@@ -230,6 +224,65 @@ class Engine:
                 f"needs {need} positions, but max_context is {self.max_context} (fix: shorten the prompt, "
                 "lower max_new_tokens or the budget, or raise --max-context)"
             )
+        if self.warmed is not None and self.graphs is not None:
+            served = sorted({(m, b) for m, b, _ in self.warmed})
+            if (mode, budget if mode == "ddtree" else 0) not in served:
+                raise GenerationError(
+                    f"mode {mode!r}" + (f" with budget {budget}" if mode == "ddtree" else "")
+                    + " was not warmed up at load (fix: one of "
+                    + ", ".join(m if m != "ddtree" else f"ddtree/{b}" for m, b in served)
+                    + ", or restart with it in the served set)"
+                )
+
+    def _phases(
+        self, mode: str, budget: int, bound: int, sampling: Sampling, buf: RoundBuffers | None = None
+    ) -> list[Phase]:
+        buf = buf or self.buffers
+        if mode == "ar":
+            return ar_phases(self.target, self.backend, buf, bound, sampling)
+        assert self.drafter is not None
+        return spec_phases(
+            self.target, self.drafter, self.backend, buf, mode, budget, buf.feats.shape[0], bound, sampling
+        )
+
+    def _capture(self, mode: str, budget: int, bound: int) -> None:
+        """Capture one greedy round graph; the buffers come back as they were."""
+        assert self.graphs is not None
+        buf = self.buffers
+        saved = [t.clone() for t in (buf.root, buf.ctx, buf.feats, buf.n_feats)]
+        if int(buf.ctx) + self._rows(mode, budget, buf.feats.shape[0]) > bound:  # a fresh engine: any valid length
+            saved[1].fill_(bound - self._rows(mode, budget, buf.feats.shape[0]))
+            saved[3].fill_(1)
+
+        def reset() -> None:
+            for dst, src in zip((buf.root, buf.ctx, buf.feats, buf.n_feats), saved, strict=True):
+                dst.copy_(src)
+
+        self.graphs.capture((mode, budget, bound), self._phases(mode, budget, bound, Sampling()), reset)
+
+    @torch.inference_mode()
+    def warmup(self, modes: Sequence[str], budgets: Sequence[int], max_prompt: int | None = None) -> None:
+        """Build everything serving can hit before it serves: on CUDA one round graph per mode,
+        budget and context bucket, a sampled round of each (the sampling kernels), and prefills
+        at lengths covering every launch plan the prefill can take, so that no request pays a
+        Triton compile. After it, a request for a mode or budget outside these is refused."""
+        if self.graphs is None:
+            return
+        block = self.drafter.config.block_size if self.drafter is not None else 2
+        pairs = sorted({(m, b if m == "ddtree" else 0) for m in modes for b in budgets})
+        for mode, budget in pairs:
+            for bound in buckets(self.max_context):
+                if self._rows(mode, budget, block) < bound:
+                    self._capture(mode, budget, bound)
+        first = next((m for m, _ in pairs if m != "ar"), pairs[0][0])
+        for length in prefill_lengths(max_prompt or self.max_context // 2, self.max_context):
+            self.generate([0] * length, mode=first, budget=max(budgets), max_new_tokens=1, eos_ids=())
+        for mode, budget in pairs:  # the sampling kernels (sampled rounds run eagerly)
+            self.generate(
+                [0] * 8, mode=mode, budget=max(budget, 1), max_new_tokens=2 * block, eos_ids=(),
+                temperature=0.7, seed=0,
+            )
+        self.warmed = set(self.graphs.graphs)
 
     @torch.inference_mode()
     def generate(
@@ -252,18 +305,20 @@ class Engine:
         """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
         EOS (kept in the output), stop strings (needs `decode`) and `on_tokens` returning False
-        (called with each round's new tokens, e.g. to stream) end it early.
+        (called with each round's new tokens, e.g. to stream) end it early. `profile` runs the
+        phases one by one with a sync between them, for the per-phase split.
         """
-        block = block_size or (self.drafter.config.block_size if self.drafter is not None else 2)
+        full_block = self.drafter.config.block_size if self.drafter is not None else 2
+        block = block_size or full_block
         self._check(mode, prompt_ids, max_new_tokens, budget, block)
         if temperature < 0:
             raise GenerationError(f"temperature {temperature} is negative (fix: 0 for greedy, > 0 to sample)")
         if not 0 < top_p <= 1:
             raise GenerationError(f"top_p {top_p} is outside (0, 1] (fix: 1.0 turns it off)")
-        sampling = (temperature, top_p)
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
+        sampling = Sampling(temperature, top_p, generator)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
         out = _Output(max_new_tokens, eos, stop, decode, on_tokens)
         clock = _Clock(profile and self.device.type == "cuda")
@@ -274,20 +329,44 @@ class Engine:
         logits, hidden = self.target(
             prompt, torch.arange(n, device=self.device), 0, None, self.backend, capture=mode != "ar"
         )
-        root = _choose(nucleus(logits[-1], temperature, top_p), temperature, generator)
+        root = choose(logits[-1], sampling)
+        if mode != "ar":
+            assert self.drafter is not None and hidden is not None
+            self.drafter.ingest(hidden, 0, self.backend)
+        buf = self.buffers
+        if block != full_block:  # a test's other block size: buffers of its own, never graphed
+            buf = RoundBuffers.allocate(block, self.buffers.feats.shape[1], self.device, self.buffers.feats.dtype)
+        buf.start(root, n)
         clock.lap("prefill")
         accepted: list[int] = []
         done = out.emit([int(root)])
-        if mode == "ar":
-            self._ar_loop(root, n, out, done, accepted, sampling, generator, clock)
-        else:
-            self._spec_loop(
-                mode, root, n, hidden, out, done, accepted, budget, block, sampling, generator, clock
-            )
+        budget = budget if mode == "ddtree" else 0
+        rows = self._rows(mode, budget, block)
+        graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
+        phases: dict[int, list[Phase]] = {}
+        while not done:
+            bound = key_bound(n + rows, self.max_context, bucketed=self.graphs is not None)
+            if graphed:
+                assert self.graphs is not None
+                if (mode, budget, bound) not in self.graphs:
+                    self._capture(mode, budget, bound)
+                self.graphs.replay((mode, budget, bound))
+                clock.lap("round")
+            else:
+                if bound not in phases:
+                    phases[bound] = self._phases(mode, budget, bound, sampling, buf)
+                for name, run in phases[bound]:
+                    run()
+                    clock.lap(name)
+            result = buf.out.tolist()  # the round's one host sync
+            accepted_rows = result[0]
+            n += accepted_rows
+            accepted.append(accepted_rows - 1)
+            done = out.emit(result[1 : 1 + accepted_rows])
         total = time.perf_counter() - start_time
         return GenerationResult(
             output_ids=out.ids,
-            prompt_len=n,
+            prompt_len=prompt.shape[0],
             mode=mode,
             accepted_per_round=accepted,
             stop_reason=out.reason or "length",
@@ -296,78 +375,13 @@ class Engine:
             text=out.text(),
         )
 
-    def _ar_loop(
-        self,
-        root: Tensor,
-        start: int,
-        out: _Output,
-        done: bool,
-        accepted: list[int],
-        sampling: tuple[float, float],
-        generator: torch.Generator | None,
-        clock: _Clock,
-    ) -> None:
-        """Plain decoding: one target pass per token."""
-        temperature, top_p = sampling
-        while not done:
-            pos = torch.tensor([start], device=self.device)
-            logits, _ = self.target(root.reshape(1), pos, start, None, self.backend, capture=False)
-            root = _choose(nucleus(logits[0], temperature, top_p), temperature, generator)
-            clock.lap("verify")
-            start += 1
-            accepted.append(0)
-            done = out.emit([int(root)])
 
-    def _spec_loop(
-        self,
-        mode: str,
-        root: Tensor,
-        start: int,
-        features: Tensor,
-        out: _Output,
-        done: bool,
-        accepted: list[int],
-        budget: int,
-        block: int,
-        sampling: tuple[float, float],
-        generator: torch.Generator | None,
-        clock: _Clock,
-    ) -> None:
-        """Speculative rounds. `start`: committed target rows (= the root's position);
-        `features`: target hidden states of the rows the drafter has not yet read, ending at start."""
-        assert self.drafter is not None
-        target, drafter, backend = self.target, self.drafter, self.backend
-        temperature, top_p = sampling
-        cfg = drafter.config
-        masks = torch.full((block - 1,), cfg.mask_token_id, dtype=torch.int64, device=self.device)
-        chain_parents = torch.arange(block, device=self.device) - 1
-        chain_depth = torch.arange(block, device=self.device)
-        while not done:
-            # draft: [root, MASK x (block-1)] after the new context features
-            noise = target.embed_tokens(torch.cat([root.reshape(1), masks])) * cfg.input_embedding_scale
-            draft_hidden = drafter(features, start - features.shape[0], noise)  # [block, hidden]
-            draft_logits = drafter.logits(draft_hidden[1:], target.lm_head)  # [block-1, V]
-            clock.lap("draft")
-            if mode == "ddtree":
-                tokens, parents, depth = backend.build_tree(draft_logits, budget, root)
-                visibility = backend.tree_visibility(parents, depth)
-            else:
-                tokens = torch.cat([root.reshape(1), draft_logits.argmax(-1)])
-                parents, depth, visibility = chain_parents, chain_depth, None
-            clock.lap("tree")
-            logits, hidden = target(tokens, start + depth, start, visibility, backend)
-            clock.lap("verify")
-            logits = nucleus(logits, temperature, top_p)
-            path, path_len, bonus = backend.tree_walk(tokens, parents, logits, temperature, generator)
-            clock.lap("walk")
-            if mode == "ddtree":  # a chain's accepted rows are already in place
-                backend.compact(target.k_cache, target.v_cache, start, path, path_len)
-            n = int(path_len)
-            keep = path[:n]
-            features = hidden[keep]  # [n, n_ids * hidden]: rows start .. start + n - 1
-            new_tokens = torch.cat([tokens[keep[1:]], bonus.reshape(1)]).tolist()
-            clock.lap("compact")
-            accepted.append(n - 1)
-            start += n
-            root = bonus
-            done = out.emit(new_tokens)
+def prefill_lengths(max_prompt: int, max_context: int) -> list[int]:
+    """Prompt lengths whose prefills take every launch plan shorter prompts can: each small length,
+    then powers of two and their odd neighbours (tile and split boundaries), up to `max_prompt`."""
+    lengths = set(range(1, 18))
+    p = 16
+    while p <= max_prompt:
+        lengths |= {p - 1, p, p + 1, p + p // 2 + 1}
+        p *= 2
+    return sorted(n for n in lengths if n <= min(max_prompt, max_context - 64))

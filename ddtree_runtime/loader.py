@@ -74,6 +74,7 @@ def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype)
     if (cfg.tie_word_embeddings or "lm_head.weight" not in state) and "embed_tokens.weight" in state:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     _load_into(model, state, directory)
+    model.fuse()
     return model.eval()
 
 
@@ -85,6 +86,7 @@ def load_drafter(directory: str | Path, device: torch.device, dtype: torch.dtype
         model = DFlashDrafter(cfg)
     state = read_state_dict(directory, lambda k: k.removeprefix("model."), device, dtype)
     _load_into(model, state, directory)
+    model.fuse()
     return model.eval()
 
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_runtime.backend import TorchBackend
 from kernels.kv_compact import compact
+from kernels.qk_rope import qk_rope
+from kernels.rms_norm import rms_norm
+from kernels.silu_mul import silu_mul
 from kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
 from kernels.tree_build import build_tree, candidate_pairs
 from kernels.tree_walk import tree_walk
@@ -29,17 +33,32 @@ class TritonBackend:
         """Ancestor-or-self bitmasks int32 [N, ceil(N / 32)], built by one launch."""
         return tree_visibility(parents, depth)
 
+    rms_norm = staticmethod(rms_norm)
+    qk_rope = staticmethod(qk_rope)
+    silu_mul = staticmethod(silu_mul)
+
     def attention(
         self,
         q: Tensor,
         k_cache: Tensor,
         v_cache: Tensor,
-        context_len: int,
+        context_len: int | Tensor,
         visibility: TreeVisibility | None,
         scale: float,
+        key_bound: int | None = None,
+        all_visible: bool = False,
+        window: int | None = None,
     ) -> Tensor:
-        """q [Hq, N, D] over the context and the visible tree rows; [Hq, N, D] in q's dtype."""
-        return tree_attention(q, k_cache, v_cache, context_len, visibility, scale)
+        """q [Hq, N, D] over the context and the visible new rows; [Hq, N, D] in q's dtype.
+
+        A sliding window (a hybrid drafter's sliding layers) takes the PyTorch path."""
+        if window is not None:
+            return TorchBackend.attention(
+                self, q, k_cache, v_cache, context_len, None, scale, key_bound, all_visible, window
+            )
+        return tree_attention(
+            q, k_cache, v_cache, context_len, visibility, scale, key_bound=key_bound, all_visible=all_visible
+        )
 
     def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """tokens, parents, depth [budget + 1] of the top-budget prefixes (same set as the heap)."""
@@ -59,6 +78,8 @@ class TritonBackend:
         """path [N], path_len, bonus: the target's own choices followed down the tree."""
         return tree_walk(tokens, parents, logits, temperature, generator)
 
-    def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
+    def compact(
+        self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
+    ) -> None:
         """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
         compact(k_cache, v_cache, context_len, path, path_len)

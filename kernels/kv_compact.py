@@ -11,6 +11,7 @@ a barrier between a chunk's loads and its stores. Rows with ``path[a] == a`` are
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -20,9 +21,9 @@ from kernels.host import next_pow2
 
 @triton.jit
 def _compact_kernel(
-    K, V, PATH, PATH_LEN,
+    K, V, PATH, PATH_LEN, CTX,
     stride_h, stride_s, stride_d,
-    context_len, n_path,
+    n_path,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -31,6 +32,7 @@ def _compact_kernel(
     dims = tl.arange(0, D_PAD)
     dim_ok = dims < HEAD_DIM
     length = tl.minimum(tl.load(PATH_LEN).to(tl.int32), n_path)
+    context_len = tl.load(CTX)
     for start in range(0, length, BLOCK_P):
         a = start + tl.arange(0, BLOCK_P)
         src = tl.load(PATH + a, mask=a < length, other=0).to(tl.int32)
@@ -44,24 +46,28 @@ def _compact_kernel(
         tl.store(V + dst_off, v_rows, mask=move)
 
 
-def compact(k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
-    """In place: for a < path_len, row ``context_len + path[a]`` -> ``context_len + a`` in [L, Hkv, S_max, D]."""
+def compact(k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor) -> None:
+    """In place: for a < path_len, row ``context_len + path[a]`` -> ``context_len + a`` in [L, Hkv, S_max, D].
+
+    ``context_len``: an int, or a 0-d int64 device tensor (read by the kernel: graph-capturable)."""
     if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
         raise RuntimeError(
             f"compact wants k/v caches [L, Hkv, S_max, D] of one shape, got {tuple(k_cache.shape)} "
             f"and {tuple(v_cache.shape)}"
         )
     layers, hkv, s_max, d = k_cache.shape
-    if context_len + path.shape[0] > s_max:
-        raise RuntimeError(f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows")
+    if isinstance(context_len, int):
+        if context_len + path.shape[0] > s_max:
+            raise RuntimeError(f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows")
+        context_len = torch.full((), context_len, dtype=torch.int64, device=path.device)
     k3 = k_cache.view(layers * hkv, s_max, d)  # view: needs the layer and head dims mergeable
     v3 = v_cache.view(layers * hkv, s_max, d)
     if k3.stride() != v3.stride():
         raise RuntimeError(f"compact wants k and v caches with equal strides, got {k3.stride()} and {v3.stride()}")
     _compact_kernel[(layers * hkv,)](
-        k3, v3, path, path_len,
+        k3, v3, path, path_len, context_len,
         *k3.stride(),
-        context_len, path.shape[0],
+        path.shape[0],
         HEAD_DIM=d, D_PAD=max(16, next_pow2(d)), BLOCK_P=16,
         num_warps=4,
     )

@@ -125,13 +125,14 @@ def _tree_attention_kernel(
     stride_oh, stride_on, stride_od,
     stride_bn,
     stride_ps, stride_ph, stride_pn,
-    n_nodes, row0, part_node0, context_len, keys_per_split, qk_scale,
+    n_nodes, row0, part_node0, CTX, qk_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TREE: tl.constexpr,
+    ALL: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -139,6 +140,10 @@ def _tree_attention_kernel(
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    # the context length lives on the device, so one captured launch serves a whole range of them;
+    # the split-K ranges follow it (a split past the keys writes an empty partial: m = -inf, l = 0)
+    context_len = tl.load(CTX).to(tl.int32)
+    keys_per_split = tl.cdiv(tl.cdiv(context_len + n_nodes, BLOCK_N), tl.num_programs(2)) * BLOCK_N
 
     rows = row0 + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: node * GROUP + g
     node = rows // GROUP
@@ -155,7 +160,10 @@ def _tree_attention_kernel(
     # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
     # last node is visible (causal skip).
     n_words = (n_nodes + 31) // 32
-    last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
+    if ALL:  # every new row sees every new row (a drafter block): no causal skip
+        last_node = n_nodes - 1
+    else:
+        last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
     lo = split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
     ctx_full = (context_len // BLOCK_N) * BLOCK_N
@@ -196,6 +204,8 @@ def _tree_attention_kernel(
                 w = tl.load(BITS + node * stride_bn + w_idx, mask=row_ok & (w_idx < n_words), other=0)
                 word = tl.where((jc // 32 == w0 + t)[None, :], w[:, None], word)
             seen = ((word >> (jc % 32)[None, :]) & 1) != 0
+        elif ALL:
+            seen = j[None, :] < n_nodes
         else:
             seen = j[None, :] <= node[:, None]
         visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
@@ -350,7 +360,7 @@ def _plan(rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms:
     )
 
 
-def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int, visibility) -> None:
+def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, visibility) -> None:
     if q.dim() != 3 or k_cache.dim() != 3 or v_cache.shape != k_cache.shape:
         raise RuntimeError(
             f"tree attention wants q [Hq, N, D] and k/v caches [Hkv, S_max, D] of one shape, got "
@@ -360,8 +370,8 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int,
     hkv, s_max, dk = k_cache.shape
     if dk != d or hq % hkv:
         raise RuntimeError(f"tree attention needs equal head dims and Hq % Hkv == 0, got q {tuple(q.shape)}, k {tuple(k_cache.shape)}")
-    if not 0 <= context_len <= s_max - n:
-        raise RuntimeError(f"context_len {context_len} + {n} tree rows does not fit the cache of {s_max} rows")
+    if not n <= key_bound <= s_max:
+        raise RuntimeError(f"a key bound of {key_bound} rows (context + {n} tree rows) does not fit the cache of {s_max} rows")
     if d < 16:
         raise RuntimeError(f"tree attention needs head_dim >= 16 (tl.dot tiles), got {d}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -380,28 +390,42 @@ def tree_attention(
     q: Tensor,
     k_cache: Tensor,
     v_cache: Tensor,
-    context_len: int,
+    context_len: int | Tensor,
     visibility: TreeVisibility | None,
     scale: float,
     config: AttentionConfig | None = None,
+    key_bound: int | None = None,
+    all_visible: bool = False,
 ) -> Tensor:
-    """q [Hq, N, D] over cache rows [0, context_len) plus the visible tree rows; returns [Hq, N, D]."""
-    _check_inputs(q, k_cache, v_cache, context_len, visibility)
+    """q [Hq, N, D] over cache rows [0, context_len) plus the visible tree rows; returns [Hq, N, D].
+
+    ``context_len``: an int, or a 0-d int64 device tensor (read by the kernel, so a captured CUDA
+    graph serves every length up to ``key_bound``, the static bound on context + N that sizes the
+    grid). ``all_visible``: every new row sees every new row (a drafter block), else ``visibility``
+    (None: causal). The result is a [Hq, N, D] view of an [N, Hq, D] buffer, so that merging the
+    heads back into [N, Hq * D] is free.
+    """
     hq, n, d = q.shape
+    if isinstance(context_len, int):
+        key_bound = context_len + n if key_bound is None else key_bound
+        if context_len < 0 or context_len + n > key_bound:
+            raise RuntimeError(f"context_len {context_len} + {n} tree rows exceeds the key bound {key_bound}")
+        context_len = torch.full((), context_len, dtype=torch.int64, device=q.device)
+    elif key_bound is None:
+        raise RuntimeError("a device context length needs a static key_bound (the most keys it can reach)")
+    _check_inputs(q, k_cache, v_cache, key_bound, visibility)
     hkv = k_cache.shape[0]
     group = hq // hkv
     d_pad = max(16, next_pow2(d))
-    total = context_len + n
     cfg = config or _default_config(n * group)
-    launches = _plan(n * group, group, total, hkv, cfg, num_sms(q.device))
+    launches = _plan(n * group, group, key_bound, hkv, cfg, num_sms(q.device))
 
-    out = torch.empty_like(q)
+    out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
     bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read
     partials = []
     for launch in launches:
         c = launch.config
-        keys_per_split = cdiv(cdiv(total, c.block_n), launch.splits) * c.block_n
-        splits = cdiv(total, keys_per_split)
+        splits = min(launch.splits, cdiv(key_bound, c.block_n))
         node0 = launch.row0 // group
         if splits > 1:
             part_acc = torch.empty(splits, hq, n - node0, d_pad, device=q.device, dtype=torch.float32)
@@ -409,19 +433,19 @@ def tree_attention(
         else:
             part_acc = part_ml = out  # unused: this launch writes out directly
         partials.append(_Partials(part_acc, part_ml, splits, node0))
-        # TMA descriptors over [Hkv, context_len + N, D]: rows past the tree read as zeros (never
-        # uninitialised cache rows), and K/V addressing costs no registers
-        k_desc = TensorDescriptor(k_cache, [hkv, total, d], list(k_cache.stride()), [1, c.block_n, d_pad])
-        v_desc = TensorDescriptor(v_cache, [hkv, total, d], list(v_cache.stride()), [1, c.block_n, d_pad])
+        # TMA descriptors over [Hkv, key_bound, D]: rows past the bound read as zeros, rows between
+        # the live length and the bound are masked, and K/V addressing costs no registers
+        k_desc = TensorDescriptor(k_cache, [hkv, key_bound, d], list(k_cache.stride()), [1, c.block_n, d_pad])
+        v_desc = TensorDescriptor(v_cache, [hkv, key_bound, d], list(v_cache.stride()), [1, c.block_n, d_pad])
         _tree_attention_kernel[(cdiv(launch.rows, c.block_m), hkv, splits)](
             q, k_desc, v_desc, bits, out, part_acc, part_ml,
             *q.stride(), *out.stride(),
             bits.stride(0),
             *part_acc.stride()[:3],
-            n, launch.row0, node0, context_len, keys_per_split, scale * _LOG2E,
+            n, launch.row0, node0, context_len, scale * _LOG2E,
             GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            TREE=visibility is not None, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
+            TREE=visibility is not None, ALL=all_visible, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
             num_warps=c.num_warps, num_stages=c.num_stages,
         )
     split = [p for p in partials if p.splits > 1]

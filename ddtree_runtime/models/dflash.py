@@ -9,34 +9,18 @@ drafter owns no embedding or LM head; the caller passes the target's.
 
 The context K/V stay in a static cache written by position; the block's rows after the context are
 scratch that the next round's context overwrites ("cropping" is just the caller's position counter).
+Attention goes through the backend: on CUDA the block's queries read the context and the block
+through the tree-attention kernel (GQA in the kernel, no copy of the cache per round).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import DFlashConfig
-from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, apply_rope, rope_tables
-
-
-def block_mask(
-    start: int, total: int, causal: bool, window: int | None, device: torch.device
-) -> Tensor | None:
-    """Visibility [Bk, total] of block rows `start..total-1` over rows `0..total-1` (row = position)."""
-    if not causal and window is None:
-        return None
-    q_pos = torch.arange(start, total, device=device)[:, None]
-    k_pos = torch.arange(total, device=device)[None, :]
-    mask = torch.ones(total - start, total, dtype=torch.bool, device=device)
-    if causal:
-        mask &= k_pos <= q_pos
-    if window is not None:
-        mask &= q_pos - k_pos < window
-        if not causal:
-            mask &= k_pos - q_pos < window
-    return mask
+from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, as_device_length, rope_tables
 
 
 class DFlashDrafter(nn.Module):
@@ -51,6 +35,11 @@ class DFlashDrafter(nn.Module):
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
 
+    def fuse(self) -> None:
+        """Fused QKV and gate/up projections for inference (done by the loader)."""
+        for layer in self.layers:
+            layer.fuse()
+
     def setup_caches(self, max_context: int) -> None:
         """Context K/V cache [L, Hkv, S_max, D] and RoPE tables, allocated once."""
         lc, w = self.config.layers, self.fc.weight
@@ -59,40 +48,55 @@ class DFlashDrafter(nn.Module):
         self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
         self.cos, self.sin = rope_tables(lc.head_dim, lc.rope_theta, max_context, w.device)
 
-    def forward(self, features: Tensor, ctx_start: int, noise: Tensor) -> Tensor:
+    def ingest(self, features: Tensor, ctx_start: int | Tensor, backend: TorchBackend) -> None:
+        """Write the context K/V of `features` ([C, n_ids * hidden], positions `ctx_start ..`) in every
+        layer. A context row's K/V depend on the features alone (the same `fc` output feeds every
+        layer), so the prompt is read once at prefill and each round adds its accepted rows.
+
+        For a captured graph `features` is padded to a fixed C rows, of which the first few are real;
+        the padding lands on the rows the block takes next, and the block overwrites it.
+        """
+        assert self.k_cache is not None and self.v_cache is not None
+        lc = self.config.layers
+        ctx_start = as_device_length(ctx_start, features.device)
+        positions = ctx_start + torch.arange(features.shape[0], device=features.device)
+        ctx, _ = backend.rms_norm(self.fc(features), self.hidden_norm.weight, lc.rms_norm_eps)  # [C, hidden]
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.project(ctx, self.cos, self.sin, positions, self.k_cache[i], self.v_cache[i], ctx_start, backend)
+
+    def draft(self, noise: Tensor, start: int | Tensor, backend: TorchBackend, key_bound: int | None = None) -> Tensor:
+        """noise: [Bk, hidden], the embedded block at positions `start ..` right after the ingested
+        context. Returns the block's final hidden states [Bk, hidden]. `start` may be a device
+        scalar, with `key_bound` the most keys the block can reach."""
+        assert self.k_cache is not None and self.v_cache is not None
+        cfg, eps, bk = self.config, self.config.layers.rms_norm_eps, noise.shape[0]
+        if key_bound is None:
+            key_bound = int(start) + bk
+        start = as_device_length(start, noise.device)
+        positions = start + torch.arange(bk, device=noise.device)
+        h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(self.layers):
+            attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
+            q = attn.project(h, self.cos, self.sin, positions, kc, vc, start, backend)  # [Hq, Bk, D]
+            out = backend.attention(
+                q, kc, vc, start, None, attn.head_dim**-0.5,
+                key_bound=key_bound, all_visible=not cfg.causal[i], window=cfg.windows[i],
+            )
+            h, x = backend.rms_norm(attn.output(out), layer.post_attention_layernorm.weight, eps, residual=x)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
+        return h
+
+    def forward(
+        self, features: Tensor, ctx_start: int, noise: Tensor, backend: TorchBackend | None = None
+    ) -> Tensor:
         """features: [C, n_ids * hidden] at positions `ctx_start ..`; noise: [Bk, hidden], the
         embedded block right after them. Returns the block's final hidden states [Bk, hidden]."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        cfg = self.config
-        start = ctx_start + features.shape[0]
-        total, bk = start + noise.shape[0], noise.shape[0]
-        ctx = self.hidden_norm(self.fc(features))  # [C, hidden]
-        cos_kv, sin_kv = self.cos[ctx_start:total], self.sin[ctx_start:total]  # [C + Bk, D]
-        x = noise
-        masks: dict[tuple[bool, int | None], Tensor | None] = {}
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)  # [Bk, hidden]
-            kv_in = torch.cat([ctx, h])  # [C + Bk, hidden]
-            self.k_cache[i, :, ctx_start:total] = apply_rope(
-                attn.k_norm(attn.heads(attn.k_proj, kv_in, attn.n_kv)), cos_kv, sin_kv
-            )
-            self.v_cache[i, :, ctx_start:total] = attn.heads(attn.v_proj, kv_in, attn.n_kv)
-            q = apply_rope(attn.q_norm(attn.heads(attn.q_proj, h, attn.n_heads)), cos_kv[-bk:], sin_kv[-bk:])
-            rep = attn.n_heads // attn.n_kv
-            k = self.k_cache[i, :, :total].repeat_interleave(rep, dim=0)  # [Hq, total, D]
-            v = self.v_cache[i, :, :total].repeat_interleave(rep, dim=0)
-            kind = (cfg.causal[i], cfg.windows[i])
-            if kind not in masks:
-                masks[kind] = block_mask(start, total, *kind, x.device)
-            mask = masks[kind]
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=attn.head_dim**-0.5
-            )  # [Hq, Bk, D]
-            x = x + attn.o_proj(out.transpose(0, 1).reshape(bk, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x)
+        backend = backend or TorchBackend()
+        self.ingest(features, ctx_start, backend)
+        return self.draft(noise, ctx_start + features.shape[0], backend)
 
     def logits(self, hidden: Tensor, lm_head: nn.Module) -> Tensor:
         """Draft logits [Bk, V] (fp32) through the target's head, with the config's output scaling."""

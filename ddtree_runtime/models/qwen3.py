@@ -9,7 +9,6 @@ follow Hugging Face's minus the `model.` prefix, so checkpoints load without a m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddtree_runtime.backend import TorchBackend
@@ -42,26 +41,46 @@ def rope_tables(
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [H, T, D]; cos, sin: [T, D] (fp32, cast to x's dtype as HF does)."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 class MLP(nn.Module):
+    """SwiGLU. `fuse()` (at load) merges gate and up into one projection: one GEMM, one read of x."""
+
     def __init__(self, hidden: int, inner: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.gate_up_proj: nn.Linear | None = None
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def fuse(self) -> None:
+        self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
+        del self.gate_proj, self.up_proj
+
+    def forward(self, x: Tensor, backend: TorchBackend) -> Tensor:
+        if self.gate_up_proj is not None:
+            gate_up = self.gate_up_proj(x)  # [T, 2I]
+        else:
+            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        return self.down_proj(backend.silu_mul(gate_up))
+
+
+def _fused(*parts: nn.Linear) -> nn.Linear:
+    """One Linear whose output is the parts' outputs side by side (weights concatenated once)."""
+    w = torch.cat([p.weight.detach() for p in parts])
+    bias = parts[0].bias is not None
+    with torch.device("meta"):  # no throwaway initialisation of a full-size weight
+        fused = nn.Linear(w.shape[1], w.shape[0], bias=bias, dtype=w.dtype)
+    fused.weight = nn.Parameter(w, requires_grad=False)
+    if bias:
+        fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    return fused
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with q/k RMSNorm over the head dimension."""
+    """Grouped-query attention with q/k RMSNorm over the head dimension.
+
+    `fuse()` (at load) merges q, k and v into one projection. q/k norm, RoPE and the K/V cache
+    write are one backend step (`qk_rope`), and the context length may be a device tensor.
+    """
 
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
@@ -73,33 +92,39 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * d, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None
 
-    def heads(self, proj: nn.Linear, x: Tensor, n: int) -> Tensor:
-        """x: [T, hidden] -> [n, T, D]."""
-        return proj(x).view(x.shape[0], n, self.head_dim).transpose(0, 1)
+    def fuse(self) -> None:
+        self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
 
-    def forward(
+    def qkv(self, x: Tensor) -> Tensor:
+        """x: [T, hidden] -> [T, (Hq + 2 Hkv) D]."""
+        if self.qkv_proj is not None:
+            return self.qkv_proj(x)
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def project(
         self,
         x: Tensor,
         cos: Tensor,
         sin: Tensor,
+        positions: Tensor,
         k_cache: Tensor,
         v_cache: Tensor,
-        context_len: int,
-        visibility: object | None,
+        context_len: Tensor,
         backend: TorchBackend,
     ) -> Tensor:
-        # x: [T, hidden]; cos, sin: [T, D]; k_cache, v_cache: [Hkv, S_max, D] (this layer)
-        t = x.shape[0]
-        q = apply_rope(self.q_norm(self.heads(self.q_proj, x, self.n_heads)), cos, sin)  # [Hq, T, D]
-        k = apply_rope(self.k_norm(self.heads(self.k_proj, x, self.n_kv)), cos, sin)  # [Hkv, T, D]
-        v = self.heads(self.v_proj, x, self.n_kv)
-        k_cache[:, context_len : context_len + t] = k
-        v_cache[:, context_len : context_len + t] = v
-        out = backend.attention(
-            q, k_cache, v_cache, context_len, visibility, self.head_dim**-0.5
-        )  # [Hq, T, D]
-        return self.o_proj(out.transpose(0, 1).reshape(t, -1))
+        """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
+        q = backend.qk_rope(
+            self.qkv(x), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            cos, sin, positions, k_cache, v_cache, context_len, self.n_heads,
+        )  # [T, Hq, D]
+        return q.transpose(0, 1)
+
+    def output(self, attn: Tensor) -> Tensor:
+        """attn [Hq, T, D] -> [T, hidden]."""
+        return self.o_proj(attn.transpose(0, 1).reshape(attn.shape[1], -1))
 
 
 class DecoderLayer(nn.Module):
@@ -109,6 +134,17 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
+
+
+def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
+    """A context length as the 0-d int64 device tensor the kernels read."""
+    if isinstance(context_len, Tensor):
+        return context_len
+    return torch.full((), context_len, dtype=torch.int64, device=device)
 
 
 class Qwen3(nn.Module):
@@ -124,6 +160,11 @@ class Qwen3(nn.Module):
         self.k_cache: Tensor | None = None
         self.v_cache: Tensor | None = None
         self.capture_layers: tuple[int, ...] = ()
+
+    def fuse(self) -> None:
+        """Fused QKV and gate/up projections for inference (done by the loader; training keeps HF's)."""
+        for layer in self.layers:
+            layer.fuse()
 
     def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = ()) -> None:
         """Allocate the KV cache and RoPE tables once, on the weights' device and dtype."""
@@ -142,31 +183,50 @@ class Qwen3(nn.Module):
         self,
         tokens: Tensor,
         input_pos: Tensor,
-        context_len: int,
+        context_len: int | Tensor,
         visibility: object | None,
         backend: TorchBackend,
         capture: bool = True,
+        *,
+        key_bound: int | None = None,
+        logits_dtype: torch.dtype | None = torch.float32,
     ) -> tuple[Tensor, Tensor | None]:
-        """tokens, input_pos: [T] -> logits [T, V] (fp32), hidden [T, len(capture_layers) * hidden].
+        """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
         The T new rows go to cache rows `context_len ..`; row i sees rows `[0, context_len)` and the
-        new rows that `visibility` allows (None: causal).
+        new rows that `visibility` allows (None: causal). `context_len` may be a 0-d device tensor
+        (graph capture) with `key_bound` the most keys it can reach. Logits come in
+        `logits_dtype` (None: the model's own, when only their argmax is needed).
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        cos, sin = self.cos[input_pos], self.sin[input_pos]  # [T, D]
-        x = self.embed_tokens(tokens)  # [T, hidden]
+        t, eps = tokens.shape[0], self.config.rms_norm_eps
+        if key_bound is None:
+            key_bound = int(context_len) + t
+        ctx = as_device_length(context_len, tokens.device)
         captured: dict[int, Tensor] = {}
+        h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
-            h = layer.input_layernorm(x)
-            x = x + layer.self_attn(
-                h, cos, sin, self.k_cache[i], self.v_cache[i], context_len, visibility, backend
-            )
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            if capture and i in self.capture_layers:
+            attn = layer.self_attn
+            q = attn.project(h, self.cos, self.sin, input_pos, self.k_cache[i], self.v_cache[i], ctx, backend)
+            out = backend.attention(
+                q, self.k_cache[i], self.v_cache[i], ctx, visibility, attn.head_dim**-0.5, key_bound=key_bound
+            )  # [Hq, T, D]
+            h, x = backend.rms_norm(attn.output(out), layer.post_attention_layernorm.weight, eps, residual=x)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
+            if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
-        x = self.norm(x)
         if len(self.layers) - 1 in captured:  # HF's last hidden_states entry is the normed output
-            captured[len(self.layers) - 1] = x
+            captured[len(self.layers) - 1] = h
         hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
-        return self.lm_head(x).float(), hidden
+        logits = self.lm_head(h)
+        return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
+
+    def commit(
+        self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
+    ) -> None:
+        """Keep the accepted path's rows: its K/V move to rows `context_len ..` (a chain's are there)."""
+        if not chain:
+            assert self.k_cache is not None and self.v_cache is not None
+            backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)

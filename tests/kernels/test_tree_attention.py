@@ -135,3 +135,34 @@ def test_the_planner_sends_a_small_tail_to_its_own_launch() -> None:
     assert (main.rows, main.splits, tail.row0, tail.rows) == (1024, 2, 1024, 4)
     assert len(_plan(1025 * 4, 4, 4096 + 1025, 8, cfg, 132)) == 1  # 2 full waves either way
     assert len(_plan(256 * 4, 4, 4096 + 256, 8, cfg, 132)) == 1  # no tail
+
+
+@pytest.mark.parametrize(("visibility", "splits"), [("tree", 3), ("causal", 1), ("all", 4)])
+def test_device_context_length_under_a_static_key_bound(visibility: str, splits: int) -> None:
+    """One launch plan (a captured graph's) for every context length up to the bound: the kernel
+    reads the length, and the stale rows between it and the bound are never seen."""
+    n, bound, d = 9, 120, 32
+    parents, q, k, v = _case(4, 2, n, bound, d, torch.float32, "random", seed=11)
+    k[:, 60:] = 1e4  # stale rows past every live length below: visible ones would dominate
+    vis = tree_visibility(parents, ancestors_reference(parents).sum(1) - 1) if visibility == "tree" else None
+    for ctx in (0, 17, 51):
+        kk, vv = k.clone(), v.clone()
+        kk[:, ctx + n :] = 1e4
+        length = torch.tensor(ctx, device=DEVICE)
+        out = tree_attention(
+            q, kk, vv, length, vis, d**-0.5, AttentionConfig(16, 16, 4, 1, splits),
+            key_bound=bound, all_visible=visibility == "all",
+        )
+        if visibility == "all":
+            mask = torch.ones(n, ctx + n, dtype=torch.bool, device=DEVICE)
+            rep = kk[:, : ctx + n].float().repeat_interleave(2, 0), vv[:, : ctx + n].float().repeat_interleave(2, 0)
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), *rep, attn_mask=mask, scale=d**-0.5)
+        else:
+            ref = tree_attention_reference(q, kk, vv, ctx, parents if visibility == "tree" else None, d**-0.5)
+        assert _rel_err(out, ref) < TOL[torch.float32]
+
+
+def test_a_device_length_needs_a_key_bound() -> None:
+    _, q, k, v = _case(2, 1, 3, 10, 16, torch.float32, "chain", seed=1)
+    with pytest.raises(RuntimeError, match="key_bound"):
+        tree_attention(q, k, v, torch.tensor(10, device=DEVICE), None, 1.0)

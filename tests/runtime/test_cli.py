@@ -60,7 +60,7 @@ def test_generate_json_matches_ar(pair_args: list[str]) -> None:
     assert tree["output_ids"] == outs["ar"]["output_ids"] and len(tree["output_ids"]) == 12
     assert tree["text"] == outs["ar"]["text"] and len(tree["text"].split()) == 12
     assert tree["rounds"] == len(tree["accepted_per_round"]) and tree["mean_accepted"] > 1
-    assert set(tree["phase_s"]) == {"prefill", "draft", "tree", "verify", "walk", "compact"}
+    assert set(tree["phase_s"]) == {"prefill", "draft", "tree", "verify", "walk", "compact", "round"}
 
 
 def test_bench_prints_one_json_object_per_run(pair_args: list[str]) -> None:

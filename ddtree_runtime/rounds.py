@@ -1,0 +1,170 @@
+"""One decoding round on static buffers: the code a CUDA graph captures, and the eager path too.
+
+A round reads and writes only `RoundBuffers` (the next root token, the committed length, the
+drafter's unread context features, the round's output), so its shapes never change and one
+captured graph replays every round of a context bucket: lengths live on the device, and the host
+reads one small tensor per round (`out`: accepted count and tokens), the one sync the stopping
+rules need. Each round is a list of phases (`draft`, `tree`, `verify`, `walk`, `compact`) sharing
+a scratch dict, so that a profile can time them one by one.
+
+Round of `ddtree` (DDTree, Ringel & Romano, arXiv 2604.12989), `dflash` (a chain) and `ar`:
+    draft    the drafter ingests the rows accepted last round, drafts [root, MASK x (B - 1)]
+    tree     the `budget` most probable prefixes (ddtree) or the argmax chain (dflash)
+    verify   one target pass over [root] + nodes at positions ctx + depth
+    walk     follow the target's own choice down the tree; the first miss is the bonus token
+    compact  accepted K/V rows into place; the accepted rows' features for the next draft
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.models.dflash import DFlashDrafter
+from ddtree_runtime.models.qwen3 import Qwen3
+
+Phase = tuple[str, Callable[[], None]]
+
+
+@dataclass
+class RoundBuffers:
+    """Device tensors every round reads and writes in place (allocated once per engine)."""
+
+    root: Tensor  # [1] int64: the token to verify next (last round's bonus)
+    ctx: Tensor  # 0-d int64: committed target rows (= the root's position)
+    feats: Tensor  # [block, n_ids * hidden]: target hidden states the drafter has not read, padded
+    n_feats: Tensor  # 0-d int64: real rows of feats (they end at ctx)
+    out: Tensor  # [1 + block] int64: accepted rows n (root included), then the n new tokens
+
+    @classmethod
+    def allocate(cls, block: int, features: int, device: torch.device, dtype: torch.dtype) -> RoundBuffers:
+        def ints(*shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=device)
+
+        return cls(ints(1), ints(), torch.zeros(block, features, device=device, dtype=dtype), ints(), ints(1 + block))
+
+    def start(self, root: Tensor, ctx: int) -> None:
+        """Set up for the first round after a prefill of `ctx` rows (the drafter has read them all)."""
+        self.root.copy_(root.reshape(1))
+        self.ctx.fill_(ctx)
+        self.n_feats.zero_()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """T == 0 is greedy (and graph-capturable); T > 0 samples with an optional generator."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def nucleus(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """logits: [..., V] with every token outside the top-p nucleus of softmax(logits / T) at -inf.
+
+    Sampling softmax(result / T) is then sampling the nucleus distribution, so the backend's walk
+    (which only knows T) stays exact for top-p too."""
+    if temperature <= 0 or top_p >= 1.0:
+        return logits
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p  # the best token always stays
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.float().masked_fill(drop, float("-inf"))
+
+
+def choose(logits: Tensor, sampling: Sampling) -> Tensor:
+    """logits: [V] -> 0-d token: argmax at T == 0, else a sample of the nucleus of softmax(logits / T)."""
+    if sampling.greedy:
+        return logits.argmax(-1)
+    logits = nucleus(logits, sampling.temperature, sampling.top_p)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=sampling.generator)[0]
+
+
+def ar_phases(target: Qwen3, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling) -> list[Phase]:
+    """Plain decoding: one target pass for one token."""
+
+    def verify() -> None:
+        logits, _ = target(
+            buf.root, buf.ctx.reshape(1), buf.ctx, None, backend, False,
+            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32,
+        )
+        token = choose(logits[0], sampling)
+        buf.out[0] = 1
+        buf.out[1] = token
+        buf.root.copy_(token.reshape(1))
+        buf.ctx.add_(1)
+
+    return [("verify", verify)]
+
+
+def spec_phases(
+    target: Qwen3,
+    drafter: DFlashDrafter,
+    backend: TorchBackend,
+    buf: RoundBuffers,
+    mode: str,
+    budget: int,
+    block: int,
+    key_bound: int,
+    sampling: Sampling,
+) -> list[Phase]:
+    """One speculative round (`dflash` or `ddtree`) of a `block`-token draft as phases over `buf`
+    (whose features hold `block` rows) and a scratch dict."""
+    cfg, device = drafter.config, buf.root.device
+    masks = torch.full((block - 1,), cfg.mask_token_id, dtype=torch.int64, device=device)
+    chain_parents = torch.arange(block, device=device) - 1
+    chain_depth = torch.arange(block, device=device)
+    s: dict[str, Tensor] = {}
+
+    def draft() -> None:
+        noise = target.embed_tokens(torch.cat([buf.root, masks])) * cfg.input_embedding_scale  # [block, hidden]
+        drafter.ingest(buf.feats, buf.ctx - buf.n_feats, backend)
+        hidden = drafter.draft(noise, buf.ctx, backend, key_bound)
+        s["draft_logits"] = drafter.logits(hidden[1:], target.lm_head)  # [block - 1, V]
+
+    def tree() -> None:
+        if mode == "ddtree":
+            s["tokens"], s["parents"], s["depth"] = backend.build_tree(s["draft_logits"], budget, buf.root[0])
+            s["visibility"] = backend.tree_visibility(s["parents"], s["depth"])
+        else:
+            s["tokens"] = torch.cat([buf.root, s["draft_logits"].argmax(-1)])
+            s["parents"], s["depth"] = chain_parents, chain_depth
+
+    def verify() -> None:
+        s["logits"], s["hidden"] = target(
+            s["tokens"], buf.ctx + s["depth"], buf.ctx, s.get("visibility"), backend,
+            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32,
+        )
+
+    def walk() -> None:
+        logits = nucleus(s["logits"], sampling.temperature, sampling.top_p)
+        s["path"], s["path_len"], s["bonus"] = backend.tree_walk(
+            s["tokens"], s["parents"], logits, sampling.temperature, sampling.generator
+        )
+
+    def compact() -> None:
+        path, n = s["path"], s["path_len"]
+        target.commit(buf.ctx, path, n, backend, chain=mode != "ddtree")
+        m = min(path.shape[0], block)  # a tree of budget + 1 < block nodes is at most that deep
+        keep = path[:m].clamp(min=0)
+        buf.feats[:m].copy_(s["hidden"][keep])
+        buf.n_feats.copy_(n)
+        # new tokens: the accepted nodes after the root, then the bonus
+        on_path = s["tokens"][keep]
+        shifted = torch.cat([on_path[1:], on_path[:1]])
+        buf.out[0] = n
+        buf.out[1 : 1 + m] = torch.where(torch.arange(m, device=device) < n - 1, shifted, s["bonus"])
+        buf.ctx.add_(n)
+        buf.root.copy_(s["bonus"].reshape(1))
+
+    return [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("compact", compact)]

@@ -1,0 +1,71 @@
+"""RMSNorm, optionally fused with the residual add before it: one read and one write per row.
+
+A Qwen3 decoder layer runs ``x = x + sublayer(h); h = norm(x)`` twice per layer. Unfused that is an
+add kernel and ~6 small ones for the norm (upcast, square, mean, rsqrt, scale, downcast), each a
+launch and a round trip through memory; at batch 1 these launches, not the bytes, cost the time.
+Here one program per row computes, in fp32,
+
+    s = x + residual            (rounded to the input dtype: it is the new residual stream)
+    out = weight * (s / sqrt(mean(s^2) + eps))   (the normalised value rounded to the input dtype
+                                                  first, then scaled, as Qwen3's RMSNorm does)
+
+and writes both ``out`` and ``s``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.host import next_pow2
+
+
+@triton.jit
+def _rms_norm_kernel(
+    X, RES, W, OUT, RES_OUT,
+    stride_x, stride_r, stride_o, stride_ro,
+    n_cols, eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
+    if HAS_RES:
+        x = (x.to(tl.float32) + tl.load(RES + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32))
+        x = x.to(RES_OUT.dtype.element_ty)
+        tl.store(RES_OUT + row * stride_ro + cols, x, mask=ok)
+    xf = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
+    normed = (xf * inv).to(OUT.dtype.element_ty)
+    w = tl.load(W + cols, mask=ok, other=0.0)
+    tl.store(OUT + row * stride_o + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty), mask=ok)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x [T, H] (+ residual [T, H]) -> (norm(s) [T, H], s) with s = x + residual (s = x without one)."""
+    if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
+        raise RuntimeError(f"rms_norm wants x [T, H] with unit last stride and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    t, h = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    res = residual if residual is not None else x
+    _rms_norm_kernel[(t,)](
+        x, res, weight, out, res_out,
+        x.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
+        h, eps,
+        HAS_RES=residual is not None, BLOCK=next_pow2(h),
+        num_warps=8 if h >= 2048 else 4,
+    )
+    return out, res_out
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """PyTorch: Qwen3's RMSNorm (fp32 inside, normalised value cast back before the scale)."""
+    s = x if residual is None else x + residual
+    sf = s.float()
+    normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(s.dtype)
+    return weight * normed, s

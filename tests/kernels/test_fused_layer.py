@@ -1,0 +1,65 @@
+"""The decoder layer's fused steps (RMSNorm + residual, q/k norm + RoPE + cache write, SwiGLU's
+gate) against their PyTorch references, which are also the CPU runtime's implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_runtime.models.qwen3 import rope_tables
+from kernels.qk_rope import qk_rope, qk_rope_reference
+from kernels.rms_norm import rms_norm, rms_norm_reference
+from kernels.silu_mul import silu_mul, silu_mul_reference
+from tests.kernels.trees import DEVICE
+
+# bf16: the CPU interpreter truncates each bf16 rounding (a GPU rounds to nearest)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert not a.isnan().any()
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "hidden", "residual"), [(1, 64, False), (5, 96, True), (33, 128, True)])
+def test_rms_norm(dtype: torch.dtype, rows: int, hidden: int, residual: bool) -> None:
+    gen = torch.Generator().manual_seed(rows + hidden)
+    x = torch.randn(rows, hidden, generator=gen).to(DEVICE, dtype)
+    r = torch.randn(rows, hidden, generator=gen).to(DEVICE, dtype) if residual else None
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(DEVICE, dtype)
+    out, s = rms_norm(x, w, 1e-6, r)
+    ref_out, ref_s = rms_norm_reference(x, w, 1e-6, r)
+    assert out.dtype == dtype and _rel(out, ref_out) < TOL[dtype]
+    # the residual stream (the CPU interpreter truncates to bf16 where a GPU rounds)
+    assert torch.equal(s, ref_s) if dtype == torch.float32 else _rel(s, ref_s) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("t", "hq", "hkv", "d", "ctx"), [(1, 4, 2, 16, 9), (7, 6, 2, 32, 0), (3, 2, 2, 24, 40)])
+def test_qk_rope_writes_the_cache_and_returns_q(dtype: torch.dtype, t: int, hq: int, hkv: int, d: int, ctx: int) -> None:
+    gen = torch.Generator().manual_seed(t * d + ctx)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(DEVICE, dtype)
+    qw = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE, dtype)
+    kw = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE, dtype)
+    cos, sin = rope_tables(d, 10000.0, 64, DEVICE)
+    pos = torch.randint(0, 64, (t,), generator=gen).to(DEVICE)  # tree nodes: positions need not be rows
+    length = torch.tensor(ctx, device=DEVICE)
+    caches = [torch.full((hkv, 64, d), float("nan"), device=DEVICE, dtype=dtype) for _ in range(4)]
+    q = qk_rope(qkv, qw, kw, 1e-6, cos, sin, pos, caches[0], caches[1], length, hq)
+    ref = qk_rope_reference(qkv, qw, kw, 1e-6, cos, sin, pos, caches[2], caches[3], length, hq)
+    assert q.shape == (t, hq, d) and _rel(q, ref) < TOL[dtype]
+    rows = slice(ctx, ctx + t)
+    assert _rel(caches[0][:, rows], caches[2][:, rows]) < TOL[dtype]
+    assert torch.equal(caches[1][:, rows], caches[3][:, rows])  # values are copied as they are
+    untouched = torch.ones(64, dtype=torch.bool)
+    untouched[rows] = False
+    assert caches[0][:, untouched].isnan().all() and caches[1][:, untouched].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("t", "inner"), [(1, 96), (4, 1030)])
+def test_silu_mul(dtype: torch.dtype, t: int, inner: int) -> None:
+    gen = torch.Generator().manual_seed(inner)
+    gate_up = (2 * torch.randn(t, 2 * inner, generator=gen)).to(DEVICE, dtype)
+    assert _rel(silu_mul(gate_up), silu_mul_reference(gate_up)) < TOL[dtype]
