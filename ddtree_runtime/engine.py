@@ -327,7 +327,8 @@ class Engine:
         prompt = torch.tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
         n = prompt.shape[0]
         logits, hidden = self.target(
-            prompt, torch.arange(n, device=self.device), 0, None, self.backend, capture=mode != "ar"
+            prompt, torch.arange(n, device=self.device), 0, None, self.backend, capture=mode != "ar",
+            last_logits_only=True,
         )
         root = choose(logits[-1], sampling)
         if mode != "ar":
@@ -345,7 +346,8 @@ class Engine:
         graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
         phases: dict[int, list[Phase]] = {}
         while not done:
-            bound = key_bound(n + rows, self.max_context, bucketed=self.graphs is not None)
+            # CUDA buckets the key bound with or without graphs, so that both run the same launches
+            bound = key_bound(n + rows, self.max_context, bucketed=self.device.type == "cuda")
             if graphed:
                 assert self.graphs is not None
                 if (mode, budget, bound) not in self.graphs:

@@ -190,13 +190,15 @@ class Qwen3(nn.Module):
         *,
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
+        last_logits_only: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
         The T new rows go to cache rows `context_len ..`; row i sees rows `[0, context_len)` and the
         new rows that `visibility` allows (None: causal). `context_len` may be a 0-d device tensor
         (graph capture) with `key_bound` the most keys it can reach. Logits come in
-        `logits_dtype` (None: the model's own, when only their argmax is needed).
+        `logits_dtype` (None: the model's own, when only their argmax is needed), for every row or
+        only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache).
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -220,7 +222,7 @@ class Qwen3(nn.Module):
         if len(self.layers) - 1 in captured:  # HF's last hidden_states entry is the normed output
             captured[len(self.layers) - 1] = h
         hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
-        logits = self.lm_head(h)
+        logits = self.lm_head(h[-1:] if last_logits_only else h)
         return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
 
     def commit(

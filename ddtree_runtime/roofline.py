@@ -1,0 +1,121 @@
+"""Hardware floors of a decoding round, and the measured per-phase split it is compared with.
+
+A pass of a Qwen3-shaped model over T new rows at a context of C rows must at least read every
+weight once and the KV cache once (bytes), and do the weight matmuls and the attention (FLOPs):
+
+    bytes = weights + L * 2 * Hkv * D * (C + T) * elem
+    flops = 2 * T * matmul_params + L * 4 * Hq * T * (C + T) * D
+    floor = max(bytes / copy_bandwidth, flops / matmul_rate)
+
+with the two ceilings measured on the machine itself (`measure_ceilings`: a large device copy, a
+large bf16 matmul). A round's floor is its passes' floors added up: `ar` one target pass of one row;
+`dflash`/`ddtree` a drafter pass (its layers, and the target's LM head for B - 1 rows) plus a
+target pass over the verified rows. Everything else (tree build, walk, compaction, the host) is
+overhead against that floor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ddtree_runtime.config import DFlashConfig, Qwen3Config
+from ddtree_runtime.engine import Engine
+from ddtree_runtime.graphs import key_bound
+from ddtree_runtime.rounds import Sampling
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_bytes_per_s: float  # bytes read + written per second by a large device copy
+    matmul_flops_per_s: float  # a large matmul in the model's dtype
+
+    def floor_s(self, nbytes: float, flops: float) -> float:
+        return max(nbytes / self.copy_bytes_per_s, flops / self.matmul_flops_per_s)
+
+
+def measure_ceilings(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Ceilings:
+    """Median of repeated timings of a 2 GiB copy and an 8192^3 matmul on random data."""
+    from triton.testing import do_bench
+
+    src = torch.randn(1 << 30, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_s = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median") / 1e3
+    n = 8192
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    mm_s = do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median") / 1e3
+    return Ceilings(2 * (1 << 30) * 2 / copy_s, 2 * n**3 / mm_s)
+
+
+def matmul_params(cfg: Qwen3Config) -> int:
+    """Weights one row multiplies through in the decoder layers (no embedding, no LM head)."""
+    d, h = cfg.head_dim, cfg.hidden_size
+    attn = h * d * (cfg.num_attention_heads * 2 + cfg.num_key_value_heads * 2)
+    return cfg.num_hidden_layers * (attn + 3 * h * cfg.intermediate_size)
+
+
+def pass_cost(cfg: Qwen3Config, rows: int, context: int, head_rows: int, elem: int = 2) -> tuple[float, float]:
+    """(bytes, flops) of one pass over `rows` new rows at `context`, `head_rows` of them through
+    the LM head (the embedding lookup reads `rows` rows of it)."""
+    head = cfg.vocab_size * cfg.hidden_size
+    keys = context + rows
+    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * keys
+    nbytes = (matmul_params(cfg) + (head if head_rows else 0) + rows * cfg.hidden_size + kv) * elem
+    attn = cfg.num_hidden_layers * 4 * cfg.num_attention_heads * rows * keys * cfg.head_dim
+    flops = 2 * rows * matmul_params(cfg) + 2 * head_rows * head + attn
+    return nbytes, flops
+
+
+def round_floor_s(
+    ceil: Ceilings, target: Qwen3Config, drafter: DFlashConfig | None, mode: str, budget: int, context: int
+) -> dict[str, float]:
+    """The floor of one round at `context`, split into its target and drafter passes."""
+    if mode == "ar":
+        return {"target": ceil.floor_s(*pass_cost(target, 1, context, 1)), "drafter": 0.0}
+    assert drafter is not None
+    block = drafter.block_size
+    rows = block if mode == "dflash" else budget + 1
+    verify = ceil.floor_s(*pass_cost(target, rows, context, rows))
+    lc = drafter.layers
+    d_bytes, d_flops = pass_cost(lc, block, context, 0)
+    head = target.vocab_size * target.hidden_size  # the target's LM head for the B - 1 drafts
+    fc = len(drafter.target_layer_ids) * lc.hidden_size * lc.hidden_size
+    draft = ceil.floor_s(d_bytes + (head + fc) * 2, d_flops + 2 * (block - 1) * head + 2 * block * fc)
+    return {"target": verify, "drafter": draft}
+
+
+def phase_times_s(engine: Engine, mode: str, budget: int, reps: int = 20) -> dict[str, float]:
+    """Median GPU time of each phase of a greedy round, each phase captured as its own CUDA graph
+    and replayed `reps` times (the engine must hold a prefilled context: call after `generate`)."""
+    buf = engine.buffers
+    rows = engine._rows(mode, budget, buf.feats.shape[0])
+    bound = key_bound(int(buf.ctx) + rows + reps * rows, engine.max_context, bucketed=True)
+    phases = engine._phases(mode, budget, bound, Sampling())
+    saved = [t.clone() for t in (buf.root, buf.ctx, buf.feats, buf.n_feats)]
+
+    def reset() -> None:
+        for dst, src in zip((buf.root, buf.ctx, buf.feats, buf.n_feats), saved, strict=True):
+            dst.copy_(src)
+
+    for _, run in phases:  # compile and allocate outside the capture
+        run()
+    reset()
+    graphs = []
+    for _, run in phases:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        graphs.append(graph)
+    times: dict[str, list[float]] = {name: [] for name, _ in phases}
+    for _ in range(reps):
+        reset()
+        for (name, _), graph in zip(phases, graphs, strict=True):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / 1e3)
+    reset()
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
