@@ -23,6 +23,7 @@ from torch import Tensor
 from kernels.qk_rope import qk_rope_reference
 from kernels.rms_norm import rms_norm_reference
 from kernels.silu_mul import silu_mul_reference
+from kernels.skinny_matmul import skinny_matmul_reference
 
 
 class TorchBackend:
@@ -34,6 +35,7 @@ class TorchBackend:
         """Dense ancestor-or-self matrix `vis[i, j]` (bool [N, N]); `depth` is not needed here."""
         return _ancestors(parents)
 
+    linear = staticmethod(skinny_matmul_reference)
     rms_norm = staticmethod(rms_norm_reference)
     qk_rope = staticmethod(qk_rope_reference)
     silu_mul = staticmethod(silu_mul_reference)

@@ -46,7 +46,9 @@ class RoundGraphs:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+        # each graph with its phases: their closures own tensors made before the capture (mask
+        # tokens, chain parents), which the graph reads by address and so must outlive it
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, list[Phase]]] = {}
 
     def __contains__(self, key: GraphKey) -> bool:
         return key in self.graphs
@@ -66,7 +68,7 @@ class RoundGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             for _, run in phases:
                 run()
-        self.graphs[key] = graph
+        self.graphs[key] = (graph, phases)
 
     def replay(self, key: GraphKey) -> None:
-        self.graphs[key].replay()
+        self.graphs[key][0].replay()

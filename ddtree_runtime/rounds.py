@@ -99,7 +99,7 @@ def ar_phases(target: Qwen3, backend: TorchBackend, buf: RoundBuffers, key_bound
             key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32,
         )
         token = choose(logits[0], sampling)
-        buf.out[0] = 1
+        buf.out[:1].fill_(1)
         buf.out[1] = token
         buf.root.copy_(token.reshape(1))
         buf.ctx.add_(1)

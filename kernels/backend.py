@@ -9,6 +9,7 @@ host sync. ``ddtree_runtime.backend.select_backend`` picks this class on CUDA.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ddtree_runtime.backend import TorchBackend
@@ -16,6 +17,7 @@ from kernels.kv_compact import compact
 from kernels.qk_rope import qk_rope
 from kernels.rms_norm import rms_norm
 from kernels.silu_mul import silu_mul
+from kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
 from kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
 from kernels.tree_build import build_tree, candidate_pairs
 from kernels.tree_walk import tree_walk
@@ -34,6 +36,13 @@ class TritonBackend:
         return tree_visibility(parents, depth)
 
     rms_norm = staticmethod(rms_norm)
+
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        """x @ weight.T: the skinny kernel for a few rows and a projection-sized weight, else cuBLAS."""
+        if x.shape[0] <= MAX_ROWS and weight.shape[0] <= SKINNY_MAX_N and x.stride(-1) == 1:
+            return skinny_matmul(x, weight)
+        return F.linear(x, weight)
     qk_rope = staticmethod(qk_rope)
     silu_mul = staticmethod(silu_mul)
 

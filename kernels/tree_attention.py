@@ -38,7 +38,6 @@ pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -51,6 +50,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.host import cdiv, next_pow2, num_sms
+from kernels.precision import dot, dot_precision
 
 _LOG2E = 1.4426950408889634
 
@@ -101,21 +101,6 @@ def _visibility_kernel(
         acc = tl.where(words == cur // 32, acc | bit, acc)
         cur = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
     tl.store(BITS + node * stride_bn + words, acc, mask=words < WORDS)
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr):
-    """PRECISION 0: native (bf16/fp16 tensor cores), 1: fp32 "ieee", 2: upcast to fp32 first.
-
-    2 exists for the CPU interpreter, which stores bf16 as uint16 and would multiply the raw bits.
-    """
-    if PRECISION == 2:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif PRECISION == 1:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
 
 
 @triton.jit
@@ -177,12 +162,12 @@ def _tree_attention_kernel(
     for start in range(lo, tl.minimum(hi, ctx_full), BLOCK_N):
         k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
-        s = _dot(q, tl.trans(k), PRECISION) * qk_scale
+        s = dot(q, tl.trans(k), PRECISION) * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
         m_i = m_new
 
     # phase 2: the context's ragged tail and the tree rows, masked
@@ -191,7 +176,7 @@ def _tree_attention_kernel(
         key_ok = pos < hi
         k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
-        s = _dot(q, tl.trans(k), PRECISION) * qk_scale
+        s = dot(q, tl.trans(k), PRECISION) * qk_scale
         j = pos - context_len  # tree index of the key (negative inside the context)
         if TREE:
             # BLOCK_N consecutive keys span at most (BLOCK_N + 30) // 32 + 1 bitmask words: load
@@ -215,7 +200,7 @@ def _tree_attention_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
         m_i = m_new
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
@@ -280,12 +265,6 @@ def _merge_splits_kernel(
         out.to(OUT.dtype.element_ty),
         mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :],
     )
-
-
-def _precision(dtype: torch.dtype) -> int:
-    if dtype == torch.float32:
-        return 1
-    return 2 if os.environ.get("TRITON_INTERPRET") == "1" else 0
 
 
 def _default_config(rows: int) -> AttentionConfig:
@@ -445,7 +424,7 @@ def tree_attention(
             n, launch.row0, node0, context_len, scale * _LOG2E,
             GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            TREE=visibility is not None, ALL=all_visible, SPLIT=splits > 1, PRECISION=_precision(q.dtype),
+            TREE=visibility is not None, ALL=all_visible, SPLIT=splits > 1, PRECISION=dot_precision(q.dtype),
             num_warps=c.num_warps, num_stages=c.num_stages,
         )
     split = [p for p in partials if p.splits > 1]

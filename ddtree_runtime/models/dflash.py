@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import DFlashConfig
-from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, as_device_length, rope_tables
+from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, as_device_length, linear, rope_tables
 
 
 class DFlashDrafter(nn.Module):
@@ -60,7 +60,7 @@ class DFlashDrafter(nn.Module):
         lc = self.config.layers
         ctx_start = as_device_length(ctx_start, features.device)
         positions = ctx_start + torch.arange(features.shape[0], device=features.device)
-        ctx, _ = backend.rms_norm(self.fc(features), self.hidden_norm.weight, lc.rms_norm_eps)  # [C, hidden]
+        ctx, _ = backend.rms_norm(linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps)  # [C, hidden]
         for i, layer in enumerate(self.layers):
             layer.self_attn.project(ctx, self.cos, self.sin, positions, self.k_cache[i], self.v_cache[i], ctx_start, backend)
 
@@ -82,7 +82,7 @@ class DFlashDrafter(nn.Module):
                 q, kc, vc, start, None, attn.head_dim**-0.5,
                 key_bound=key_bound, all_visible=not cfg.causal[i], window=cfg.windows[i],
             )
-            h, x = backend.rms_norm(attn.output(out), layer.post_attention_layernorm.weight, eps, residual=x)
+            h, x = backend.rms_norm(attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x)
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
         return h

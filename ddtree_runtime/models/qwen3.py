@@ -57,10 +57,16 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor, backend: TorchBackend) -> Tensor:
         if self.gate_up_proj is not None:
-            gate_up = self.gate_up_proj(x)  # [T, 2I]
+            gate_up = linear(self.gate_up_proj, x, backend)  # [T, 2I]
         else:
             gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        return self.down_proj(backend.silu_mul(gate_up))
+        return linear(self.down_proj, backend.silu_mul(gate_up), backend)
+
+
+def linear(layer: nn.Linear, x: Tensor, backend: TorchBackend) -> Tensor:
+    """`layer(x)` through the backend's matmul (a bandwidth-bound kernel for a few rows on CUDA)."""
+    out = backend.linear(x, layer.weight)
+    return out if layer.bias is None else out + layer.bias
 
 
 def _fused(*parts: nn.Linear) -> nn.Linear:
@@ -98,10 +104,10 @@ class Attention(nn.Module):
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def qkv(self, x: Tensor) -> Tensor:
+    def qkv(self, x: Tensor, backend: TorchBackend) -> Tensor:
         """x: [T, hidden] -> [T, (Hq + 2 Hkv) D]."""
         if self.qkv_proj is not None:
-            return self.qkv_proj(x)
+            return linear(self.qkv_proj, x, backend)
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
     def project(
@@ -117,14 +123,14 @@ class Attention(nn.Module):
     ) -> Tensor:
         """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
         q = backend.qk_rope(
-            self.qkv(x), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            self.qkv(x, backend), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
             cos, sin, positions, k_cache, v_cache, context_len, self.n_heads,
         )  # [T, Hq, D]
         return q.transpose(0, 1)
 
-    def output(self, attn: Tensor) -> Tensor:
+    def output(self, attn: Tensor, backend: TorchBackend) -> Tensor:
         """attn [Hq, T, D] -> [T, hidden]."""
-        return self.o_proj(attn.transpose(0, 1).reshape(attn.shape[1], -1))
+        return linear(self.o_proj, attn.transpose(0, 1).reshape(attn.shape[1], -1), backend)
 
 
 class DecoderLayer(nn.Module):
@@ -214,7 +220,7 @@ class Qwen3(nn.Module):
             out = backend.attention(
                 q, self.k_cache[i], self.v_cache[i], ctx, visibility, attn.head_dim**-0.5, key_bound=key_bound
             )  # [Hq, T, D]
-            h, x = backend.rms_norm(attn.output(out), layer.post_attention_layernorm.weight, eps, residual=x)
+            h, x = backend.rms_norm(attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x)
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i

@@ -10,6 +10,7 @@ from ddtree_runtime.models.qwen3 import rope_tables
 from kernels.qk_rope import qk_rope, qk_rope_reference
 from kernels.rms_norm import rms_norm, rms_norm_reference
 from kernels.silu_mul import silu_mul, silu_mul_reference
+from kernels.skinny_matmul import SkinnyConfig, skinny_matmul, skinny_matmul_reference
 from tests.kernels.trees import DEVICE
 
 # bf16: the CPU interpreter truncates each bf16 rounding (a GPU rounds to nearest)
@@ -63,3 +64,25 @@ def test_silu_mul(dtype: torch.dtype, t: int, inner: int) -> None:
     gen = torch.Generator().manual_seed(inner)
     gate_up = (2 * torch.randn(t, 2 * inner, generator=gen)).to(DEVICE, dtype)
     assert _rel(silu_mul(gate_up), silu_mul_reference(gate_up)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("t", "n", "k", "config"),
+    [
+        (1, 40, 96, None),
+        (16, 64, 256, SkinnyConfig(16, 32, 4, 1)),
+        (5, 48, 300, SkinnyConfig(32, 64, 4, 1, split_k=3)),  # ragged K over three splits
+    ],
+)
+def test_skinny_matmul(dtype: torch.dtype, t: int, n: int, k: int, config: SkinnyConfig | None) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    x = torch.randn(t, k, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).to(DEVICE, dtype)
+    out = skinny_matmul(x, w, config)
+    assert out.shape == (t, n) and _rel(out, skinny_matmul_reference(x.float(), w.float())) < TOL[dtype]
+
+
+def test_skinny_matmul_refuses_a_gemm() -> None:
+    with pytest.raises(RuntimeError, match="T <= 16"):
+        skinny_matmul(torch.randn(17, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE))

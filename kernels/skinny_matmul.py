@@ -1,0 +1,120 @@
+"""Skinny matmul: ``x @ W.T`` for a few rows (decode, a chain's verify, a drafter block), at bandwidth.
+
+With T <= 16 rows a projection is a matrix-vector product in disguise: it must stream the whole
+weight ``W [N, K]`` once and does almost no arithmetic per byte. cuBLAS reaches 42-77% of the
+H200's copy bandwidth on Qwen3-8B's projection shapes at T = 1 (benchmarks/RESULTS.md); at batch 1
+those projections are ~95% of a decode step's bytes, so their efficiency is the step's. Here one
+program owns ``BLOCK_N`` output columns and walks K in ``BLOCK_K`` steps, pipelined: each step
+loads a ``[BLOCK_N, BLOCK_K]`` tile of W (contiguous along K) and the ``[16, BLOCK_K]`` tile of x
+(rows past T masked to zero), and accumulates ``x_tile @ W_tile.T`` in fp32 on the tensor cores.
+When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs whose fp32 partials a
+second small kernel sums. No program rereads a byte of W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.host import cdiv, num_sms
+from kernels.precision import dot, dot_precision
+
+MAX_ROWS = 16  # one tl.dot tile of rows; more rows are a GEMM's job
+SKINNY_MAX_N = 65536  # wider (an LM head) streams at ~95% through cuBLAS already
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+
+
+@triton.jit
+def _skinny_kernel(
+    X, W, OUT, PART,
+    stride_xt, stride_wn, stride_ot,
+    n_rows, n_cols, k_total, k_per_split,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, 16)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    k0 = split * k_per_split
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
+        kk = k + offs_k
+        k_ok = kk < k_total
+        x = tl.load(X + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = dot(x, tl.trans(w), PRECISION, acc)
+    mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        tl.store(PART + split * 16 * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
+    else:
+        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(PART, OUT, stride_ot, n_rows, n_cols, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(PART + s * 16 * n_cols + row * n_cols + cols, mask=ok, other=0.0)
+    tl.store(OUT + row * stride_ot + cols, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+def default_config(n: int, k: int, sms: int) -> SkinnyConfig:
+    """Enough programs to give every SM a few (by columns, then by splitting K), 128-wide K steps."""
+    block_n = 64 if n >= 64 * 2 * sms else 32 if n >= 32 * 2 * sms else 16
+    programs = cdiv(n, block_n)
+    split_k = 1
+    while programs * split_k < 2 * sms and k // (split_k * 2) >= 512:
+        split_k *= 2
+    return SkinnyConfig(block_n=block_n, block_k=128, num_warps=4, num_stages=4, split_k=split_k)
+
+
+def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None) -> Tensor:
+    """x [T, K] (T <= 16) times weight [N, K] transposed: [T, N] in x's dtype (fp32 inside)."""
+    t, k = x.shape
+    n = weight.shape[0]
+    if t > MAX_ROWS or weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
+        raise RuntimeError(
+            f"skinny_matmul wants x [T <= {MAX_ROWS}, K] and weight [N, K] with unit last strides, "
+            f"got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    cfg = config or default_config(n, k, num_sms(x.device))
+    out = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    _skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
+        x, weight, out, part,
+        x.stride(0), weight.stride(0), out.stride(0),
+        t, n, k, k_per_split,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        _sum_splits_kernel[(t, cdiv(n, 1024))](part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4)
+    return out
+
+
+def skinny_matmul_reference(x: Tensor, weight: Tensor) -> Tensor:
+    """PyTorch: ``F.linear`` without a bias."""
+    return F.linear(x, weight)
