@@ -35,6 +35,31 @@ def rotating(weights: list[torch.Tensor]):
     return next_weight
 
 
+def measure(name: str, n: int, k: int, t: int, grid: list[SkinnyConfig], bw: float, sms: int) -> dict:
+    dev = torch.device("cuda")
+    weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(4)]
+    x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+    nxt = rotating(weights)
+    ref = F.linear(x, weights[0])
+    err = float((skinny_matmul(x, weights[0]).float() - ref.float()).norm() / ref.float().norm())
+    cublas = do_bench(lambda: F.linear(x, nxt()), warmup=25, rep=100, return_mode="median")
+    ours = do_bench(lambda: skinny_matmul(x, nxt()), warmup=25, rep=100, return_mode="median")
+    best = (ours, default_config(n, k, sms))
+    for cfg in grid:
+        ms = do_bench(lambda cfg=cfg: skinny_matmul(x, nxt(), cfg), warmup=10, rep=50, return_mode="median")
+        best = min(best, (ms, cfg), key=lambda b: b[0])
+
+    def of_copy(ms: float) -> float:
+        return round(n * k * 2 / (ms * 1e-3) / bw, 2)
+
+    return {
+        "shape": name, "T": t, "rel_err": round(err, 5),
+        "cublas_us": round(cublas * 1e3, 1), "cublas_of_copy": of_copy(cublas),
+        "skinny_us": round(ours * 1e3, 1), "skinny_of_copy": of_copy(ours),
+        "best_us": round(best[0] * 1e3, 1), "best_of_copy": of_copy(best[0]), "best_config": best[1].__dict__,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sweep", action="store_true", help="also time a grid of configurations")
@@ -47,30 +72,8 @@ def main() -> None:
         SkinnyConfig(bn, bk, w, st, sk)
         for bn, bk, w, st, sk in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 5), (1, 2, 4))
     ]
-    rows = []
     for (name, (n, k)), t in itertools.product(SHAPES.items(), (1, 16)):
-        weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) for _ in range(4)]
-        x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
-        nxt = rotating(weights)
-        ref = F.linear(x, weights[0])
-        err = float((skinny_matmul(x, weights[0]).float() - ref.float()).norm() / ref.float().norm())
-        cublas = do_bench(lambda: F.linear(x, nxt()), warmup=25, rep=100, return_mode="median")
-        ours = do_bench(lambda: skinny_matmul(x, nxt()), warmup=25, rep=100, return_mode="median")
-        best = (ours, default_config(n, k, sms))
-        if args.sweep:
-            for cfg in grid:
-                ms = do_bench(lambda cfg=cfg: skinny_matmul(x, nxt(), cfg), warmup=10, rep=50, return_mode="median")
-                best = min(best, (ms, cfg), key=lambda b: b[0])
-        gbs = lambda ms: round(n * k * 2 / (ms * 1e-3) / 1e9)  # noqa: E731
-        row = {
-            "shape": name, "T": t, "rel_err": round(err, 5),
-            "cublas_us": round(cublas * 1e3, 1), "cublas_of_copy": round(gbs(cublas) * 1e9 / bw, 2),
-            "skinny_us": round(ours * 1e3, 1), "skinny_of_copy": round(gbs(ours) * 1e9 / bw, 2),
-            "best_us": round(best[0] * 1e3, 1), "best_of_copy": round(gbs(best[0]) * 1e9 / bw, 2),
-            "best_config": best[1].__dict__,
-        }
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        print(json.dumps(measure(name, n, k, t, grid if args.sweep else [], bw, sms)), flush=True)
     print(f"copy ceiling {bw / 1e12:.2f} TB/s")
 
 
