@@ -14,7 +14,9 @@ steps rely on:
   connecting user is trusted to have the rights, e.g. root or a user-owned base). The password
   never touches argv: ``sudo -k -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
   and without that secret ``sudo -n`` fails at once instead of waiting for a prompt.
-- Writes are atomic: a temp file in the target's directory, then a rename. With mode None a
+- Writes are atomic: a temp file in the target's directory, then a rename; over SSH the temp
+  file's size and SHA-256 are checked first, and a short or corrupt copy raises `WriteFailed`
+  with the target untouched (a full disk must never replace a file by a short one). With mode None a
   replaced file keeps its mode; a new one gets the source file's mode (put) or 0644 (write).
 - Paths that are not absolute are relative to the login directory on both backends.
 
@@ -26,6 +28,7 @@ and stdout/stderr are read together (no deadlock on large stderr).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import posixpath
@@ -46,7 +49,7 @@ from typing import IO
 import fabric
 import paramiko
 
-from ops.errors import HostKeyError, HostUnreachable, SpecopsError
+from ops.errors import HostKeyError, HostUnreachable, SpecopsError, WriteFailed
 from ops.hostkeys import changed_key_error, prepare_client
 from ops.inventory import SUDO_PASSWORD, Host
 from ops.redact import Redactor
@@ -290,6 +293,20 @@ def _copy(source: IO[bytes], dest: IO[bytes]) -> None:
         dest.write(chunk)
 
 
+class _Counted:
+    """A writer that counts and hashes what passes through, so a remote copy can be checked."""
+
+    def __init__(self, dest: IO[bytes]):
+        self.dest = dest
+        self.size = 0
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        self.digest.update(data)
+        return self.dest.write(data)
+
+
 def _atomic_local(target: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write a controller-side file through a temp file beside it and a rename."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.specops-", suffix=".tmp")
@@ -505,6 +522,11 @@ class SshConnection(Connection):
             return fh.read(length)
 
     def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+        """Pipelined SFTP write, verified by size and SHA-256 read back before the rename.
+
+        Paramiko drops the status of the last pipelined writes (a full disk answers them with a
+        bare "Failure"), so the temp file is proved complete before it may replace `path`.
+        """
         tmp = _temp_name(path)
         with self._sftp_op(f"write of {path}") as sftp:
             if mode is None:
@@ -513,15 +535,39 @@ class SshConnection(Connection):
                 except FileNotFoundError:
                     mode = default_mode
             try:
-                with sftp.open(tmp, "wb") as fh:
-                    fh.set_pipelined(True)
-                    write(fh)
+                try:
+                    with sftp.open(tmp, "wb") as fh:
+                        fh.set_pipelined(True)
+                        sent = _Counted(fh)
+                        write(sent)  # type: ignore[arg-type]
+                except OSError as exc:
+                    if exc.errno is not None or not self._fabric or not self._fabric.is_connected:
+                        raise
+                    raise self._write_failed(path, f"the host answered '{exc}'") from None
+                self._verify(sftp, path, tmp, sent)
                 sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
             except BaseException:
                 with contextlib.suppress(Exception):
                     sftp.remove(tmp)
                 raise
+
+    def _verify(self, sftp: paramiko.SFTPClient, path: str, tmp: str, sent: _Counted) -> None:
+        kept = sftp.stat(tmp).st_size or 0
+        if kept != sent.size:
+            raise self._write_failed(path, f"the host kept {kept} of {sent.size} bytes (is its disk full?)")
+        digest = hashlib.sha256()
+        with sftp.open(tmp, "rb") as fh:
+            fh.prefetch()
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+        if digest.digest() != sent.digest.digest():
+            raise self._write_failed(path, "the bytes read back differ from the bytes sent")
+
+    def _write_failed(self, path: str, why: str) -> WriteFailed:
+        folder = posixpath.dirname(path) or "."
+        return WriteFailed(self.host.name, path, why,
+                           f"free space on the host (df -h {folder}) or check who may write there, then run again")
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:
