@@ -1,8 +1,8 @@
 """One interface over SSH hosts (Fabric/Paramiko) and the local machine (subprocess).
 
 Steps talk to a `Connection` only: `run` a shell command, ranged `read_bytes`, atomic
-`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`. Both backends share the behaviour that
-steps rely on:
+`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`, `realpath`. Both backends share the
+behaviour that steps rely on:
 
 - `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
   name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does):
@@ -92,6 +92,7 @@ class FileStat:
     size: int
     mode: int
     is_dir: bool
+    is_file: bool  # a regular file, after following links
 
 
 def sudo_wrap(command: str, password: str | None) -> str:
@@ -176,6 +177,10 @@ class Connection:
         raise NotImplementedError
 
     def listdir(self, path: str) -> list[str]:
+        raise NotImplementedError
+
+    def realpath(self, path: str) -> str:
+        """`path` with every symlink resolved (the file a write through the link should replace)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -279,10 +284,14 @@ class LocalConnection(Connection):
             st = os.stat(self._path(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode))
+        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode),
+                        is_file=stat_mod.S_ISREG(st.st_mode))
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(self._path(path)))
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(self._path(path))
 
     def close(self) -> None:
         """Nothing to release; present so both backends are used the same way."""
@@ -581,11 +590,15 @@ class SshConnection(Connection):
             except FileNotFoundError:
                 return None
         return FileStat(size=st.st_size or 0, mode=stat_mod.S_IMODE(st.st_mode or 0),
-                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0))
+                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0), is_file=stat_mod.S_ISREG(st.st_mode or 0))
 
     def listdir(self, path: str) -> list[str]:
         with self._sftp_op(f"listing of {path}") as sftp:
             return sorted(sftp.listdir(path))
+
+    def realpath(self, path: str) -> str:
+        with self._sftp_op(f"realpath of {path}") as sftp:
+            return sftp.normalize(path)  # the server's realpath(3): every link resolved
 
 
 def _describe(exc: BaseException | None) -> str:

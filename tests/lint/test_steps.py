@@ -30,7 +30,7 @@ def _ctx(tmp_path: Path) -> StepContext:
 def test_patch_plan_from_facts(tmp_path):
     step = get_step("drafter_patch")()
     args = step.check_args({"drafter": "/m/d", "spec": "qwen3-8b-dflash-b16"})
-    facts = {"config": "/m/d/config.json", "spec": "s", "refused": None, "old": '{"a": 1}\n', "new": '{"a": 2}\n',
+    facts = {"config": "/m/d/config.json", "target": "/m/d/config.json", "spec": "s", "refused": None, "old": '{"a": 1}\n', "new": '{"a": 2}\n',
              "diff": "-a\n+a\n", "backup": "/m/d/config.json.bak-20261202T000000Z"}
     plan = step.plan(facts, args, _ctx(tmp_path))
     backup, config = plan.changes

@@ -1,4 +1,4 @@
-"""DFL060-DFL061: do the stored tensors match what the config describes?
+"""DFL060-DFL063: do the stored tensors match what the config describes, and are they sound?
 
 Why: a checkpoint whose tensors the config does not explain (more layers than num_hidden_layers,
 a missing fc) loads with random or dropped weights under a lenient loader. Only the safetensors
@@ -46,8 +46,13 @@ def check(ctx: LintContext) -> list[Finding]:
         return []
     findings = [ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
                 for file, message in weights.problems]
+    findings += [ctx.in_file("DFL062", index, f"weight_map names {name!r}, outside the checkpoint directory",
+                             "a shard index may only name files beside it; re-download the checkpoint")
+                 for index, name in weights.escapes]
+    findings += [ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
+                 for file, message in weights.bad_offsets]
     if not weights.tensors:
-        if not weights.problems:
+        if not weights.problems and not weights.escapes:
             findings.append(ctx.at("DFL061", (), "the drafter directory has no *.safetensors weights",
                                    "copy the drafter's model.safetensors next to its config.json"))
         return findings
