@@ -46,9 +46,11 @@ def check(ctx: LintContext) -> list[Finding]:
         return []
     findings = [ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
                 for file, message in weights.problems]
-    findings += [ctx.in_file("DFL062", index, f"weight_map names {name!r}, outside the checkpoint directory",
-                             "a shard index may only name files beside it; re-download the checkpoint")
-                 for index, name in weights.escapes]
+    if weights.escapes:
+        names = ", ".join(repr(name) for _, name in weights.escapes)
+        findings.append(ctx.in_file("DFL062", weights.escapes[0][0], f"weight_map names {len(weights.escapes)} "
+                                    f"file(s) outside the checkpoint directory, not read: {names}",
+                                    "a shard index may only name files beside it; re-download the checkpoint"))
     findings += [ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
                  for file, message in weights.bad_offsets]
     if not weights.tensors:
