@@ -33,6 +33,7 @@ import logging
 import os
 import posixpath
 import pwd
+import re
 import signal
 import socket
 import stat as stat_mod
@@ -61,8 +62,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("specops.connection")
+# Paramiko logs each transport failure with its traceback; we report every one as HostUnreachable,
+# so keep its records away from logging's last-resort stderr printer (a configured handler still sees them).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 CONNECT_ATTEMPTS = 3
+OPEN_BUDGET = 3  # connect timeouts one attempt may take in all: TCP connect, banner, key exchange and auth
+_NO_HANDSHAKE = re.compile(r"protocol banner|Indecipherable protocol version|No existing session")
 CONNECT_BACKOFF_S = (0.2, 0.5)
 KEEPALIVE_S = 30
 TIMEOUT_EXIT = 124
@@ -370,7 +376,15 @@ class SshConnection(Connection):
             for attempt in range(CONNECT_ATTEMPTS):
                 conn = self._new_fabric()
                 try:
-                    conn.open()
+                    self._open(conn)
+                except _NoHandshake:
+                    conn.close()
+                    raise HostUnreachable(
+                        self.host.name,
+                        f"{self.host.address}:{self.host.port} accepted the connection but no SSH handshake "
+                        f"completed (no SSH banner; gave up within {OPEN_BUDGET * self.host.connect_timeout:g}s)",
+                        f"check that port {self.host.port} is the host's sshd, not another service or a tarpit",
+                    ) from None
                 except HostKeyError:
                     conn.close()
                     raise
@@ -401,6 +415,29 @@ class SshConnection(Connection):
                 f"check that the host is up and sshd listens on port {self.host.port} "
                 f"(connect_timeout is {self.host.connect_timeout:g}s)",
             )
+
+    def _open(self, conn: fabric.Connection) -> None:
+        """Open under a watchdog: a peer that never sends a banner, or trickles junk lines (a
+        tarpit), cannot hold a run longer than OPEN_BUDGET connect timeouts, and is not retried."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            transport = conn.client.get_transport()
+            if transport is not None:
+                transport.close()
+
+        watchdog = threading.Timer(OPEN_BUDGET * self.host.connect_timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.open()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            if expired.is_set() or _NO_HANDSHAKE.search(str(exc)):
+                raise _NoHandshake() from None
+            raise
+        finally:
+            watchdog.cancel()
 
     def _lost(self, what: str, exc: BaseException | None = None) -> HostUnreachable:
         self._drop()
@@ -599,6 +636,10 @@ class SshConnection(Connection):
     def realpath(self, path: str) -> str:
         with self._sftp_op(f"realpath of {path}") as sftp:
             return sftp.normalize(path)  # the server's realpath(3): every link resolved
+
+
+class _NoHandshake(Exception):
+    """The peer accepted TCP but never completed an SSH handshake in time."""
 
 
 def _describe(exc: BaseException | None) -> str:
