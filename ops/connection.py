@@ -589,7 +589,7 @@ class SshConnection(Connection):
                 except OSError as exc:
                     if exc.errno is not None or not self._fabric or not self._fabric.is_connected:
                         raise
-                    raise self._write_failed(path, f"the host answered '{exc}'") from None
+                    raise self._write_failed(path, f"the host refused a write ('{exc}'; is its disk full?)") from None
                 self._verify(sftp, path, tmp, sent)
                 sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
