@@ -6,9 +6,9 @@ Mappings load as :class:`LineMap` (``.line``, ``.key_lines``), lists as :class:`
 (``.line``, ``.item_lines``) and ints as :class:`YamlInt`, which keeps its source text so that
 ``mode: 755`` can mean 0o755 as it does for chmod. Use :func:`plain` to drop these types.
 
-Aliases are bounded: a document whose aliases expand to more than ``MAX_VALUES`` values (a
-"billion laughs" bomb of nested ``*refs``) is refused at the alias that crosses the limit, before
-anything walks the expanded tree.
+Hostile input is bounded: ``[`` and ``{`` nest at most ``MAX_FLOW_DEPTH`` deep, and a document
+whose aliases expand to more than ``MAX_VALUES`` values (a "billion laughs" bomb of nested
+``*refs``) is refused at the alias that crosses the limit, before anything walks the expanded tree.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import yaml
 from ops.errors import InputFileError
 
 MAX_VALUES = 100_000   # values in the document with every alias expanded; real files hold < 5,000
+MAX_FLOW_DEPTH = 64    # nested [ and { (PyYAML's scanner slows quadratically with the depth)
 
 
 class LineMap(dict):
@@ -62,6 +63,13 @@ class _Loader(yaml.SafeLoader):
         else:
             self.expanded += 1
         return super().compose_node(parent, index)
+
+    def fetch_flow_collection_start(self, token_class: type) -> None:
+        if self.flow_level >= MAX_FLOW_DEPTH:
+            raise InputFileError(self.source, self.get_mark().line + 1,
+                                 f"[ and {{ nested deeper than {MAX_FLOW_DEPTH} levels",
+                                 "a real inventory or playbook nests a few levels, not hundreds")
+        super().fetch_flow_collection_start(token_class)
 
     def construct_line_map(self, node: yaml.MappingNode):
         data = LineMap()
@@ -122,7 +130,7 @@ def read_source(path: Path, what: str, hint: str) -> str:
     except OSError as exc:
         raise InputFileError(path, None, f"cannot read {what}: {exc.strerror}", hint) from None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise InputFileError(path, line, f"{what} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",

@@ -61,6 +61,9 @@ def test_alias_bomb_is_refused_with_file_and_line(tmp_path):
                         "      vars:\n" + bomb(indent="        ", prefix=""))
     with pytest.raises(InputFileError, match=rf"{playbook}:14: YAML aliases expand"):
         load_playbook(playbook)
+    playbook.write_text("name: deep\nsteps: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(InputFileError, match=r"play\.yaml:2: \[ and \{ nested deeper than 64 levels"):
+        load_playbook(playbook)
     assert time.monotonic() - start < 5
 
 

@@ -34,7 +34,7 @@ def test_write_on_a_full_disk_fails_and_keeps_the_original(full_host, tmp_path):
     wheel.write_bytes(bytes(range(256)) * 1058)   # 270,848 bytes, as the wheel that arrived as 4,096
     with pytest.raises(WriteFailed, match=r"\.whl failed: the host kept 0 of 270848 bytes \(is its disk full\?\)"):
         conn.put_file(wheel, str(disk / wheel.name))
-    with pytest.raises(WriteFailed, match="state.json failed"):   # > 100 requests in flight: refused mid-way
+    with pytest.raises(WriteFailed, match=r"state\.json failed"):   # > 100 requests in flight: refused mid-way
         conn.write_bytes(target, b"y" * 4_000_000)
     small = b"short but not tiny " * 300
     with pytest.raises(WriteFailed):
