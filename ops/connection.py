@@ -1,8 +1,8 @@
 """One interface over SSH hosts (Fabric/Paramiko) and the local machine (subprocess).
 
 Steps talk to a `Connection` only: `run` a shell command, ranged `read_bytes`, atomic
-`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`. Both backends share the behaviour that
-steps rely on:
+`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`, `realpath`. Both backends share the
+behaviour that steps rely on:
 
 - `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
   name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does):
@@ -14,7 +14,9 @@ steps rely on:
   connecting user is trusted to have the rights, e.g. root or a user-owned base). The password
   never touches argv: ``sudo -k -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
   and without that secret ``sudo -n`` fails at once instead of waiting for a prompt.
-- Writes are atomic: a temp file in the target's directory, then a rename. With mode None a
+- Writes are atomic: a temp file in the target's directory, then a rename; over SSH the temp
+  file's size and SHA-256 are checked first, and a short or corrupt copy raises `WriteFailed`
+  with the target untouched (a full disk must never replace a file by a short one). With mode None a
   replaced file keeps its mode; a new one gets the source file's mode (put) or 0644 (write).
 - Paths that are not absolute are relative to the login directory on both backends.
 
@@ -26,10 +28,12 @@ and stdout/stderr are read together (no deadlock on large stderr).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import posixpath
 import pwd
+import re
 import signal
 import socket
 import stat as stat_mod
@@ -46,7 +50,7 @@ from typing import IO
 import fabric
 import paramiko
 
-from ops.errors import HostKeyError, HostUnreachable, SpecopsError
+from ops.errors import HostKeyError, HostUnreachable, SpecopsError, WriteFailed
 from ops.hostkeys import changed_key_error, prepare_client
 from ops.inventory import SUDO_PASSWORD, Host
 from ops.redact import Redactor
@@ -58,8 +62,13 @@ __all__ = [
 ]
 
 log = logging.getLogger("specops.connection")
+# Paramiko logs each transport failure with its traceback; we report every one as HostUnreachable,
+# so keep its records away from logging's last-resort stderr printer (a configured handler still sees them).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 CONNECT_ATTEMPTS = 3
+OPEN_BUDGET = 3  # connect timeouts one attempt may take in all: TCP connect, banner, key exchange and auth
+_NO_HANDSHAKE = re.compile(r"protocol banner|Indecipherable protocol version|No existing session")
 CONNECT_BACKOFF_S = (0.2, 0.5)
 KEEPALIVE_S = 30
 TIMEOUT_EXIT = 124
@@ -89,6 +98,7 @@ class FileStat:
     size: int
     mode: int
     is_dir: bool
+    is_file: bool  # a regular file, after following links
 
 
 def sudo_wrap(command: str, password: str | None) -> str:
@@ -173,6 +183,10 @@ class Connection:
         raise NotImplementedError
 
     def listdir(self, path: str) -> list[str]:
+        raise NotImplementedError
+
+    def realpath(self, path: str) -> str:
+        """`path` with every symlink resolved (the file a write through the link should replace)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -276,10 +290,14 @@ class LocalConnection(Connection):
             st = os.stat(self._path(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode))
+        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode),
+                        is_file=stat_mod.S_ISREG(st.st_mode))
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(self._path(path)))
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(self._path(path))
 
     def close(self) -> None:
         """Nothing to release; present so both backends are used the same way."""
@@ -288,6 +306,20 @@ class LocalConnection(Connection):
 def _copy(source: IO[bytes], dest: IO[bytes]) -> None:
     while chunk := source.read(_CHUNK):
         dest.write(chunk)
+
+
+class _Counted:
+    """A writer that counts and hashes what passes through, so a remote copy can be checked."""
+
+    def __init__(self, dest: IO[bytes]):
+        self.dest = dest
+        self.size = 0
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        self.digest.update(data)
+        return self.dest.write(data)
 
 
 def _atomic_local(target: Path, write: Callable[[IO[bytes]], object]) -> None:
@@ -344,7 +376,15 @@ class SshConnection(Connection):
             for attempt in range(CONNECT_ATTEMPTS):
                 conn = self._new_fabric()
                 try:
-                    conn.open()
+                    self._open(conn)
+                except _NoHandshake:
+                    conn.close()
+                    raise HostUnreachable(
+                        self.host.name,
+                        f"{self.host.address}:{self.host.port} accepted the connection but no SSH handshake "
+                        f"completed (no SSH banner; gave up within {OPEN_BUDGET * self.host.connect_timeout:g}s)",
+                        f"check that port {self.host.port} is the host's sshd, not another service or a tarpit",
+                    ) from None
                 except HostKeyError:
                     conn.close()
                     raise
@@ -375,6 +415,29 @@ class SshConnection(Connection):
                 f"check that the host is up and sshd listens on port {self.host.port} "
                 f"(connect_timeout is {self.host.connect_timeout:g}s)",
             )
+
+    def _open(self, conn: fabric.Connection) -> None:
+        """Open under a watchdog: a peer that never sends a banner, or trickles junk lines (a
+        tarpit), cannot hold a run longer than OPEN_BUDGET connect timeouts, and is not retried."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            transport = conn.client.get_transport()
+            if transport is not None:
+                transport.close()
+
+        watchdog = threading.Timer(OPEN_BUDGET * self.host.connect_timeout, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.open()
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            if expired.is_set() or _NO_HANDSHAKE.search(str(exc)):
+                raise _NoHandshake() from None
+            raise
+        finally:
+            watchdog.cancel()
 
     def _lost(self, what: str, exc: BaseException | None = None) -> HostUnreachable:
         self._drop()
@@ -505,6 +568,11 @@ class SshConnection(Connection):
             return fh.read(length)
 
     def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+        """Pipelined SFTP write, verified by size and SHA-256 read back before the rename.
+
+        Paramiko drops the status of the last pipelined writes (a full disk answers them with a
+        bare "Failure"), so the temp file is proved complete before it may replace `path`.
+        """
         tmp = _temp_name(path)
         with self._sftp_op(f"write of {path}") as sftp:
             if mode is None:
@@ -513,15 +581,39 @@ class SshConnection(Connection):
                 except FileNotFoundError:
                     mode = default_mode
             try:
-                with sftp.open(tmp, "wb") as fh:
-                    fh.set_pipelined(True)
-                    write(fh)
+                try:
+                    with sftp.open(tmp, "wb") as fh:
+                        fh.set_pipelined(True)
+                        sent = _Counted(fh)
+                        write(sent)  # type: ignore[arg-type]
+                except OSError as exc:
+                    if exc.errno is not None or not self._fabric or not self._fabric.is_connected:
+                        raise
+                    raise self._write_failed(path, f"the host refused a write ('{exc}'; is its disk full?)") from None
+                self._verify(sftp, path, tmp, sent)
                 sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
             except BaseException:
                 with contextlib.suppress(Exception):
                     sftp.remove(tmp)
                 raise
+
+    def _verify(self, sftp: paramiko.SFTPClient, path: str, tmp: str, sent: _Counted) -> None:
+        kept = sftp.stat(tmp).st_size or 0
+        if kept != sent.size:
+            raise self._write_failed(path, f"the host kept {kept} of {sent.size} bytes (is its disk full?)")
+        digest = hashlib.sha256()
+        with sftp.open(tmp, "rb") as fh:
+            fh.prefetch()
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+        if digest.digest() != sent.digest.digest():
+            raise self._write_failed(path, "the bytes read back differ from the bytes sent")
+
+    def _write_failed(self, path: str, why: str) -> WriteFailed:
+        folder = posixpath.dirname(path) or "."
+        return WriteFailed(self.host.name, path, why,
+                           f"free space on the host (df -h {folder}) or check who may write there, then run again")
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:
@@ -535,11 +627,19 @@ class SshConnection(Connection):
             except FileNotFoundError:
                 return None
         return FileStat(size=st.st_size or 0, mode=stat_mod.S_IMODE(st.st_mode or 0),
-                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0))
+                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0), is_file=stat_mod.S_ISREG(st.st_mode or 0))
 
     def listdir(self, path: str) -> list[str]:
         with self._sftp_op(f"listing of {path}") as sftp:
             return sorted(sftp.listdir(path))
+
+    def realpath(self, path: str) -> str:
+        with self._sftp_op(f"realpath of {path}") as sftp:
+            return sftp.normalize(path)  # the server's realpath(3): every link resolved
+
+
+class _NoHandshake(Exception):
+    """The peer accepted TCP but never completed an SSH handshake in time."""
 
 
 def _describe(exc: BaseException | None) -> str:

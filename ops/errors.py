@@ -65,3 +65,15 @@ class HostKeyError(SpecopsError):
         if hint:
             text += f" (fix: {_one_line(hint)})"
         super().__init__(text)
+
+
+class WriteFailed(SpecopsError):
+    """A file could not be written completely on a host; the file it was to replace is unchanged."""
+
+    def __init__(self, host: str, path: str, why: str, hint: str | None = None):
+        self.host = host
+        self.path = path
+        text = f"host '{host}': writing {path} failed: {_one_line(why)}; {path} is unchanged"
+        if hint:
+            text += f" (fix: {_one_line(hint)})"
+        super().__init__(text)

@@ -45,7 +45,7 @@ from typing import Any
 
 from ops.errors import InputFileError, SpecopsError, did_you_mean
 from ops.redact import Redactor
-from ops.yamlfile import LineMap, LineSeq, load_yaml, plain
+from ops.yamlfile import LineMap, LineSeq, load_yaml, plain, read_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASE = "/opt/specops"
@@ -80,6 +80,13 @@ class SecretRef:
     file: str | None
     origin: str  # "inventory.yaml:12", for error messages
 
+    def _one_line(self, value: str, where: str) -> str:
+        """Refuse a value with a line break: in a KEY=VALUE env file it would add lines of its own."""
+        if "\n" in value or "\r" in value:
+            raise SpecopsError(f"{self.origin}: secret '{self.name}' from {where} contains a line break, which "
+                               "could add lines to the host's env file (fix: store the value on one line)")
+        return value
+
     def resolve(self, host: str) -> str:
         if self.env is not None:
             value = os.environ.get(self.env)
@@ -89,7 +96,7 @@ class SecretRef:
                     f"variable {self.env}, which is not set on the controller "
                     f"(fix: export {self.env}=... before running)"
                 )
-            return value
+            return self._one_line(value, f"the environment variable {self.env}")
         assert self.file is not None  # parse guarantees one of env/file
         try:
             st = os.stat(self.file)
@@ -106,7 +113,7 @@ class SecretRef:
             ) from exc
         if not value:
             raise SpecopsError(f"{self.origin}: secret file {self.file} for '{self.name}' is empty")
-        return value
+        return self._one_line(value, f"the file {self.file}")
 
 
 @dataclass(frozen=True)
@@ -207,12 +214,7 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             return parse_inventory(EMBEDDED_INVENTORY, Path("<embedded inventory>"), base_dir=Path.cwd())
         path = default
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputFileError(path, None, f"cannot read inventory: {exc.strerror}",
-                             "pass an existing file with --inventory FILE") from exc
-    return parse_inventory(text, path)
+    return parse_inventory(read_source(path, "inventory", "pass an existing file with --inventory FILE"), path)
 
 
 def parse_inventory(text: str, path: Path, base_dir: Path | None = None) -> Inventory:

@@ -19,7 +19,7 @@ import jinja2
 from ops.errors import InputFileError, did_you_mean
 from ops.steps import REGISTRY, get_step
 from ops.steps.base import ArgError
-from ops.yamlfile import line_of, load_yaml
+from ops.yamlfile import line_of, load_yaml, read_source
 
 STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
 TOP_KEYS = ("name", "steps")
@@ -70,11 +70,7 @@ def _hint(word: str, choices: Any) -> str:
 def load_playbook(path: str | Path) -> Playbook:
     """Parse and validate a playbook; every problem is an InputFileError with file:line."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputFileError(path, None, f"cannot read playbook: {exc.strerror}",
-                             "check the path (relative paths start at the current directory)") from None
+    text = read_source(path, "playbook", "check the path (relative paths start at the current directory)")
     doc = load_yaml(text, path)
     if not isinstance(doc, dict):
         raise InputFileError(path, 1, "a playbook is a mapping with 'name' and 'steps'",
@@ -236,6 +232,8 @@ def render(value: Any, variables: dict[str, Any]) -> Any:
         raise RenderError(f"undefined variable: {exc.message}") from None
     except jinja2.TemplateError as exc:
         raise RenderError(f"template error: {exc}") from None
+    except Exception as exc:  # the user's expression raised (1 / 0, a bad comparison): that host's failure
+        raise RenderError(f"expression {value.strip()!r} raised {type(exc).__name__}: {exc}") from None
 
 
 def evaluate_when(when: bool | str | None, variables: dict[str, Any]) -> bool:
@@ -250,6 +248,8 @@ def evaluate_when(when: bool | str | None, variables: dict[str, Any]) -> bool:
         raise RenderError(f"'when' uses an undefined variable: {exc.message}") from None
     except jinja2.TemplateError as exc:
         raise RenderError(f"'when' failed: {exc}") from None
+    except Exception as exc:  # the user's expression raised (1 / 0, a bad comparison): that host's failure
+        raise RenderError(f"'when' {when.strip()!r} raised {type(exc).__name__}: {exc}") from None
     if isinstance(result, str):
         return result.strip().lower() not in ("", "false", "no", "0", "none")
     return bool(result)

@@ -138,6 +138,24 @@ def new_run_id(playbook: Playbook) -> str:
     return f"{stamp}-{slug}-{_random.token_hex(2)}"
 
 
+def make_run_dir(run_dir: Path) -> Path:
+    """Create ``results/<run-id>``; a results path that is a file (or unwritable) is an input error."""
+    try:
+        run_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise SpecopsError(f"cannot create the run folder {run_dir}: {exc.strerror} (fix: --results must name a "
+                           "folder, or a path where one can be created)") from None
+    return run_dir
+
+
+def check_key_files(hosts: list[Host]) -> None:
+    """A key_file that does not exist is the user's to fix: say so before connecting anywhere."""
+    for host in hosts:
+        if host.connection == "ssh" and host.key_file and not os.path.isfile(host.key_file):
+            raise SpecopsError(f"host '{host.name}': key_file {host.key_file} does not exist (fix: correct key_file "
+                               "in the inventory, or create the key with ssh-keygen)")
+
+
 def point_latest(results_root: Path, run_id: str) -> None:
     """Swap ``results/latest`` to ``run_id`` atomically (a new symlink renamed over the old)."""
     tmp = results_root / f".latest-{run_id}"
@@ -162,10 +180,10 @@ def run_playbook(
         raise SpecopsError(f"--forks must be at least 1, got {forks}")
     if not hosts:
         raise SpecopsError("no hosts selected (fix: check --limit against the inventory)")
+    check_key_files(hosts)
     root = Path(results_root) if results_root is not None else DEFAULT_RESULTS
     run_id = new_run_id(playbook)
-    run_dir = root / run_id
-    run_dir.mkdir(parents=True, exist_ok=False)
+    run_dir = make_run_dir(root / run_id)
     redactor = redactor or Redactor()
     result = RunResult(run_id, playbook, check, {}, run_dir)
     with Reporter(playbook, [h.name for h in hosts], check=check, log_path=run_dir / "run.log",
@@ -196,11 +214,18 @@ def _redacted(value: Any, redactor: Redactor) -> Any:
 
 def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None, redactor: Redactor,
               reporter: Reporter) -> HostResult:
-    """The whole playbook on one host; the first unignored failure skips the rest."""
+    """The whole playbook on one host; the first unignored failure skips the rest.
+
+    Secrets are resolved first: a host whose secret cannot be resolved fails before any step runs,
+    so no step ever writes an env file with a key silently missing. Nothing raised here may take
+    the other hosts (or the summary) down with it.
+    """
     start = time.monotonic()
     outcome = HostResult(host.name)
+    stage = "secrets"
     try:
-        secret_values = host.resolve_secrets(redactor, strict=False)
+        secret_values = host.resolve_secrets(redactor)
+        stage = "connect"
         variables: dict[str, Any] = {**host.template_vars(), "secrets": secret_values, "check": check}
         with connect(host, redactor=redactor) as conn:
             for spec in playbook.steps:
@@ -215,7 +240,12 @@ def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None
                 outcome.steps.append(step)
                 reporter.step_finished(host.name, spec, step)
     except SpecopsError as exc:  # secrets or connection set-up, before any step could report it
-        outcome.steps.append(StepResult("connect", "connect", "failed", False, str(exc)))
+        outcome.steps.append(StepResult(stage, stage, "failed", False, str(exc)))
+        reporter.step_finished(host.name, None, outcome.steps[-1])
+    except Exception as exc:  # a bug outside any step: this host fails, the run and its summary go on
+        reporter.note(f"{host.name} | internal error:\n{traceback.format_exc()}")
+        outcome.steps.append(StepResult(stage, stage, "failed", False,
+                                        redactor.redact(f"internal error: {type(exc).__name__}: {exc}")))
         reporter.step_finished(host.name, None, outcome.steps[-1])
     outcome.duration = time.monotonic() - start
     reporter.host_finished(host.name, outcome)

@@ -33,6 +33,7 @@ from ops.runner import (
     DEFAULT_RESULTS,
     REPO_ROOT,
     RunResult,
+    make_run_dir,
     new_run_id,
     point_latest,
     run_playbook,
@@ -51,17 +52,32 @@ COMMON_HELP = {
 
 
 def run_file(playbook: str | Path, *, limit: str | None = None, check: bool = False,
-             inventory: str | None = None, forks: int = DEFAULT_FORKS, tags: str | None = None,
+             inventory: str | None = None, forks: int | str | None = None, tags: str | None = None,
              results: str | None = None) -> RunResult:
     """Load everything first (so input errors stop before any host is touched), then run."""
     try:
         hosts = load_inventory(inventory).select(limit)
         book = load_playbook(playbook)
         selected = {t.strip() for t in tags.split(",") if t.strip()} if tags else None
-        return run_playbook(book, hosts, check=check, forks=int(forks), tags=selected, results_root=results)
+        return run_playbook(book, hosts, check=check, forks=parse_forks(forks), tags=selected, results_root=results)
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
+
+
+def parse_forks(value: object) -> int:
+    """``--forks`` arrives as text from the command line (None: the default); anything but a whole
+    number >= 1 is refused. The tasks default to None so invoke does not cast (and crash) first."""
+    if value is None:
+        return DEFAULT_FORKS
+    try:
+        forks = int(str(value))
+    except ValueError:
+        raise SpecopsError(f"--forks must be a whole number of hosts in parallel, got '{value}' "
+                           f"(fix: --forks {DEFAULT_FORKS})") from None
+    if forks < 1:
+        raise SpecopsError(f"--forks must be at least 1, got {forks}")
+    return forks
 
 
 def _finish(result: RunResult) -> None:
@@ -70,7 +86,7 @@ def _finish(result: RunResult) -> None:
 
 
 @task(help={"file": "the playbook YAML to run", **COMMON_HELP})
-def play(c, file, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, tags=None, results=None):
+def play(c, file, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
     """Run any playbook FILE over the inventory."""
     _finish(run_file(file, limit=limit, check=check, inventory=inventory, forks=forks, tags=tags,
                      results=results))
@@ -79,7 +95,7 @@ def play(c, file, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, 
 def playbook_task(name: str, playbook: str, doc: str):
     """A task that runs one shipped playbook with the common options (``fab NAME``)."""
 
-    def body(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, tags=None, results=None):
+    def body(c, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
         _finish(run_file(PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks,
                          tags=tags, results=results))
 
@@ -158,13 +174,13 @@ FACTS_HELP = {k: v for k, v in COMMON_HELP.items() if k != "tags"}
 
 
 @task(help=FACTS_HELP)
-def facts(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
+def facts(c, limit=None, check=False, inventory=None, forks=None, results=None):
     """Gather OS, CPU, memory, disk, python, systemd and GPU facts: one table for all hosts."""
     _facts_task("facts.yaml", "host facts", limit, check, inventory, forks, results)
 
 
 @task(help=FACTS_HELP)
-def status(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
+def status(c, limit=None, check=False, inventory=None, forks=None, results=None):
     """Show each host's reachability, facts, current release and server health (playbooks/status.yaml)."""
     _facts_task("status.yaml", "host status", limit, check, inventory, forks, results)
 
@@ -179,13 +195,11 @@ def bench_dir(book_path: Path, results: str | None, resume: str | None) -> Path:
             raise SpecopsError(f"--resume {resume}: no run directory {root / resume} (fix: pass a run id from "
                                f"{root}, or leave --resume out to start a new run)")
         return run_dir
-    run_dir = root / new_run_id(load_playbook(book_path))
-    run_dir.mkdir(parents=True)
-    return run_dir.resolve()
+    return make_run_dir(root / new_run_id(load_playbook(book_path))).resolve()
 
 
 def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: bool = False,
-                   inventory: str | None = None, forks: int = DEFAULT_FORKS, results: str | None = None,
+                   inventory: str | None = None, forks: int | str | None = None, results: str | None = None,
                    resume: str | None = None, extra_vars: dict[str, Any] | None = None,
                    live: bool | None = None) -> tuple[RunResult, Path]:
     """Run a bench/tune playbook into one run directory that holds every cell of every attempt.
@@ -201,7 +215,7 @@ def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: boo
         with BenchProgress(live=live) as progress:
             hosts = [dataclasses.replace(h, vars={**h.vars, **(extra_vars or {}), "bench_run_dir": str(run_dir),
                                                   "bench_progress": progress}) for h in hosts]
-            result = run_playbook(book, hosts, check=check, forks=int(forks), results_root=run_dir / "runs",
+            result = run_playbook(book, hosts, check=check, forks=parse_forks(forks), results_root=run_dir / "runs",
                                   live=False)
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -228,7 +242,7 @@ BENCH_HELP = {
 
 
 @task(help=BENCH_HELP)
-def bench(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None, matrix=None, resume=None):
+def bench(c, limit=None, check=False, inventory=None, forks=None, results=None, matrix=None, resume=None):
     """Benchmark each host's servers over a matrix; results, logs, report.md and plots in results/<run-id>/."""
     extra = {"bench_matrix": str(Path(matrix).resolve())} if matrix else {}
     result, run_dir = run_bench_file(PLAYBOOKS / "bench.yaml", limit=limit, check=check, inventory=inventory,
@@ -259,7 +273,7 @@ def sweep_table(result: RunResult) -> Table:
 
 
 @task(help=FACTS_HELP)
-def tune(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None):
+def tune(c, limit=None, check=False, inventory=None, forks=None, results=None):
     """Sweep the DDTree budget, serve the best tokens/s (written to <base>/run, restarted via the deploy steps)."""
     result, run_dir = run_bench_file(PLAYBOOKS / "tune.yaml", limit=limit, check=check, inventory=inventory,
                                      forks=forks, results=results)

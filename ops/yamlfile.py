@@ -5,6 +5,10 @@ two duplicate keys. One loader serves every YAML input so they report problems t
 Mappings load as :class:`LineMap` (``.line``, ``.key_lines``), lists as :class:`LineSeq`
 (``.line``, ``.item_lines``) and ints as :class:`YamlInt`, which keeps its source text so that
 ``mode: 755`` can mean 0o755 as it does for chmod. Use :func:`plain` to drop these types.
+
+Hostile input is bounded: ``[`` and ``{`` nest at most ``MAX_FLOW_DEPTH`` deep, and a document
+whose aliases expand to more than ``MAX_VALUES`` values (a "billion laughs" bomb of nested
+``*refs``) is refused at the alias that crosses the limit, before anything walks the expanded tree.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from typing import Any
 import yaml
 
 from ops.errors import InputFileError
+
+MAX_VALUES = 100_000   # values in the document with every alias expanded; real files hold < 5,000
+MAX_FLOW_DEPTH = 64    # nested [ and { (PyYAML's scanner slows quadratically with the depth)
 
 
 class LineMap(dict):
@@ -41,6 +48,28 @@ class _Loader(yaml.SafeLoader):
     """SafeLoader that records line numbers and refuses duplicate keys."""
 
     source = "<yaml>"
+    expanded = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        """Count every value the constructed data will hold, aliases expanded, and stop a bomb early."""
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)
+            self.expanded += _size(target, {}) if target is not None else 0
+            if self.expanded > MAX_VALUES:
+                raise InputFileError(self.source, event.start_mark.line + 1,
+                                     f"YAML aliases expand to more than {MAX_VALUES:,} values at '*{event.anchor}'",
+                                     "an alias bomb? Use fewer nested aliases or write the values out")
+        else:
+            self.expanded += 1
+        return super().compose_node(parent, index)
+
+    def fetch_flow_collection_start(self, token_class: type) -> None:
+        if self.flow_level >= MAX_FLOW_DEPTH:
+            raise InputFileError(self.source, self.get_mark().line + 1,
+                                 f"[ and {{ nested deeper than {MAX_FLOW_DEPTH} levels",
+                                 "a real inventory or playbook nests a few levels, not hundreds")
+        super().fetch_flow_collection_start(token_class)
 
     def construct_line_map(self, node: yaml.MappingNode):
         data = LineMap()
@@ -77,9 +106,35 @@ class _Loader(yaml.SafeLoader):
         return value
 
 
+def _size(node: yaml.Node, seen: dict[int, int]) -> int:
+    """Values under `node` with aliases expanded (a node that contains itself counts once)."""
+    if id(node) in seen:
+        return seen[id(node)]
+    seen[id(node)] = 1
+    if isinstance(node, yaml.SequenceNode):
+        seen[id(node)] = 1 + sum(_size(child, seen) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        seen[id(node)] = 1 + sum(_size(k, seen) + _size(v, seen) for k, v in node.value)
+    return seen[id(node)]
+
+
 _Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_line_map)
 _Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_line_seq)
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int_with_text)
+
+
+def read_source(path: Path, what: str, hint: str) -> str:
+    """The UTF-8 text of a user's file; an unreadable or non-UTF-8 file is an InputFileError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputFileError(path, None, f"cannot read {what}: {exc.strerror}", hint) from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InputFileError(path, line, f"{what} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
+                             "save the file as UTF-8") from None
 
 
 def load_yaml(text: str, source: str | Path) -> Any:
@@ -95,6 +150,9 @@ def load_yaml(text: str, source: str | Path) -> Any:
                              "check indentation and quoting") from None
     except yaml.YAMLError as exc:
         raise InputFileError(source, None, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise InputFileError(source, None, "invalid YAML: nested too deeply to read",
+                             "a real inventory or playbook nests a few levels, not hundreds") from None
     finally:
         loader.dispose()
 

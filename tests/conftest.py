@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest_plugins = ["tests.sshd"]
+pytest_plugins = ["tests.sshd", "tests.diskfull"]
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,9 @@ Python API (no torch import anywhere in this package):
   form; ``store`` is any object with ``read_bytes/stat/listdir`` (an ``ops.connection.Connection``
   works as is), so the same rules run over SFTP, reading only safetensors headers.
 - ``patch(store, drafter, spec, target_path=None, check=False) -> PatchResult``: apply a spec with
-  a timestamped backup and an atomic write; raises ``PatchRefused`` rather than write a config
-  that lint rejects.
+  a timestamped backup and an atomic write (through a symlinked config.json to its target; the
+  store also needs ``write_bytes`` and ``realpath``); raises ``PatchRefused`` rather than write a
+  config that lint rejects.
 - ``load_spec(name_or_file)``: a shipped spec (``specs/*.yaml``) or a user's YAML file.
 - ``LintReport``: ``.findings``, ``.errors``, ``.warnings``, ``.as_json()``; each ``Finding`` has a
   stable ``code`` (table in ``findings.CODES``), severity, JSON path, file, line, col, message, hint.

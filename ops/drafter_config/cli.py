@@ -72,12 +72,18 @@ def run_patch(args: argparse.Namespace) -> int:
     except LintInputError as exc:
         print(f"specops config patch: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    except OSError as exc:  # a full disk (ENOSPC), a read-only or foreign folder (EACCES, EROFS)
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"specops config patch: {where}cannot write: {exc.strerror or exc}; the config is unchanged "
+              "(fix: free space or get write access to that folder, then run again)", file=sys.stderr)
+        return EXIT_ERRORS
     if not result.changed:
         print(f"{result.path}: already matches the spec; nothing to change")
         return EXIT_CLEAN
     sys.stdout.write(result.diff)
+    via = "" if result.target == result.path else f" through the link: wrote {result.target}"
     if result.written:
-        print(f"{result.path}: patched (backup: {result.backup})")
+        print(f"{result.path}: patched{via} (backup: {result.backup})")
     else:
-        print(f"{result.path}: --check, nothing written")
+        print(f"{result.path}: --check, nothing written" + (f" (would write {result.target})" if via else ""))
     return EXIT_CLEAN

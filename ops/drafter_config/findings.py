@@ -41,6 +41,8 @@ CODES: dict[str, tuple[str, str]] = {
     "DFL051": (ERROR, "deployment num_speculative_tokens != block_size - 1"),
     "DFL060": (WARNING, "config dtype disagrees with the stored weights"),
     "DFL061": (ERROR, "weights missing or unexplained by the config"),
+    "DFL062": (ERROR, "the shard index names a file outside the checkpoint (never opened)"),
+    "DFL063": (ERROR, "safetensors data_offsets negative, overlapping, past the end or not the tensor's size"),
 }
 
 

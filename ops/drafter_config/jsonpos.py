@@ -17,6 +17,7 @@ from typing import Any
 JsonPath = tuple[str | int, ...]
 
 _WHITESPACE = " \t\n\r"
+MAX_DEPTH = 100   # real configs nest < 10 deep; a hostile file must not reach the recursion limit
 _LITERALS = {"true": True, "false": False, "null": None}
 
 
@@ -103,6 +104,8 @@ class _Parser:
             raise self.fail("Expecting value", i)
         start = i
         char = self.text[i]
+        if char in "{[" and len(path) >= MAX_DEPTH:
+            raise self.fail(f"nested deeper than {MAX_DEPTH} levels", i)
         if char == "{":
             result, i = self.object(i, path)
         elif char == "[":

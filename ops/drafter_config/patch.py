@@ -5,13 +5,16 @@ key order, indentation and line layout. Each wrong value is replaced at the span
 recorded; a missing key is inserted at the end of its object in the object's own indentation.
 Before anything is written the edited text is linted again, and a result that lint would reject
 is refused, so ``patch`` can never turn a warning into a broken deployment. Writes go through the
-Store (local disk or SFTP) with a timestamped backup beside the file.
+Store (local disk or SFTP) with a timestamped backup beside the file. A ``config.json`` that is a
+symlink (the Hugging Face cache layout links it to a blob) is patched where it points, so the link
+stays a link and the file every reader sees is the one that changes; results name that file.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import posixpath
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -39,6 +42,7 @@ class PatchRefused(LintInputError):
 @dataclass(frozen=True)
 class PatchResult:
     path: str
+    target: str      # the file written: ``path``, or the file it links to
     changed: bool
     diff: str
     backup: str | None
@@ -137,6 +141,7 @@ class PatchPlan:
     """The checked edit of one config: old and new text, their diff, and the re-lint of the new text."""
 
     path: str
+    target: str      # the file to write: ``path``, or the file it links to
     old: str
     new: str
     diff: str
@@ -157,14 +162,21 @@ def plan_patch(inputs: LintInputs, spec: Spec) -> PatchPlan:
         raise PatchRefused(drafter.file, report)
     diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=drafter.file, tofile=f"{drafter.file} (spec {spec.name})"))
-    return PatchPlan(drafter.file, old, new, diff, report)
+    return PatchPlan(drafter.file, link_target(inputs.store, drafter.file), old, new, diff, report)
+
+
+def link_target(store: Store, path: str) -> str:
+    """The file a write to ``path`` must replace: ``path`` itself, or where it links to."""
+    resolved = store.realpath(path)
+    folder = store.realpath(posixpath.dirname(path) or ".")
+    return path if resolved == posixpath.join(folder, posixpath.basename(path)) else resolved
 
 
 def write_patch(store: Store, plan: PatchPlan) -> str:
-    """Back the old text up beside the file, then replace the file atomically; returns the backup path."""
+    """Back the old text up beside ``path``, then replace the target atomically; returns the backup path."""
     backup = backup_path(store, plan.path)
     store.write_bytes(backup, plan.old.encode("utf-8"))
-    store.write_bytes(plan.path, plan.new.encode("utf-8"))
+    store.write_bytes(plan.target, plan.new.encode("utf-8"))
     return backup
 
 
@@ -177,5 +189,5 @@ def patch(store: Store, drafter_path: str, spec: Spec, *, target_path: str | Non
         raise LintInputError(f"{exc}: cannot patch a file that is not JSON (fix the syntax first)") from None
     plan = plan_patch(inputs, spec)
     if not plan.changed or check:
-        return PatchResult(plan.path, plan.changed, plan.diff, None, False, plan.report)
-    return PatchResult(plan.path, True, plan.diff, write_patch(store, plan), True, plan.report)
+        return PatchResult(plan.path, plan.target, plan.changed, plan.diff, None, False, plan.report)
+    return PatchResult(plan.path, plan.target, True, plan.diff, write_patch(store, plan), True, plan.report)

@@ -1,9 +1,9 @@
 """Where checkpoint files are read from and written to: the local disk or a host over SFTP.
 
 Why: the same lint and patch code must run on the controller's disk and on a GPU host without
-copying checkpoints home. Everything goes through four calls that ``ops.connection.Connection``
-already provides (``read_bytes`` with offset and length, ``listdir``, ``stat``, atomic
-``write_bytes``), so a connection is a store as it is, and ``LocalStore`` is the local twin.
+copying checkpoints home. Everything goes through the calls that ``ops.connection.Connection``
+already provides (``read_bytes`` with offset and length, ``listdir``, ``stat``, ``realpath``,
+atomic ``write_bytes``), so a connection is a store as it is, and ``LocalStore`` is the local twin.
 Ranged reads are what let a 50 GB safetensors file be checked by its header alone.
 """
 
@@ -25,6 +25,7 @@ class FileStat:
     size: int
     mode: int
     is_dir: bool
+    is_file: bool   # a regular file (after following links): the only kind lint reads
 
 
 class Store(Protocol):
@@ -37,6 +38,8 @@ class Store(Protocol):
     def stat(self, path: str) -> FileStat | None: ...
 
     def listdir(self, path: str) -> list[str]: ...
+
+    def realpath(self, path: str) -> str: ...
 
 
 class LocalStore:
@@ -69,10 +72,14 @@ class LocalStore:
             result = os.stat(path)
         except FileNotFoundError:
             return None
-        return FileStat(result.st_size, result.st_mode, stat_module.S_ISDIR(result.st_mode))
+        return FileStat(result.st_size, result.st_mode, stat_module.S_ISDIR(result.st_mode),
+                        stat_module.S_ISREG(result.st_mode))
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
+
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
 
 
 def join(directory: str, name: str) -> str:

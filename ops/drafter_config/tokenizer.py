@@ -9,11 +9,10 @@ model.vocab), ``tokenizer_config.json`` (added_tokens_decoder and role names) an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ops.drafter_config.source import MAX_JSON_BYTES, LintInputError, read_text
+from ops.drafter_config.source import MAX_JSON_BYTES, LintInputError, loads, read_text
 from ops.drafter_config.store import Store, join
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -49,8 +48,8 @@ def _content(value: Any) -> str | None:
 
 def _load(store: Store, path: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(read_text(store, path, MAX_JSON_BYTES))
-    except (json.JSONDecodeError, LintInputError):
+        data = loads(read_text(store, path, MAX_JSON_BYTES))
+    except (ValueError, LintInputError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -134,13 +134,16 @@ def mode_arg(value: Any) -> str:
     """A file mode as four octal digits: "0755", "755", YAML ``0755`` and ``755`` all mean 0o755.
 
     The playbook loader keeps the written text of YAML ints (``raw``), because YAML reads ``755``
-    as decimal while everyone writing a mode means chmod's octal.
+    as decimal while everyone writing a mode means chmod's octal. An int is read by its digits, so
+    one whose digits are not all octal (``999``, ``0x1ed``) is refused, never taken as decimal.
     """
     if isinstance(value, bool):
         raise ValueError(f"expected an octal mode like '0755', got {value!r}")
     if isinstance(value, int):
-        raw = getattr(value, "raw", "")
-        number = int(raw, 8) if raw.isdigit() and set(raw) <= set("01234567") else value
+        digits = getattr(value, "raw", "") or str(value)
+        if not (digits.isdigit() and set(digits) <= set("01234567")):
+            raise ValueError(f"mode {digits} is not octal (chmod digits are 0-7; fix: write it quoted, like '0755')")
+        number = int(digits, 8)
     elif isinstance(value, str) and value.strip():
         try:
             number = int(value.strip(), 8)

@@ -5,7 +5,8 @@ SFTP calls, using the same rules as ``specops config lint|patch``: config files 
 are read whole, safetensors files only up to the end of their headers. ``drafter_lint`` is a
 read-only check whose errors fail the host (so ``fab deploy`` can refuse a bad drafter);
 ``drafter_patch`` plans two atomic writes, a timestamped backup beside the config and the patched
-config itself, and plans nothing once the config matches the spec.
+config itself (the file a symlinked config.json points to), and plans nothing once the config
+matches the spec.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ class DrafterPatch(Step):
         except PatchRefused as exc:
             return {"config": inputs.drafter.file, "spec": spec.name, "refused": format_findings(exc.report),
                     "errors": [f.as_json() for f in exc.report.errors]}
-        return {"config": patch.path, "spec": spec.name, "refused": None, "old": patch.old, "new": patch.new,
-                "diff": patch.diff, "backup": backup_path(conn, patch.path) if patch.changed else None}
+        return {"config": patch.path, "target": patch.target, "spec": spec.name, "refused": None, "old": patch.old,
+                "new": patch.new, "diff": patch.diff,
+                "backup": backup_path(conn, patch.path) if patch.changed else None}
 
     def plan(self, facts: dict[str, Any], args: dict[str, Any], ctx: StepContext) -> Plan:
         if facts["refused"] is not None:
@@ -106,9 +108,11 @@ class DrafterPatch(Step):
                              f"still fail lint: {summarize(facts['errors'])}", stderr=facts["refused"])
         if facts["new"] == facts["old"]:
             return Plan.noop(f"{facts['config']} already matches spec {facts['spec']}")
+        target = facts["target"]
+        via = "" if target == facts["config"] else f" through the link: wrote {target}"
         changes = [
             Write(facts["backup"], facts["old"].encode("utf-8"), why="backup of the config before patching"),
-            Write(facts["config"], facts["new"].encode("utf-8"), diff=facts["diff"], why=f"spec {facts['spec']}"),
+            Write(target, facts["new"].encode("utf-8"), diff=facts["diff"], why=f"spec {facts['spec']}"),
         ]
-        return Plan.of(changes, f"patched {facts['config']} to spec {facts['spec']} (backup {facts['backup']})",
-                       backup=facts["backup"], config=facts["config"])
+        return Plan.of(changes, f"patched {facts['config']}{via} to spec {facts['spec']} (backup {facts['backup']})",
+                       backup=facts["backup"], config=facts["config"], written=target)

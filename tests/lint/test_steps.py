@@ -30,12 +30,16 @@ def _ctx(tmp_path: Path) -> StepContext:
 def test_patch_plan_from_facts(tmp_path):
     step = get_step("drafter_patch")()
     args = step.check_args({"drafter": "/m/d", "spec": "qwen3-8b-dflash-b16"})
-    facts = {"config": "/m/d/config.json", "spec": "s", "refused": None, "old": '{"a": 1}\n', "new": '{"a": 2}\n',
-             "diff": "-a\n+a\n", "backup": "/m/d/config.json.bak-20261202T000000Z"}
+    facts = {"config": "/m/d/config.json", "target": "/m/d/config.json", "spec": "s", "refused": None,
+             "old": '{"a": 1}\n', "new": '{"a": 2}\n', "diff": "-a\n+a\n",
+             "backup": "/m/d/config.json.bak-20261202T000000Z"}
     plan = step.plan(facts, args, _ctx(tmp_path))
     backup, config = plan.changes
     assert isinstance(backup, Write) and backup.path.endswith(".bak-20261202T000000Z") and backup.data == b'{"a": 1}\n'
     assert config.path == "/m/d/config.json" and config.data == b'{"a": 2}\n' and plan.diff == "-a\n+a\n"
+    linked = step.plan({**facts, "target": "/m/blobs/0f1e"}, args, _ctx(tmp_path))   # the Hugging Face cache layout
+    assert [c.path for c in linked.changes] == [backup.path, "/m/blobs/0f1e"]
+    assert "patched /m/d/config.json through the link: wrote /m/blobs/0f1e" in linked.reason
     again = step.plan({**facts, "old": facts["new"], "backup": None}, args, _ctx(tmp_path))
     assert not again.will_change and again.reason == "/m/d/config.json already matches spec s"
     with pytest.raises(StepFailed, match="refusing to patch"):

@@ -128,6 +128,11 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(tmp_pa
     os.chmod(env_file, 0o644)
     (base / "models" / "drafter" / "config.json").unlink()
     monkeypatch.delenv("SPECOPS_TEST_HF_TOKEN")
+    # no token on the controller: the inventory must not name the secret (an unresolvable secret
+    # fails the host before any step), so the step falls back to the host's token file
+    config = json.loads(inventory.read_text())
+    del config["hosts"]["local"]["secrets"]
+    inventory.write_text(json.dumps(config))
     third = run()
     [step] = third.hosts["local"].steps
     assert step.status == "failed" and step.message == (

@@ -1,4 +1,4 @@
-"""DFL060-DFL061: do the stored tensors match what the config describes?
+"""DFL060-DFL063: do the stored tensors match what the config describes, and are they sound?
 
 Why: a checkpoint whose tensors the config does not explain (more layers than num_hidden_layers,
 a missing fc) loads with random or dropped weights under a lenient loader. Only the safetensors
@@ -46,8 +46,15 @@ def check(ctx: LintContext) -> list[Finding]:
         return []
     findings = [ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
                 for file, message in weights.problems]
+    if weights.escapes:
+        names = ", ".join(repr(name) for _, name in weights.escapes)
+        findings.append(ctx.in_file("DFL062", weights.escapes[0][0], f"weight_map names {len(weights.escapes)} "
+                                    f"file(s) outside the checkpoint directory, not read: {names}",
+                                    "a shard index may only name files beside it; re-download the checkpoint"))
+    findings += [ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
+                 for file, message in weights.bad_offsets]
     if not weights.tensors:
-        if not weights.problems:
+        if not weights.problems and not weights.escapes:
             findings.append(ctx.at("DFL061", (), "the drafter directory has no *.safetensors weights",
                                    "copy the drafter's model.safetensors next to its config.json"))
         return findings
