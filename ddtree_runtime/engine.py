@@ -25,6 +25,7 @@ from torch import Tensor
 from ddtree_runtime.backend import TorchBackend, select_backend
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
 
 MODES = ("ar", "dflash", "ddtree")
 PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact")
@@ -175,7 +176,7 @@ class Engine:
 
     def __init__(
         self,
-        target: Qwen3,
+        target: Qwen3 | Qwen3_5,
         drafter: DFlashDrafter | None,
         max_context: int,
         backend: TorchBackend | None = None,
@@ -355,13 +356,12 @@ class Engine:
                 tokens = torch.cat([root.reshape(1), draft_logits.argmax(-1)])
                 parents, depth, visibility = chain_parents, chain_depth, None
             clock.lap("tree")
-            logits, hidden = target(tokens, start + depth, start, visibility, backend)
+            logits, hidden = target(tokens, start + depth, start, visibility, backend, parents=parents)
             clock.lap("verify")
             logits = nucleus(logits, temperature, top_p)
             path, path_len, bonus = backend.tree_walk(tokens, parents, logits, temperature, generator)
             clock.lap("walk")
-            if mode == "ddtree":  # a chain's accepted rows are already in place
-                backend.compact(target.k_cache, target.v_cache, start, path, path_len)
+            target.commit(start, path, path_len, backend, chain=mode != "ddtree")
             n = int(path_len)
             keep = path[:n]
             features = hidden[keep]  # [n, n_ids * hidden]: rows start .. start + n - 1

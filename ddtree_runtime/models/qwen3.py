@@ -146,11 +146,13 @@ class Qwen3(nn.Module):
         visibility: object | None,
         backend: TorchBackend,
         capture: bool = True,
+        parents: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V] (fp32), hidden [T, len(capture_layers) * hidden].
 
         The T new rows go to cache rows `context_len ..`; row i sees rows `[0, context_len)` and the
-        new rows that `visibility` allows (None: causal).
+        new rows that `visibility` allows (None: causal). `parents` (the tree's) is not needed by
+        attention, which reads `visibility`; it is accepted so every target has one signature.
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -170,3 +172,10 @@ class Qwen3(nn.Module):
             captured[len(self.layers) - 1] = x
         hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
         return self.lm_head(x).float(), hidden
+
+    def commit(
+        self, context_len: int, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
+    ) -> None:
+        """After a verify pass: the accepted K/V rows into place (a chain's already are)."""
+        if not chain:
+            backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)
