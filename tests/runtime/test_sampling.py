@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.tiny import TinyPair
 from tests.runtime.helpers import engine_for
 
 stats = pytest.importorskip("scipy.stats")
