@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kernels.gdn_tree import gdn_tree
 from kernels.kv_compact import compact
 from kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
 from kernels.tree_build import build_tree, candidate_pairs
@@ -62,3 +63,9 @@ class TritonBackend:
     def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None:
         """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
         compact(k_cache, v_cache, context_len, path, path_len)
+
+    def gdn_tree(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Gated DeltaNet over a tree along each node's root path: o, d [H, N, Dv], G [H, N]."""
+        return gdn_tree(q, k, v, g, beta, parents, state)
