@@ -57,13 +57,6 @@ def mixed_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
 
 
 @pytest.fixture(scope="session")
-def hybrid_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    """A Qwen3.5-layout hybrid target (3 Gated DeltaNet + 1 full attention) and a fitted drafter
-    with a sliding and a full layer."""
-    return write_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid") / "pair")
-
-
-@pytest.fixture(scope="session")
 def small_vocab_hybrid_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
     """The hybrid twin of `small_vocab_pair`, for the chi-square test."""
     return write_tiny_hybrid_pair(
