@@ -19,8 +19,9 @@ A[i, s] = beta_i exp(G_i - G_s) (k_i . k_s) on strict ancestors. Restricted to a
 exactly the chain. Ancestors come first, so the system is unit lower triangular and is solved
 block by block in node order: node block b subtracts A[b, c] D_c for every earlier block c, then
 solves its own diagonal block with the Neumann series D_b = sum_m (-A_bb)^m R_b, which is exact
-after L terms because A_bb only links a node to strictly shallower ones (A_bb^(L+1) = 0 for a
-block whose nodes lie at most L levels deep). G_s, the ancestor relation and the depth come from
+after L terms because A_bb only links a node to strictly shallower ones (A_bb^(L+1) = 0 when the
+block's depths span L levels: L <= min(tree depth, BLOCK_T - 1), so a DDTree block of depth <= 15
+needs at most 15 small matmuls and a chain block at most BLOCK_T - 1). G_s, the ancestor relation and the depth come from
 walking `parents` up inside the kernel, so nothing syncs with the host.
 
 The corrections d and the path sums G are returned too: the state after an accepted root path
@@ -47,17 +48,18 @@ MAX_NODES = 4096
 @triton.jit
 def _ancestry(PARENTS, G, rows, cols, n_nodes):
     """anc[i, s]: col s is an ancestor-or-self of row i; the row nodes' path-summed gates; levels:
-    the deepest row's number of strict ancestors."""
+    the longest strict-ancestor chain that can stay inside the rows (the rows' depth spread)."""
     row_ok = rows < n_nodes
     anc = (rows[:, None] == cols[None, :]) & row_ok[:, None]
     gsum = tl.load(G + rows, mask=row_ok, other=0.0)
     cur = tl.load(PARENTS + rows, mask=row_ok, other=-1)
-    levels = 0
+    depth = tl.zeros_like(cur)
     while tl.max(cur, axis=0) >= 0:
         anc = anc | (cur[:, None] == cols[None, :])
         gsum += tl.load(G + cur, mask=cur >= 0, other=0.0)
+        depth += (cur >= 0).to(depth.dtype)
         cur = tl.load(PARENTS + cur, mask=cur >= 0, other=-1)
-        levels += 1
+    levels = tl.max(depth, axis=0) - tl.min(tl.where(row_ok, depth, n_nodes), axis=0)
     return anc, gsum, levels
 
 
@@ -122,7 +124,7 @@ def _gdn_tree_kernel(
         strict = tl.where(rows[:, None] == rows[None, :], 0.0, decay)
         a = beta[:, None] * tl.dot(kb, tl.trans(kb), input_precision="ieee") * strict
         d = rhs
-        for _ in range(levels):
+        for _ in range(tl.minimum(levels, BLOCK_T - 1)):
             d = rhs - tl.dot(a, d, input_precision="ieee")
         out += tl.dot(tl.dot(qb, tl.trans(kb), input_precision="ieee") * decay, d, input_precision="ieee")
         tile = rows[:, None] * DV + vcol[None, :]
