@@ -161,6 +161,18 @@ class TorchBackend:
         last = path.gather(0, (path_len - 1).reshape(1)).squeeze(0)
         return path, path_len, choice[last]
 
+    def gdn_tree(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Gated DeltaNet over a tree, each node along its own root path (`models/gdn.py`).
+
+        q, k: [H, N, Dk]; v: [H, N, Dv]; g, beta: [H, N]; state: [H, Dk, Dv], all fp32. Returns
+        o [H, N, Dv], the delta-rule corrections d [H, N, Dv] and the path-summed gates G [H, N].
+        """
+        from ddtree_runtime.models.gdn import gdn_tree_torch
+
+        return gdn_tree_torch(q, k, v, g, beta, parents, state)
+
     def compact(
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
     ) -> None:

@@ -110,6 +110,115 @@ class Qwen3Config:
         return cls.from_dict(read_json(path), path)
 
 
+LAYER_KINDS = ("linear_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class Qwen3_5Config:
+    """The hybrid Qwen3.5/3.6 text model: Gated DeltaNet layers between gated full-attention ones.
+
+    Read from a `Qwen3_5ForConditionalGeneration` config (settings under `text_config`) or a bare
+    text config. Layer kinds come from `layer_types`, else every `full_attention_interval`-th layer
+    is full attention (transformers' rule); only `partial_rotary_factor` of each head is rotated.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    layer_types: tuple[str, ...]
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    partial_rotary_factor: float = 0.25
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full_attention")
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "linear_attention")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], path: Path) -> Qwen3_5Config:
+        text = raw.get("text_config") or raw
+        model_type = text.get("model_type", raw.get("model_type"))
+        if model_type not in ("qwen3_5", "qwen3_5_text"):
+            raise ConfigError(f"{path}: model_type {model_type!r} is not a Qwen3.5 hybrid (fix: 'qwen3_5')")
+        act = text.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{path}: hidden_act {act!r} is not supported (fix: Qwen3.5 uses 'silu')")
+        # mrope sections only matter for images: a text position is the same on all three axes.
+        params = text.get("rope_parameters") or {}
+        layers = int(_require(text, "num_hidden_layers", path))
+        types = text.get("layer_types")
+        if types is None:
+            interval = int(text.get("full_attention_interval", 4))
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+        if len(types) != layers or set(types) - set(LAYER_KINDS):
+            raise ConfigError(
+                f"{path}: layer_types must list {layers} entries of {' or '.join(LAYER_KINDS)} "
+                f"(fix: one kind per layer), got {types}"
+            )
+        heads = int(_require(text, "num_attention_heads", path))
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        lin_k, lin_v = int(text.get("linear_num_key_heads", 16)), int(text.get("linear_num_value_heads", 32))
+        for a, b, what in ((heads, kv_heads, "num_attention_heads/num_key_value_heads"),
+                           (lin_v, lin_k, "linear_num_value_heads/linear_num_key_heads")):
+            if a % b:
+                raise ConfigError(f"{path}: {what} = {a}/{b} is not a whole number (fix: check the config)")
+        eos = text.get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+        return cls(
+            vocab_size=int(_require(text, "vocab_size", path)),
+            hidden_size=int(_require(text, "hidden_size", path)),
+            intermediate_size=int(_require(text, "intermediate_size", path)),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(text.get("head_dim", 256)),
+            layer_types=tuple(types),
+            linear_num_key_heads=lin_k,
+            linear_num_value_heads=lin_v,
+            linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
+            linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
+            linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+            partial_rotary_factor=float(
+                params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+            ),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(text, path),
+            max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            attention_bias=bool(text.get("attention_bias", False)),
+            eos_token_ids=eos_ids,
+        )
+
+
+def target_model_type(directory: str | Path) -> str:
+    """`qwen3_5` for a hybrid target (top level or text_config), else the config's model_type."""
+    path = Path(directory) / "config.json"
+    raw = read_json(path)
+    kinds = {raw.get("model_type"), (raw.get("text_config") or {}).get("model_type")}
+    return "qwen3_5" if kinds & {"qwen3_5", "qwen3_5_text"} else str(raw.get("model_type", "qwen3"))
+
+
 @dataclass(frozen=True)
 class DFlashConfig:
     """A DFlash drafter: Qwen3-shaped draft layers fed by the target's hidden states."""

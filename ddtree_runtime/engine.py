@@ -27,6 +27,7 @@ from ddtree_runtime.backend import TorchBackend, select_backend
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
 
 MODES = ("ar", "dflash", "ddtree")
@@ -158,7 +159,7 @@ class Engine:
 
     def __init__(
         self,
-        target: Qwen3,
+        target: Qwen3 | Qwen3_5,
         drafter: DFlashDrafter | None,
         max_context: int,
         backend: TorchBackend | None = None,
@@ -180,7 +181,8 @@ class Engine:
         block = drafter.config.block_size if drafter is not None else 1
         features = max(1, len(capture) * cfg.hidden_size)
         self.buffers = RoundBuffers.allocate(block, features, self.device, target.embed_tokens.weight.dtype)
-        use_graphs = self.device.type == "cuda" if graphs is None else graphs
+        # hybrids run their rounds eagerly on CUDA until their Gated DeltaNet path is graph-checked
+        use_graphs = self.device.type == "cuda" and isinstance(target, Qwen3) if graphs is None else graphs
         self.graphs = RoundGraphs(self.device) if use_graphs else None
         self.warmed: set[GraphKey] | None = None  # after warmup: the only rounds served
 

@@ -15,9 +15,18 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from ddtree_runtime.config import ConfigError, DFlashConfig, Qwen3Config, check_pair
+from ddtree_runtime.config import (
+    ConfigError,
+    DFlashConfig,
+    Qwen3_5Config,
+    Qwen3Config,
+    check_pair,
+    read_json,
+    target_model_type,
+)
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -58,17 +67,24 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Pat
         )
 
 
-def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3:
-    """A Qwen3 target; HF names lose their `model.` prefix and a tied head shares the embedding."""
+def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3 | Qwen3_5:
+    """A Qwen3 or Qwen3.5 target; HF names lose their `model.` (or `model.language_model.`) prefix,
+    vision and `mtp.*` tensors are skipped, and a tied head shares the embedding."""
     directory = Path(directory)
-    cfg = Qwen3Config.from_dir(directory)
-    with torch.device("meta"):
-        model = Qwen3(cfg)
+    if target_model_type(directory) == "qwen3_5":
+        path = directory / "config.json"
+        cfg: Qwen3Config | Qwen3_5Config = Qwen3_5Config.from_dict(read_json(path), path)
+        with torch.device("meta"):
+            model: Qwen3 | Qwen3_5 = Qwen3_5(cfg)
+    else:
+        cfg = Qwen3Config.from_dir(directory)
+        with torch.device("meta"):
+            model = Qwen3(cfg)
 
     def rename(key: str) -> str | None:
-        if key.startswith("mtp."):
+        if key.startswith(("mtp.", "model.visual.", "visual.")):
             return None
-        return key.removeprefix("model.")
+        return key.removeprefix("model.").removeprefix("language_model.")
 
     state = read_state_dict(directory, rename, device, dtype)
     if (cfg.tie_word_embeddings or "lm_head.weight" not in state) and "embed_tokens.weight" in state:
@@ -92,7 +108,7 @@ def load_drafter(directory: str | Path, device: torch.device, dtype: torch.dtype
 
 def load_pair(
     target_dir: str | Path, drafter_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[Qwen3, DFlashDrafter | None]:
+) -> tuple[Qwen3 | Qwen3_5, DFlashDrafter | None]:
     """Target and drafter, refusing a drafter that does not fit before any weight is read."""
     if drafter_dir is not None:
         check_pair(Path(target_dir), Path(drafter_dir))

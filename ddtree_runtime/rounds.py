@@ -26,6 +26,7 @@ from torch import Tensor
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
 
 Phase = tuple[str, Callable[[], None]]
 
@@ -90,7 +91,7 @@ def choose(logits: Tensor, sampling: Sampling) -> Tensor:
     return torch.multinomial(probs, 1, generator=sampling.generator)[0]
 
 
-def ar_phases(target: Qwen3, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling) -> list[Phase]:
+def ar_phases(target: Qwen3 | Qwen3_5, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling) -> list[Phase]:
     """Plain decoding: one target pass for one token."""
 
     def verify() -> None:
@@ -108,7 +109,7 @@ def ar_phases(target: Qwen3, backend: TorchBackend, buf: RoundBuffers, key_bound
 
 
 def spec_phases(
-    target: Qwen3,
+    target: Qwen3 | Qwen3_5,
     drafter: DFlashDrafter,
     backend: TorchBackend,
     buf: RoundBuffers,
@@ -143,7 +144,7 @@ def spec_phases(
     def verify() -> None:
         s["logits"], s["hidden"] = target(
             s["tokens"], buf.ctx + s["depth"], buf.ctx, s.get("visibility"), backend,
-            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32,
+            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32, parents=s["parents"],
         )
 
     def walk() -> None:

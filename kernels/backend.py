@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ddtree_runtime.backend import TorchBackend
+from kernels.gdn_tree import gdn_tree
 from kernels.kv_compact import compact
 from kernels.qk_rope import qk_rope
 from kernels.rms_norm import rms_norm
@@ -92,3 +93,9 @@ class TritonBackend:
     ) -> None:
         """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
         compact(k_cache, v_cache, context_len, path, path_len)
+
+    def gdn_tree(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Gated DeltaNet over a tree along each node's root path: o, d [H, N, Dv], G [H, N]."""
+        return gdn_tree(q, k, v, g, beta, parents, state)

@@ -28,3 +28,12 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
     from ddtree_runtime.tiny import write_tiny_pair  # torch: only for the tests that need a pair
 
     return write_tiny_pair(tmp_path_factory.mktemp("tiny") / "pair")
+
+
+@pytest.fixture(scope="session")
+def hybrid_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """A Qwen3.5-layout hybrid target (3 Gated DeltaNet + 1 full attention, sharded, with vision
+    and MTP tensors to skip) and a fitted drafter with a sliding and a full layer."""
+    from ddtree_runtime.tiny_hybrid import write_tiny_hybrid_pair
+
+    return write_tiny_hybrid_pair(tmp_path_factory.mktemp("hybrid") / "pair")

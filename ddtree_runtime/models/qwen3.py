@@ -197,6 +197,7 @@ class Qwen3(nn.Module):
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
+        parents: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
@@ -205,6 +206,8 @@ class Qwen3(nn.Module):
         (graph capture) with `key_bound` the most keys it can reach. Logits come in
         `logits_dtype` (None: the model's own, when only their argmax is needed), for every row or
         only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache).
+        `parents` (the tree's) is not needed by attention, which reads `visibility`; it is accepted
+        so every target has one signature.
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -234,7 +237,7 @@ class Qwen3(nn.Module):
     def commit(
         self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
     ) -> None:
-        """Keep the accepted path's rows: its K/V move to rows `context_len ..` (a chain's are there)."""
+        """After a verify pass: the accepted K/V rows into place (a chain's already are)."""
         if not chain:
             assert self.k_cache is not None and self.v_cache is not None
             backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)

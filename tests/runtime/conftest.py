@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ddtree_runtime.tiny import TinyPair, write_tiny_pair
+from ddtree_runtime.tiny_hybrid import write_tiny_hybrid_pair
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,4 +53,13 @@ def mixed_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
         layer_types=["sliding_attention", "full_attention"],
         fit_steps=0,
         seed=3,
+    )
+
+
+@pytest.fixture(scope="session")
+def small_vocab_hybrid_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """The hybrid twin of `small_vocab_pair`, for the chi-square test."""
+    return write_tiny_hybrid_pair(
+        tmp_path_factory.mktemp("small_hybrid") / "pair", n_words=12, block_size=4, fit_steps=150,
+        logit_scale=0.35,
     )

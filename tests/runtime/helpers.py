@@ -87,3 +87,57 @@ def assert_same_tokens(
         return
     margin = divergence_margin(engine, prompt, want, got)
     assert margin is None or margin < 0.5, f"prompt {prompt}: diverged with logit margin {margin}"
+
+
+def write_hf_qwen3_5(directory: Path, *, seed: int = 0, layers: int = 6, shard: bool = True) -> Path:
+    """A random transformers `Qwen3_5ForConditionalGeneration` in the real layout: `text_config`,
+    `model.language_model.*` weights, a (tiny) vision tower, sharded, plus `mtp.*` tensors beside
+    them (transformers drops those, Qwen's checkpoints ship them), with O(1) activations."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    text = {
+        "vocab_size": 97,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 12,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 512,
+        "full_attention_interval": 3,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        "eos_token_id": 0,
+    }
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
+              "patch_size": 4, "num_position_embeddings": 16}
+    cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    model = Qwen3_5ForConditionalGeneration(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if "linear_attn.norm" not in name else 1.0, 0.1)
+            elif name.endswith(("A_log", "dt_bias")):
+                p.uniform_(-1.0, 1.0)
+            elif "conv1d" in name:
+                p.normal_(0.0, 0.5)
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5 if p.ndim == 2 and "embed" not in name else 1.0)
+    model.save_pretrained(directory, max_shard_size="60KB" if shard else "5GB")
+    save_file({"mtp.fc.weight": torch.randn(64, 128), "mtp.norm.weight": torch.ones(64)},
+              str(directory / "mtp.safetensors"))
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        doc = json.loads(index.read_text())
+        doc["weight_map"].update({"mtp.fc.weight": "mtp.safetensors", "mtp.norm.weight": "mtp.safetensors"})
+        index.write_text(json.dumps(doc, indent=2))
+    return directory

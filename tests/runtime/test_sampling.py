@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.tiny import TinyPair
 from tests.runtime.helpers import engine_for
 
 stats = pytest.importorskip("scipy.stats")
@@ -18,9 +17,26 @@ DRAWS = 1500
 TEMPERATURE = 1.0
 
 
+PAIRS = {"dense": "small_vocab_pair", "hybrid": "small_vocab_hybrid_pair"}
+
+
 @pytest.fixture(scope="module")
-def engine(small_vocab_pair: TinyPair, device: torch.device, dtype: torch.dtype) -> Engine:
-    return engine_for(small_vocab_pair, device, dtype, max_context=64)
+def engines(request: pytest.FixtureRequest, device: torch.device, dtype: torch.dtype) -> dict[str, Engine]:
+    """Engines by kind, built on first use: the dense Qwen3 pair and the Qwen3.5 hybrid pair (whose
+    Gated DeltaNet states must follow each node's own root path)."""
+    built: dict[str, Engine] = {}
+
+    class Lazy(dict):
+        def __missing__(self, kind: str) -> Engine:
+            built[kind] = engine_for(request.getfixturevalue(PAIRS[kind]), device, dtype, max_context=64)
+            return built[kind]
+
+    return Lazy()
+
+
+@pytest.fixture(params=list(PAIRS))
+def engine(request: pytest.FixtureRequest, engines: dict[str, Engine]) -> Engine:
+    return engines[request.param]
 
 
 def next_probs(engine: Engine, ids: list[int]) -> torch.Tensor:
@@ -49,8 +65,13 @@ def exact_pair_distribution(engine: Engine) -> dict[tuple[int, int], float]:
     return dist
 
 
-@pytest.mark.parametrize(("mode", "budget"), [("ddtree", 6), ("dflash", 1)])
-def test_second_and_third_tokens_follow_the_target(engine: Engine, mode: str, budget: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "mode", "budget"), [("dense", "ddtree", 6), ("dense", "dflash", 1), ("hybrid", "ddtree", 6)]
+)
+def test_second_and_third_tokens_follow_the_target(
+    engines: dict[str, Engine], kind: str, mode: str, budget: int
+) -> None:
+    engine = engines[kind]
     want = exact_pair_distribution(engine)
     seen: Counter[tuple[int, int]] = Counter()
     first_round_accepts = 0
