@@ -70,7 +70,7 @@ def main() -> None:
     sms = num_sms(dev)
     grid = [
         SkinnyConfig(bn, bk, w, st, sk)
-        for bn, bk, w, st, sk in itertools.product((16, 32, 64), (128, 256), (4, 8), (3, 5), (1, 2, 4))
+        for bn, bk, w, st, sk in itertools.product((16, 32, 64), (128, 256), (4,), (3, 5), (1, 2, 4))
     ]
     for (name, (n, k)), t in itertools.product(SHAPES.items(), (1, 16)):
         print(json.dumps(measure(name, n, k, t, grid if args.sweep else [], bw, sms)), flush=True)
