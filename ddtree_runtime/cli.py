@@ -19,6 +19,7 @@ from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import MODES, Engine, GenerationError
 from ddtree_runtime.loader import load_pair
+from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
@@ -54,6 +55,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     bench.add_argument("--budgets", help="ddtree: comma-separated budgets (default: --budget)")
     bench.add_argument("--runs", type=int, default=3, help="timed runs per mode and budget")
     bench.add_argument("--warmup", type=int, default=1, help="untimed runs first")
+    bench.add_argument(
+        "--profile",
+        action="store_true",
+        help="the per-phase split of a round (on CUDA: each phase's GPU time, next to the round's hardware floor)",
+    )
     tiny = sub.add_parser("tiny", help="write the tiny fitted demo pair (no download) and print its paths")
     tiny.add_argument("--out", required=True, help="directory for target/ and drafter/ (kept if complete)")
     tiny.add_argument("--seed", type=int, default=0)
@@ -133,6 +139,8 @@ def bench(args: argparse.Namespace) -> int:
     tokenizer = _load_tokenizer(args.target)
     ids = _prompt_ids(args, tokenizer)
     engine = _engine(args, modes, budgets if "ddtree" in modes else [], len(ids))
+    on_gpu = engine.device.type == "cuda"
+    ceilings = measure_ceilings(engine.device) if args.profile and on_gpu else None
     for mode in modes:
         for budget in budgets if mode == "ddtree" else [None]:
             runs = []
@@ -145,7 +153,7 @@ def bench(args: argparse.Namespace) -> int:
                     temperature=args.temperature,
                     seed=args.seed + i,
                     eos_ids=(),
-                    profile=True,
+                    profile=args.profile and not on_gpu,  # the CPU's split: phases timed one by one
                 )
                 if i >= args.warmup:
                     runs.append(result)
@@ -167,6 +175,14 @@ def bench(args: argparse.Namespace) -> int:
                 "mean_accepted": sum(a + 1 for a in rounds) / len(rounds) if rounds else 0.0,
                 "phase_s": {k: sum(r.phase_s[k] for r in runs) for k in runs[0].phase_s} if runs else {},
             }
+            if ceilings is not None:
+                phases = phase_times_s(engine, mode, budget or 1)
+                context = len(ids) + args.max_new_tokens // 2
+                floor = round_floor_s(ceilings, engine.target.config, engine.drafter and engine.drafter.config,
+                                      mode, budget or 1, context)
+                row["phase_ms"] = {k: round(1e3 * v, 3) for k, v in phases.items()}
+                row["floor_ms"] = {k: round(1e3 * v, 3) for k, v in floor.items()}
+                row["round_over_floor"] = round(sum(phases.values()) / sum(floor.values()), 2)
             print(json.dumps(row), flush=True)
     return 0
 
