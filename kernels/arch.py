@@ -84,11 +84,14 @@ _SMALL_SMEM = dict(
 
 ROWS: dict[str, ArchRow] = {
     "sm_90": ArchRow("sm_90", SMEM_SM90, targets=(90,), **_HOPPER),
-    # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA) and fit without spills
-    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,), **_HOPPER),
+    # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA); for the big trees a 64-key
+    # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not
+    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,), **{**_HOPPER, "large": Tiles(128, 32, 8, 4)}),
     "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
-    # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB
-    "generic": ArchRow("generic", SMEM_SM120, targets=(80, 120), **_SMALL_SMEM),
+    # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
+    # on 32-key tiles, which do not spill on sm_80 (mma.sync, no TMA) where 64-key tiles do
+    "generic": ArchRow("generic", SMEM_SM120, targets=(80, 120),
+                       **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)}),
 }
 _FAMILIES = {9: "sm_90", 10: "sm_100", 12: "sm_120"}
 
