@@ -340,7 +340,7 @@ def compile_spec(key: str) -> Compiled:
 
 
 def compile_all(keys: list[str] | None = None, workers: int | None = None) -> dict[str, Compiled]:
-    """Compile specs in parallel processes (one per core, 4 at most); Triton's cache makes reruns quick.
+    """Compile specs in worker processes (one per core, 4 at most); Triton's cache makes reruns quick.
 
     Rows that share tiles (generic and sm_120) share the compile of each identical launch.
     """
@@ -351,11 +351,18 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
         first.setdefault((spec.kernel, spec.case, spec.cc, spec.num_warps, spec.num_stages), key)
     unique = list(first.values())
     workers = workers or min(4, os.cpu_count() or 1)
-    if workers == 1:
-        done = {key: compile_spec(key) for key in unique}
-    else:
+    # fresh processes, which import the kernels compiled even where this one interprets them
+    # (tests/kernels sets TRITON_INTERPRET=1 before our modules are imported)
+    interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             done = dict(zip(unique, pool.map(compile_spec, unique), strict=True))
+    finally:
+        if interpret is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = interpret
     return {key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]] for key, s in
             ((key, specs()[key]) for key in keys)}
 

@@ -129,34 +129,42 @@ def main():
                                                f"(CUDA build: {torch.version.cuda or 'none, CPU-only'})"}))
         return
     device = torch.device("cpu" if interpret else "cuda:0")
-    tmp = tempfile.mkdtemp(prefix="specops-kernels-")
-    os.makedirs(os.path.join(tmp, "kernels"))
-    for name, text in SOURCES.items():
-        with open(os.path.join(tmp, "kernels", name), "w") as f:
-            f.write(text)
-    sys.path.insert(0, tmp)
-    import importlib
-
-    k = {name: importlib.import_module(f"kernels.{name}") for name in
-         ("arch", "host", "tree_attention", "marginal_topk", "tree_build", "tree_walk", "kv_compact")}
     if interpret:
         result.update(device="cpu (TRITON_INTERPRET=1)", capability=None, smem_optin=None)
     else:
         props = torch.cuda.get_device_properties(device)
         result.update(device=props.name, capability=[props.major, props.minor],
                       smem_optin=props.shared_memory_per_block_optin)
+    with tempfile.TemporaryDirectory(prefix="specops-kernels-") as tmp:
+        result.update(run_kernels(import_kernels(tmp), torch, device))
+    print(json.dumps(result))
+
+
+def import_kernels(tmp):
+    """This checkout's kernels package, written under ``tmp`` and imported ahead of any installed one."""
+    import importlib
+
+    os.makedirs(os.path.join(tmp, "kernels"))
+    for name, text in SOURCES.items():
+        with open(os.path.join(tmp, "kernels", name), "w") as f:
+            f.write(text)
+    sys.path.insert(0, tmp)
+    return {name: importlib.import_module(f"kernels.{name}") for name in
+            ("arch", "host", "tree_attention", "marginal_topk", "tree_build", "tree_walk", "kv_compact")}
+
+
+def run_kernels(k, torch, device):
+    """The device's row, then each case: its config, and its error against the reference or its exception."""
     try:
         row = k["arch"].device_row(device)
     except RuntimeError as exc:
-        print(json.dumps({**result, "row": None, "row_error": _error(exc), "kernels": []}))
-        return
-    result["row"] = row.describe()
+        return {"row": None, "row_error": _error(exc), "kernels": []}
     cases = [(name, lambda e, n=nodes, t=tree: run_attention(e, k, torch, device, row, n, t))
              for name, nodes, tree in ATTENTION_CASES]
     cases += [(name, lambda e, f=fn: f(e, k, torch, device)) for name, fn in
               (("marginal_topk", run_topk), ("tree_build", run_tree_build), ("tree_walk", run_walk),
                ("kv_compact", run_compact))]
-    result["kernels"] = []
+    kernels = []
     for name, run in cases:
         entry = {"name": name}
         try:
@@ -165,8 +173,7 @@ def main():
                 torch.cuda.synchronize()
         except Exception as exc:
             entry["error"] = _error(exc)
-        result["kernels"].append(entry)
-    print(json.dumps(result))
-
+        kernels.append(entry)
+    return {"row": row.describe(), "kernels": kernels}
 
 main()
