@@ -265,7 +265,7 @@ def judge_kernels(result: dict[str, Any]) -> str:
 @register
 class GpuSmoke(Step):
     name = "gpu_smoke"
-    summary = "after install: torch sees the GPU with its arch, a Triton kernel runs, vllm imports"
+    summary = "after install: torch sees the GPU with its arch, a Triton kernel and our kernels run, vllm imports"
     args = arguments(
         test=Arg(smoke_test_arg, required=True, help=f"one of {', '.join(SMOKE_TESTS)}"),
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
