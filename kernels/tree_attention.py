@@ -49,6 +49,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels.arch import ROWS, ArchRow, device_row
 from kernels.host import cdiv, next_pow2, num_sms
 from kernels.precision import dot, dot_precision
 
@@ -267,17 +268,21 @@ def _merge_splits_kernel(
     )
 
 
-def _default_config(rows: int) -> AttentionConfig:
-    """Small row counts (decode, small trees) are memory-bound: short tiles, many splits."""
+def _default_config(rows: int, arch: ArchRow) -> AttentionConfig:
+    """Small row counts (decode, small trees) are memory-bound: short tiles, many splits.
+
+    The tiles come from the device family's row in kernels/arch.py, which fit its shared memory.
+    """
     if rows <= 16:
-        return AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
+        return AttentionConfig(*arch.decode)
     if rows <= 256:
-        return AttentionConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
-    return AttentionConfig(block_m=128, block_n=64, num_warps=8, num_stages=4)
+        return AttentionConfig(*arch.small)
+    return AttentionConfig(*arch.large)
 
 
-# The tail launch's tiles: 16 rows (the smallest tl.dot tile), many splits over the keys.
-_TAIL_CONFIG = AttentionConfig(block_m=16, block_n=128, num_warps=4, num_stages=3)
+# The tail launch's tiles on sm_90: 16 rows (the smallest tl.dot tile), many splits over the keys;
+# other families take theirs from kernels/arch.py.
+_TAIL_CONFIG = AttentionConfig(*ROWS["sm_90"].tail)
 # Per-program cost outside the key loop, in key tiles (prologue, partial store, merge share), and
 # the cost of a second (tail) launch in the same units; fitted to the H200 sweep in RESULTS.md.
 _PROGRAM_OVERHEAD_TILES = 4
@@ -315,7 +320,9 @@ class _Launch:
 
 
 @lru_cache(maxsize=1024)
-def _plan(rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms: int) -> tuple[_Launch, ...]:
+def _plan(
+    rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms: int, tail_cfg: AttentionConfig = _TAIL_CONFIG
+) -> tuple[_Launch, ...]:
     """The main launch, and a tail launch when it saves whole waves of big-tile programs.
 
     Cached: a decode loop asks for the same few shapes every layer, and eager launches pay for
@@ -325,17 +332,17 @@ def _plan(rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms:
     m_tiles = cdiv(rows, cfg.block_m)
     key_tiles = cdiv(keys, cfg.block_n)
     cost, splits = _split_cost(m_tiles * hkv, key_tiles, sms)
-    can_split_tail = tail and rows > cfg.block_m > _TAIL_CONFIG.block_m and cfg.block_m % group == 0
+    can_split_tail = tail and rows > cfg.block_m > tail_cfg.block_m and cfg.block_m % group == 0
     if cfg.separate_tail is False or not can_split_tail:
         return (_Launch(0, rows, cfg, cfg.splits or splits),)
     main_cost, main_splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms)
     if cfg.separate_tail is None and main_cost + _TAIL_LAUNCH_TILES >= cost:
         return (_Launch(0, rows, cfg, cfg.splits or splits),)
-    tail_programs = cdiv(tail, _TAIL_CONFIG.block_m) * hkv
-    _, tail_splits = _split_cost(tail_programs, cdiv(keys, _TAIL_CONFIG.block_n), sms, _TAIL_MAX_SPLITS)
+    tail_programs = cdiv(tail, tail_cfg.block_m) * hkv
+    _, tail_splits = _split_cost(tail_programs, cdiv(keys, tail_cfg.block_n), sms, _TAIL_MAX_SPLITS)
     return (
         _Launch(0, rows - tail, cfg, cfg.splits or main_splits),
-        _Launch(rows - tail, tail, _TAIL_CONFIG, tail_splits),
+        _Launch(rows - tail, tail, tail_cfg, tail_splits),
     )
 
 
@@ -396,8 +403,9 @@ def tree_attention(
     hkv = k_cache.shape[0]
     group = hq // hkv
     d_pad = max(16, next_pow2(d))
-    cfg = config or _default_config(n * group)
-    launches = _plan(n * group, group, key_bound, hkv, cfg, num_sms(q.device))
+    arch = device_row(q.device)
+    cfg = config or _default_config(n * group, arch)
+    launches = _plan(n * group, group, key_bound, hkv, cfg, num_sms(q.device), AttentionConfig(*arch.tail))
 
     out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
     bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read

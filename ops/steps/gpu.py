@@ -1,5 +1,6 @@
 """GPU steps: ``gpu_facts`` (read-only report), ``gpu_policy`` (the profile's requirements, checked
-before anything is installed) and ``gpu_smoke`` (after install: torch, Triton, vLLM really work).
+before anything is installed) and ``gpu_smoke`` (after install: torch, Triton, vLLM and our own
+kernels really work on this GPU).
 
 The commands and parsers live in ``ops.gpu.facts``, the decisions in ``ops.gpu.policy``; these
 steps only gather and hand over, so every decision is tested on captured outputs.
@@ -21,7 +22,7 @@ from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, arguments, 
 if TYPE_CHECKING:
     from ops.connection import Connection
 
-SMOKE_TESTS = ("torch", "triton", "vllm")
+SMOKE_TESTS = ("torch", "triton", "vllm", "kernels")
 
 
 def profile_arg(value: Any) -> str:
@@ -145,7 +146,11 @@ class GpuPolicy(Step):
 def smoke_script(test: str) -> str:
     if test == "vllm":
         return "import json, vllm\nprint(json.dumps({'vllm': vllm.__version__}))\n"
-    return resources.files("ops.gpu.remote").joinpath(f"smoke_{test}.py").read_text()
+    script = resources.files("ops.gpu.remote").joinpath(f"smoke_{test}.py").read_text()
+    if test == "kernels":  # nothing is deployed yet: this checkout's kernels travel with the script
+        sources = {f.name: f.read_text() for f in resources.files("kernels").iterdir() if f.name.endswith(".py")}
+        script = f"SOURCES = {dict(sorted(sources.items()))!r}\n{script}"
+    return script
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
@@ -190,6 +195,8 @@ def judge_smoke(test: str, exit_code: int, stdout: str, stderr: str, venv: str) 
     if exit_code != 0 or result is None:
         raise StepFailed(f"{test} smoke test could not run in {venv}: {_error_line(stderr)} "
                          f"(fix: re-run provision with install enabled)", stderr=stderr)
+    if test == "kernels":
+        return judge_kernels(result)
     if test == "triton":
         if result["error"] or result.get("max_abs_error", 1.0) > 1e-5:
             cause = result["error"] or f"wrong result (max abs error {result['max_abs_error']})"
@@ -211,13 +218,58 @@ def judge_smoke(test: str, exit_code: int, stdout: str, stderr: str, venv: str) 
     return f"torch {result['torch']} (CUDA {result['cuda']}) ran a kernel on {len(result['devices'])}x {names}"
 
 
+def smoke_verdict(test: str, profile: str | None, exit_code: int, stdout: str, stderr: str, venv: str) -> str:
+    """``judge_smoke``, except that a test which found no GPU reports skipped on the cpu profile."""
+    skipped = (_last_json(stdout) or {}).get("skipped")
+    if not skipped:
+        return judge_smoke(test, exit_code, stdout, stderr, venv)
+    if profile != "cpu":
+        raise StepFailed(f"the {test} smoke test found no GPU in {venv}: {skipped} (fix: run the torch smoke test "
+                         "first; it names what is missing)")
+    return f"skipped on profile cpu: {skipped}"
+
+
+def _kernel_failure(entry: dict[str, Any], result: dict[str, Any]) -> str:
+    """One kernel's failure with its cause and fix: no kernel image, out of resources, wrong result."""
+    cap = result.get("capability") or [0, 0]
+    arch = f"sm_{cap[0]}{cap[1]}"
+    what = f"{entry['name']} ({entry.get('config', 'no config chosen')})"
+    error = entry.get("error")
+    if error is None:
+        return (f"{what} differs from its PyTorch reference: error {entry['max_error']:.3g} > {entry['tolerance']:.3g} "
+                f"(fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)")
+    if "no kernel image" in error:
+        return (f"{what}: {error} (fix: install a torch and Triton built for {arch}: the cu128+ wheels and "
+                f"Triton >= 3.3 for Blackwell, as pinned for the profile in playbooks/pins.yaml)")
+    if "OutOfResources" in error or "out of resource" in error:
+        return (f"{what}: {error} (fix: the launch does not fit this {arch} GPU ({result.get('smem_optin')} B of "
+                f"shared memory per block): lower the tiles or stages of its row in kernels/arch.py and check the "
+                f"row with `python -m kernels.aot`)")
+    return f"{what}: {error} (fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)"
+
+
+def judge_kernels(result: dict[str, Any]) -> str:
+    """The kernel smoke test's verdict: every kernel matched its reference, else each failure with its fix."""
+    device = result["device"]
+    if result.get("row_error"):
+        raise StepFailed(f"{device}: {result['row_error']}")
+    failures = [_kernel_failure(e, result) for e in result["kernels"]
+                if e.get("error") is not None or not e["max_error"] <= e["tolerance"]]
+    if failures:
+        raise StepFailed(f"{len(failures)} of {len(result['kernels'])} kernels failed on {device}: " + "; ".join(failures))
+    configs = ", ".join(f"{e['name']} {e['config']}" for e in result["kernels"] if e["name"].startswith("attention"))
+    return (f"{len(result['kernels'])} kernels match their references on {device} (Triton {result['triton']}, "
+            f"{result['row'].split(':')[0]}): {configs}")
+
+
 @register
 class GpuSmoke(Step):
     name = "gpu_smoke"
-    summary = "after install: torch sees the GPU with its arch, a Triton kernel runs, vllm imports"
+    summary = "after install: torch sees the GPU with its arch, a Triton kernel and our kernels run, vllm imports"
     args = arguments(
         test=Arg(smoke_test_arg, required=True, help=f"one of {', '.join(SMOKE_TESTS)}"),
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
+        profile=Arg(str, help="the host's profile: on 'cpu' a kernels test without a GPU reports skipped"),
     )
 
     def probe(self, conn, args, ctx):
@@ -235,5 +287,5 @@ class GpuSmoke(Step):
                 return Plan.noop(f"{facts['venv']} does not exist yet; the {args['test']} smoke test runs after install")
             raise StepFailed(f"no venv at {facts['venv']} for the {args['test']} smoke test "
                              "(fix: run the python_venv and pinned_packages steps first)")
-        return Plan.noop(judge_smoke(args["test"], facts["exit_code"], facts["stdout"], facts["stderr"],
-                                     facts["venv"]))
+        return Plan.noop(smoke_verdict(args["test"], args["profile"], facts["exit_code"], facts["stdout"],
+                                       facts["stderr"], facts["venv"]))

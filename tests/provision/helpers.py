@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -80,3 +81,18 @@ print(write_checkpoint(Path(argv[argv.index("--local-dir") + 1])))
 
 def path_with(bin_dir: Path) -> str:
     return f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def run_remote_scripts(*scripts: tuple[str, dict[str, str]]) -> list[tuple[int, str, str]]:
+    """Feed each script to this Python on stdin, as the steps do on a host; all at once, to save time."""
+    procs = [subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+             for _, env in scripts]
+    for proc, (source, _) in zip(procs, scripts, strict=True):
+        proc.stdin.write(source)  # small scripts fit the pipe; every process starts right away
+        proc.stdin.close()
+    results = []
+    for proc in procs:
+        out, err = proc.stdout.read(), proc.stderr.read()  # stderr stays far below a pipe's buffer
+        results.append((proc.wait(timeout=120), out, err))
+    return results

@@ -70,6 +70,9 @@ def test_provision_cpu_profile_check_then_converge_then_nothing(sshd_hosts, make
     assert steps["h1"]["models"]["message"] == "download target, drafter with the token file"
     assert steps["h2"]["models"]["message"] == "no models listed for this host"
     assert steps["h1"]["pinned packages"]["status"] == "skipped"  # cpu hosts install only when asked
+    assert steps["h1"]["smoke test the specops kernels"]["message"] == (
+        "skipped on profile cpu: torch/triton not importable in this venv (ModuleNotFoundError: No module named "
+        "'torch')")
     for h in hosts:
         assert (h.base / "venv" / "bin" / "python").exists()
     calls = [json.loads(line) for line in log.read_text().splitlines()]

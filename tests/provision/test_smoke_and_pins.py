@@ -3,10 +3,6 @@ run for real on this CPU machine, and the pinned-install plan as data: facts in,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from ops.gpu.facts import parse_probe, probe_script
@@ -14,7 +10,7 @@ from ops.gpu.pins import check_installed, parse_requirement
 from ops.steps.base import StepFailed
 from ops.steps.gpu import arch_supported, judge_smoke, smoke_script
 from ops.steps.pins import plan_install
-from tests.provision.helpers import h200, synth
+from tests.provision.helpers import h200, run_remote_scripts, synth
 
 VENV = "/opt/specops/venv"
 
@@ -60,21 +56,6 @@ def test_sm120_with_a_cu124_torch_is_the_no_kernel_image_trap() -> None:
 ])
 def test_arch_supported(cap, arch_list, ok) -> None:
     assert arch_supported(cap, arch_list) is ok
-
-
-def run_remote_scripts(*scripts: tuple[str, dict[str, str]]) -> list[tuple[int, str, str]]:
-    """Feed each script to this Python on stdin, as the steps do on a host; all at once, to save time."""
-    procs = [subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-             for _, env in scripts]
-    for proc, (source, _) in zip(procs, scripts, strict=True):
-        proc.stdin.write(source)  # small scripts fit the pipe; every process starts right away
-        proc.stdin.close()
-    results = []
-    for proc in procs:
-        out, err = proc.stdout.read(), proc.stderr.read()  # stderr stays far below a pipe's buffer
-        results.append((proc.wait(timeout=120), out, err))
-    return results
 
 
 def test_smoke_scripts_and_probe_for_real_on_this_cpu_machine() -> None:

@@ -1,0 +1,123 @@
+"""Launch limits per GPU architecture family: which attention tiles and pipeline stages fit.
+
+Shared memory per block is the constraint that differs most between the families we target: an
+sm_90 (H100/H200) or sm_100 (B200/B300) block may opt in to 227 KB, an sm_120 part (RTX PRO 6000,
+RTX 5090, GB10) to 99 KB. The tree-attention tiles tuned on the H200 (128 x 64 keys, 4 stages: 165
+KB) would fail at the first launch on sm_120. Each family therefore gets a row of launch choices
+whose every config is compiled ahead of time for that family's architecture and checked to fit
+``smem_per_block`` without register spills (``kernels/aot.py``, ``tests/kernels/test_aot.py``;
+figures in ``kernels/ARCH.md``). The row is valid for head_dim <= 128 in a 2-byte dtype (the
+compiled shapes); larger head dims need rows of their own.
+
+The planner picks the device's family by compute capability and keeps it only if the device's
+``shared_memory_per_block_optin`` reaches the row's limit; otherwise it falls back to the generic
+row, the configs that fit 99 KB, and refuses a device below even that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
+
+
+class Tiles(NamedTuple):
+    """One attention launch shape: query-row tile, key tile, warps, software-pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class ArchRow:
+    """Launch choices of one architecture family, all checked to fit ``smem_per_block`` bytes.
+
+    ``decode``: <= 16 packed query rows; ``small``: <= 256; ``large``: more; ``tail``: the separate
+    launch for the rows past the last ``large`` tile. ``targets``: the capabilities (major * 10 +
+    minor) the ahead-of-time test compiles the row for.
+    """
+
+    family: str
+    smem_per_block: int
+    decode: Tiles
+    small: Tiles
+    large: Tiles
+    tail: Tiles
+    targets: tuple[int, ...]
+
+    def describe(self) -> str:
+        """One line for logs and the provision smoke step: the family and its tile choices."""
+        tiles = ", ".join(
+            f"{name} {t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
+            for name, t in (("decode", self.decode), ("small", self.small), ("large", self.large), ("tail", self.tail))
+        )
+        return f"{self.family} row (<= {self.smem_per_block} B shared/block): {tiles}"
+
+
+KB = 1024
+# Opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin), CUDA programming guide,
+# "Technical specifications per compute capability": 227 KB on 9.0 and 10.x, 99 KB on 8.6, 8.9, 12.x.
+SMEM_SM90 = 227 * KB
+SMEM_SM100 = 227 * KB
+SMEM_SM120 = 99 * KB
+
+# H200-tuned (benchmarks/RESULTS.md): wgmma tiles, 4 stages for the big trees.
+_HOPPER = dict(
+    decode=Tiles(16, 128, 4, 3),
+    small=Tiles(64, 64, 4, 3),
+    large=Tiles(128, 64, 8, 4),
+    tail=Tiles(16, 128, 4, 3),
+)
+# 99 KB: K+V of a 64-key tile at head_dim 128 is 32 KB a stage. Without wgmma the accumulator and Q
+# live in registers, and 128-row tiles spill on sm_120 even at 2 stages, so big trees use 64-row
+# tiles on 8 warps (no spills); decode keeps 3 stages by halving the key tile.
+_SMALL_SMEM = dict(
+    decode=Tiles(16, 64, 4, 3),
+    small=Tiles(64, 64, 8, 3),
+    large=Tiles(64, 64, 8, 3),
+    tail=Tiles(16, 64, 4, 3),
+)
+
+ROWS: dict[str, ArchRow] = {
+    "sm_90": ArchRow("sm_90", SMEM_SM90, targets=(90,), **_HOPPER),
+    # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA); for the big trees a 64-key
+    # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not
+    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,), **{**_HOPPER, "large": Tiles(128, 32, 8, 4)}),
+    "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
+    # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
+    # on 32-key tiles, which do not spill on sm_80 (mma.sync, no TMA) where 64-key tiles do
+    "generic": ArchRow("generic", SMEM_SM120, targets=(80, 120),
+                       **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)}),
+}
+_FAMILIES = {9: "sm_90", 10: "sm_100", 12: "sm_120"}
+
+
+def arch_row(capability: tuple[int, int], smem_optin: int) -> ArchRow:
+    """The row for a device of ``capability`` that allows ``smem_optin`` bytes of shared memory per block."""
+    row = ROWS[_FAMILIES.get(capability[0], "generic")]
+    if smem_optin >= row.smem_per_block:
+        return row
+    generic = ROWS["generic"]
+    if smem_optin >= generic.smem_per_block:
+        return generic
+    raise RuntimeError(
+        f"GPU sm_{capability[0]}{capability[1]} allows {smem_optin} bytes of shared memory per block, less than "
+        f"the {generic.smem_per_block} that every tree-attention config in kernels/arch.py needs "
+        f"(fix: add a row for this family to kernels/arch.py ROWS and check it with `python -m kernels.aot`)"
+    )
+
+
+@lru_cache(maxsize=16)
+def device_row(device: torch.device) -> ArchRow:
+    """The row for ``device``, read once. The CPU interpreter has no shared-memory limit: the sm_90 row."""
+    if device.type != "cuda":
+        return ROWS["sm_90"]
+    props = torch.cuda.get_device_properties(device)
+    return arch_row((props.major, props.minor), props.shared_memory_per_block_optin)
+
+
+__all__ = ["ROWS", "ArchRow", "Tiles", "arch_row", "device_row"]

@@ -1,0 +1,179 @@
+"""Smoke test: each specops kernel runs once on the host's GPU against its PyTorch reference.
+
+Runs before anything is deployed, so the kernels arrive with the script: the controller puts a
+line ``SOURCES = {...}`` (file name -> source of its ``kernels/*.py``) in front of this file, and
+they are written to a temporary package first (``@triton.jit`` reads its function's source file).
+Small shapes, but the attention cases reach every tile choice of the device's row in
+``kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
+``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
+row and one entry per kernel: name, config, max error and tolerance, or the error.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+SOURCES = globals().get("SOURCES", {})
+
+
+def _error(exc):
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
+
+
+# (name, nodes, tree?) at 8/2 heads (GQA group 4, as Qwen3-8B), head_dim 128: 4, 68, 260 (two
+# large tiles and a 4-row tail) and 256 packed rows reach every tile choice of the row
+ATTENTION_CASES = [("attention decode", 1, False), ("attention tree small", 17, True),
+                   ("attention tree large + tail", 65, True), ("attention chain", 64, False)]
+
+
+def run_attention(entry, k, torch, device, row, nodes, tree):
+    """The planner's launches for this shape (recorded first), and the relative error against SDPA."""
+    ta = k["tree_attention"]
+    gen = torch.Generator().manual_seed(nodes)
+    hq, hkv, d, ctx = 8, 2, 128, 300
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(hq, nodes, d, generator=gen).to(device, dtype)
+    k_cache = torch.randn(hkv, ctx + nodes, d, generator=gen).to(device, dtype)
+    v_cache = torch.randn(hkv, ctx + nodes, d, generator=gen).to(device, dtype)
+    parents = None
+    vis = None
+    if tree:
+        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, nodes)],
+                               device=device)
+        depth = ta.ancestors_reference(parents).sum(1) - 1
+        vis = ta.tree_visibility(parents, depth)
+    rows = nodes * hq // hkv
+    cfg = ta._default_config(rows, row)
+    launches = ta._plan(rows, hq // hkv, ctx + nodes, hkv, cfg, k["host"].num_sms(device), ta.AttentionConfig(*row.tail))
+    entry["config"] = " + ".join(f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
+                                 f"s{launch.config.num_stages} splits {launch.splits}" for launch in launches)
+    out = ta.tree_attention(q, k_cache, v_cache, ctx, vis, 0.088)
+    ref = ta.tree_attention_reference(q, k_cache, v_cache, ctx, parents, 0.088)
+    err = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
+    entry["max_error"], entry["tolerance"] = err, 2e-2 if dtype == torch.bfloat16 else 1e-4
+
+
+def run_topk(entry, k, torch, device):
+    entry["config"] = "k=64 of 15 x 5000"
+    logits = torch.randn(15, 5000, generator=torch.Generator().manual_seed(1)).to(device)
+    vals, toks = k["marginal_topk"].marginal_topk(logits, 64)
+    want_vals, want_toks = k["marginal_topk"].marginal_topk_reference(logits, 64)
+    err = float((vals.cpu() - want_vals.cpu()).abs().max()) if torch.equal(toks.cpu(), want_toks.cpu()) else 1.0
+    entry["max_error"], entry["tolerance"] = err, 2e-5
+
+
+def run_tree_build(entry, k, torch, device):
+    entry["config"] = "budget 40 of 3 x 12"
+    tb = k["tree_build"]
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(2)) * 3
+    tokens, parents, _ = tb.build_tree(logits.to(device), 40, torch.tensor(7, device=device))
+    want_tokens, want_parents, _ = tb.build_tree_reference(logits, 40, 7)
+
+    def prefixes(tok, par):
+        found = set()
+        for i in range(1, len(tok)):
+            path, j = [], i
+            while j > 0:
+                path.append(tok[j])
+                j = par[j]
+            found.add(tuple(reversed(path)))
+        return found
+
+    same = prefixes(tokens.tolist(), parents.tolist()) == prefixes(want_tokens, want_parents)
+    entry["max_error"], entry["tolerance"] = 0.0 if same else 1.0, 0.0
+
+
+def run_walk(entry, k, torch, device):
+    tw = k["tree_walk"]
+    gen = torch.Generator().manual_seed(3)
+    n, vocab = 33, 3000
+    entry["config"] = f"greedy, {n} nodes x {vocab}"
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)])
+    tokens = torch.randint(0, vocab, (n,), generator=gen)
+    logits = torch.randn(n, vocab, generator=gen)
+    for i in range(1, n):  # the target agrees with most of the draft
+        logits[parents[i], tokens[i]] += 8.0
+    path, path_len, bonus = tw.tree_walk(tokens.to(device), parents.to(device), logits.to(device), 0.0)
+    want_path, want_bonus = tw.tree_walk_reference(tokens, parents, logits.argmax(-1))
+    same = path.tolist()[: int(path_len)] == want_path and int(bonus) == want_bonus
+    entry["max_error"], entry["tolerance"] = 0.0 if same else 1.0, 0.0
+
+
+def run_compact(entry, k, torch, device):
+    gen = torch.Generator().manual_seed(4)
+    cache = torch.randn(2, 2, 80, 128, generator=gen)
+    ctx, path = 40, [0, 3, 7, 20]
+    entry["config"] = f"{len(path)} rows, 2 layers"
+    k_cache, v_cache = cache.clone().to(device), (cache * 2).to(device)
+    k["kv_compact"].compact(k_cache, v_cache, ctx, torch.tensor(path, device=device),
+                            torch.tensor(len(path), device=device))
+    k_ref, v_ref = cache.clone(), cache * 2
+    k["kv_compact"].compact_reference(k_ref, v_ref, ctx, path)
+    err = max(float((k_cache.cpu() - k_ref).abs().max()), float((v_cache.cpu() - v_ref).abs().max()))
+    entry["max_error"], entry["tolerance"] = err, 0.0
+
+
+def main():
+    result = {"torch": None, "triton": None}
+    try:
+        import torch
+        import triton
+    except ImportError as exc:
+        print(json.dumps({**result, "skipped": f"torch/triton not importable in this venv ({_error(exc)})"}))
+        return
+    result.update(torch=torch.__version__, triton=triton.__version__)
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    if not interpret and not torch.cuda.is_available():
+        print(json.dumps({**result, "skipped": f"no CUDA device visible to torch {torch.__version__} "
+                                               f"(CUDA build: {torch.version.cuda or 'none, CPU-only'})"}))
+        return
+    device = torch.device("cpu" if interpret else "cuda:0")
+    if interpret:
+        result.update(device="cpu (TRITON_INTERPRET=1)", capability=None, smem_optin=None)
+    else:
+        props = torch.cuda.get_device_properties(device)
+        result.update(device=props.name, capability=[props.major, props.minor],
+                      smem_optin=props.shared_memory_per_block_optin)
+    with tempfile.TemporaryDirectory(prefix="specops-kernels-") as tmp:
+        result.update(run_kernels(import_kernels(tmp), torch, device))
+    print(json.dumps(result))
+
+
+def import_kernels(tmp):
+    """This checkout's kernels package, written under ``tmp`` and imported ahead of any installed one."""
+    import importlib
+
+    os.makedirs(os.path.join(tmp, "kernels"))
+    for name, text in SOURCES.items():
+        with open(os.path.join(tmp, "kernels", name), "w") as f:
+            f.write(text)
+    sys.path.insert(0, tmp)
+    return {name: importlib.import_module(f"kernels.{name}") for name in
+            ("arch", "host", "tree_attention", "marginal_topk", "tree_build", "tree_walk", "kv_compact")}
+
+
+def run_kernels(k, torch, device):
+    """The device's row, then each case: its config, and its error against the reference or its exception."""
+    try:
+        row = k["arch"].device_row(device)
+    except RuntimeError as exc:
+        return {"row": None, "row_error": _error(exc), "kernels": []}
+    cases = [(name, lambda e, n=nodes, t=tree: run_attention(e, k, torch, device, row, n, t))
+             for name, nodes, tree in ATTENTION_CASES]
+    cases += [(name, lambda e, f=fn: f(e, k, torch, device)) for name, fn in
+              (("marginal_topk", run_topk), ("tree_build", run_tree_build), ("tree_walk", run_walk),
+               ("kv_compact", run_compact))]
+    kernels = []
+    for name, run in cases:
+        entry = {"name": name}
+        try:
+            run(entry)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:
+            entry["error"] = _error(exc)
+        kernels.append(entry)
+    return {"row": row.describe(), "kernels": kernels}
+
+main()
