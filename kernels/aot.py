@@ -42,7 +42,17 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, native_specialize_impl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import kv_compact, marginal_topk, tree_attention, tree_build, tree_walk
+from kernels import (
+    kv_compact,
+    marginal_topk,
+    qk_rope,
+    rms_norm,
+    silu_mul,
+    skinny_matmul,
+    tree_attention,
+    tree_build,
+    tree_walk,
+)
 from kernels.arch import ROWS, ArchRow, Tiles
 from kernels.host import cdiv, next_pow2
 
@@ -132,22 +142,20 @@ def _attention(case: str, row: ArchRow, cc: int, tiles: Tiles, nodes: int, row0:
     q = _empty(HQ, nodes, HEAD_DIM, dtype=torch.bfloat16)
     cache_rows = CONTEXT + BUDGET + 1
     k_cache = _empty(HKV, cache_rows, HEAD_DIM, dtype=torch.bfloat16)
-    desc = TensorDescriptor(k_cache, [HKV, CONTEXT + nodes, HEAD_DIM], list(k_cache.stride()), [1, tiles.block_n, HEAD_DIM])
+    desc = TensorDescriptor(k_cache, [HKV, cache_rows, HEAD_DIM], list(k_cache.stride()), [1, tiles.block_n, HEAD_DIM])
     node0 = row0 // (HQ // HKV)
     part = _empty(4, HQ, nodes - node0, HEAD_DIM) if split else q
     part_ml = _empty(4, HQ, nodes - node0, 2) if split else q
     bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32) if tree else q
-    keys_per_split = cdiv(cdiv(CONTEXT + nodes, tiles.block_n), 4) * tiles.block_n if split else CONTEXT + nodes
     args = dict(
         Q=q, K=desc, V=desc, BITS=bits, OUT=q, PART_ACC=part, PART_ML=part_ml,
         **_strides("stride_qh stride_qn stride_qd", q), **_strides("stride_oh stride_on stride_od", q),
         stride_bn=bits.stride(0), **_strides("stride_ps stride_ph stride_pn", part),
-        n_nodes=nodes, row0=row0, part_node0=node0, context_len=CONTEXT, keys_per_split=keys_per_split,
-        qk_scale=0.127,
+        n_nodes=nodes, row0=row0, part_node0=node0, CTX=_empty((), dtype=torch.int64), qk_scale=0.127,
     )
     constexprs = dict(
         GROUP=HQ // HKV, HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        TREE=tree, SPLIT=split, PRECISION=0,
+        TREE=tree, ALL=False, SPLIT=split, PRECISION=0,
     )
     return Spec("tree_attention", f"{case} {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}", cc,
                 tree_attention._tree_attention_kernel, args, constexprs, tiles.num_warps, tiles.num_stages,
@@ -165,7 +173,15 @@ def attention_specs(row: ArchRow, cc: int) -> list[Spec]:
         _attention("tree B=256 N=257 tail", row, cc, row.tail, BUDGET // 4 + 1, tail_row0, tree=True, split=True),
         _attention("tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False),
         _attention("chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False),
+        _drafter_attention(row, cc),
     ]
+
+
+def _drafter_attention(row: ArchRow, cc: int) -> Spec:
+    """The DFlash drafter's block of 16 queries, each seeing the context and the whole block."""
+    spec = _attention("drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True)
+    return Spec(spec.kernel, spec.case, cc, spec.fn, spec.args, {**spec.constexprs, "ALL": True},
+                spec.num_warps, spec.num_stages, row=spec.row, limit=spec.limit)
 
 
 def merge_spec(cc: int) -> Spec:
@@ -283,10 +299,54 @@ def walk_specs(cc: int) -> list[Spec]:
 def compact_spec(cc: int) -> Spec:
     cache = _empty(LAYERS * HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
     path = _empty(BUDGET + 1, dtype=torch.int64)
-    args = dict(K=cache, V=cache, PATH=path, PATH_LEN=_empty((), dtype=torch.int64),
-                **_strides("stride_h stride_s stride_d", cache), context_len=CONTEXT, n_path=BUDGET + 1)
+    args = dict(K=cache, V=cache, PATH=path, PATH_LEN=_empty((), dtype=torch.int64), CTX=_empty((), dtype=torch.int64),
+                **_strides("stride_h stride_s stride_d", cache), n_path=BUDGET + 1)
     return Spec("kv_compact", f"{LAYERS} layers", cc, kv_compact._compact_kernel, args,
                 dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16), 4)
+
+
+# --- the decoder layer's fused steps ----------------------------------------------------------------
+
+
+HIDDEN, INTER = 4096, 12288
+
+
+def layer_specs(cc: int) -> list[Spec]:
+    """RMSNorm (+ residual), q/k norm + RoPE + cache write, SwiGLU's gate and the skinny matmul."""
+    bf16 = torch.bfloat16
+    x = _empty(257, HIDDEN, dtype=bf16)
+    norm = Spec("rms_norm", f"H={HIDDEN} + residual", cc, rms_norm._rms_norm_kernel,
+                dict(X=x, RES=x, W=_empty(HIDDEN, dtype=bf16), OUT=x, RES_OUT=x, stride_x=HIDDEN, stride_r=HIDDEN,
+                     stride_o=HIDDEN, stride_ro=HIDDEN, n_cols=HIDDEN, eps=1e-6),
+                dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)), 8)
+    qkv = _empty(257, (HQ + 2 * HKV) * HEAD_DIM, dtype=bf16)
+    cache_ = _empty(HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=bf16)
+    table_ = _empty(CONTEXT + BUDGET + 1, HEAD_DIM)
+    q = _empty(257, HQ, HEAD_DIM, dtype=bf16)
+    rope = Spec("qk_rope", f"{HQ}/{HKV} heads D={HEAD_DIM}", cc, qk_rope._qk_rope_kernel,
+                dict(QKV=qkv, QW=_empty(HEAD_DIM, dtype=bf16), KW=_empty(HEAD_DIM, dtype=bf16), COS=table_, SIN=table_,
+                     POS=_empty(257, dtype=torch.int64), K=cache_, V=cache_, Q_OUT=q, CTX=_empty((), dtype=torch.int64),
+                     stride_t=qkv.stride(0), stride_ct=table_.stride(0), stride_kh=cache_.stride(0),
+                     stride_ks=cache_.stride(1), stride_qt=q.stride(0), stride_qh=q.stride(1), eps=1e-6),
+                dict(HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM, HALF_PAD=HEAD_DIM // 2), 1)
+    gate_up = _empty(257, 2 * INTER, dtype=bf16)
+    act = _empty(257, INTER, dtype=bf16)
+    swiglu = Spec("silu_mul", f"I={INTER}", cc, silu_mul._silu_mul_kernel,
+                  dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
+                  dict(BLOCK=1024), 4)
+    found = [norm, rope, swiglu]
+    for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
+        cfg = skinny_matmul.default_config(n, k, SMS[cc])
+        w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
+        part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+        found.append(Spec(
+            "skinny_matmul", f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}", cc,
+            skinny_matmul._skinny_kernel,
+            dict(X=xs, W=w, OUT=out, PART=part, stride_xt=k, stride_wn=k, stride_ot=n, n_rows=1, n_cols=n,
+                 k_total=k, k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k),
+            dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
+            cfg.num_warps, cfg.num_stages))
+    return found
 
 
 @cache
@@ -297,7 +357,8 @@ def specs() -> dict[str, Spec]:
         for cc in row.targets:
             found += attention_specs(row, cc)
     for cc in TARGETS:
-        found += [merge_spec(cc), visibility_spec(cc), *topk_specs(cc), tree_spec(cc), *walk_specs(cc), compact_spec(cc)]
+        found += [merge_spec(cc), visibility_spec(cc), *topk_specs(cc), tree_spec(cc), *walk_specs(cc), compact_spec(cc),
+                  *layer_specs(cc)]
     return {spec.key: spec for spec in found}
 
 
