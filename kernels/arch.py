@@ -74,19 +74,23 @@ _HOPPER = dict(
 )
 # 99 KB: K+V of a 64-key tile at head_dim 128 is 32 KB a stage. Without wgmma the accumulator and Q
 # live in registers, and 128-row tiles spill on sm_120 even at 2 stages, so big trees use 64-row
-# tiles on 8 warps (no spills); decode keeps 3 stages by halving the key tile.
+# tiles on 8 warps; since the kernel reads the context length on the device (CUDA graphs), 64-key
+# tiles spill there too at 257 nodes, so trees take 32-key tiles; decode keeps 3 stages by halving
+# the key tile.
 _SMALL_SMEM = dict(
     decode=Tiles(16, 64, 4, 3),
     small=Tiles(64, 64, 8, 3),
-    large=Tiles(64, 64, 8, 3),
+    large=Tiles(64, 32, 8, 3),
     tail=Tiles(16, 64, 4, 3),
 )
 
 ROWS: dict[str, ArchRow] = {
     "sm_90": ArchRow("sm_90", SMEM_SM90, targets=(90,), **_HOPPER),
     # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA); for the big trees a 64-key
-    # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not
-    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,), **{**_HOPPER, "large": Tiles(128, 32, 8, 4)}),
+    # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not; decode on 128-key
+    # tiles spills once the context length is read on the device, 64-key tiles do not
+    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,),
+                      **{**_HOPPER, "decode": Tiles(16, 64, 4, 3), "large": Tiles(128, 32, 8, 4)}),
     "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
     # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
     # on 32-key tiles, which do not spill on sm_80 (mma.sync, no TMA) where 64-key tiles do
