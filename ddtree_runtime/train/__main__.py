@@ -24,8 +24,12 @@ def _ints(text: str | None) -> list[int] | None:
 def parse_args(argv: Sequence[str] | None) -> RunSpec:
     p = argparse.ArgumentParser(prog="python -m ddtree_runtime.train", description=__doc__)
     p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3 + tokenizer)")
-    p.add_argument("--prompts", required=True, action="append",
-                   help="JSONL/text file or directory, or an HF dataset name (repeatable)")
+    p.add_argument(
+        "--prompts",
+        required=True,
+        action="append",
+        help="JSONL/text file or directory, or an HF dataset name (repeatable)",
+    )
     p.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
     p.add_argument("--limit", type=int, help="read at most this many prompts")
     p.add_argument("--min-chars", type=int, default=Filters.min_chars)
@@ -48,8 +52,12 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
     p.add_argument("--grad-accum", type=int, default=t.grad_accum)
     p.add_argument("--anchors", type=int, default=t.anchors, help="blocks per sequence")
     p.add_argument("--loss-gamma", type=float, default=t.loss_gamma)
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 autocast (default: on for CUDA)")
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bf16 autocast (default: on for CUDA)",
+    )
     p.add_argument("--save-every", type=int, default=t.save_every)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -62,17 +70,36 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
     return RunSpec(
-        target=a.target, out=a.out, prompts=a.prompts, limit=a.limit,
+        target=a.target,
+        out=a.out,
+        prompts=a.prompts,
+        limit=a.limit,
         filters=Filters(a.min_chars, a.max_chars, a.near_dup, a.held_out),
-        max_prompt_tokens=a.max_prompt_tokens, response_tokens=a.response_tokens,
-        extraction=a.extraction, shard_size=a.shard_size, draft_layers=a.draft_layers,
-        block_size=a.block_size, target_layer_ids=_ints(a.target_layer_ids), mask_token_id=a.mask_token_id,
-        train=TrainSpec(steps=a.steps, lr=a.lr, warmup_steps=a.warmup_steps, micro_batch=a.micro_batch,
-                        grad_accum=a.grad_accum, anchors=a.anchors, loss_gamma=a.loss_gamma,
-                        bf16=a.device.startswith("cuda") if a.bf16 is None else a.bf16,
-                        save_every=a.save_every, seed=a.seed),
-        save_dtype=a.save_dtype, eval_prompts=a.eval_prompts, eval_budgets=_ints(a.eval_budgets) or [],
-        eval_tokens=a.eval_tokens, device=device,
+        max_prompt_tokens=a.max_prompt_tokens,
+        response_tokens=a.response_tokens,
+        extraction=a.extraction,
+        shard_size=a.shard_size,
+        draft_layers=a.draft_layers,
+        block_size=a.block_size,
+        target_layer_ids=_ints(a.target_layer_ids),
+        mask_token_id=a.mask_token_id,
+        train=TrainSpec(
+            steps=a.steps,
+            lr=a.lr,
+            warmup_steps=a.warmup_steps,
+            micro_batch=a.micro_batch,
+            grad_accum=a.grad_accum,
+            anchors=a.anchors,
+            loss_gamma=a.loss_gamma,
+            bf16=a.device.startswith("cuda") if a.bf16 is None else a.bf16,
+            save_every=a.save_every,
+            seed=a.seed,
+        ),
+        save_dtype=a.save_dtype,
+        eval_prompts=a.eval_prompts,
+        eval_budgets=_ints(a.eval_budgets) or [],
+        eval_tokens=a.eval_tokens,
+        device=device,
     )
 
 

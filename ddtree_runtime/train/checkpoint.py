@@ -40,7 +40,9 @@ def drafter_config(
     raw = read_json(target_dir / "config.json")
     n_target = int(raw["num_hidden_layers"])
     ids = layer_ids or default_target_layer_ids(n_target, layers)
-    cfg = {k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "eos_token_id", "bos_token_id")}
+    cfg = {
+        k: v for k, v in raw.items() if k not in ("architectures", "auto_map", "eos_token_id", "bos_token_id")
+    }
     cfg.update(
         {
             "architectures": ["DFlashDraftModel"],

@@ -198,7 +198,9 @@ def write_prompt_sets(
         "counts": counts,
         "sha256": {
             "prompts.train.jsonl": _write_jsonl(out / "prompts.train.jsonl", ({"prompt": p} for p in train)),
-            "prompts.held_out.jsonl": _write_jsonl(out / "prompts.held_out.jsonl", ({"prompt": p} for p in held)),
+            "prompts.held_out.jsonl": _write_jsonl(
+                out / "prompts.held_out.jsonl", ({"prompt": p} for p in held)
+            ),
         },
     }
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -218,7 +220,9 @@ def regenerate(
     batch is appended and flushed whole, and a torn last line (a kill mid-write) is dropped on
     resume, so a rerun continues where the last one stopped. Returns the rows written now.
     """
-    prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text(encoding="utf-8").splitlines() if line]
+    prompts = [
+        json.loads(line)["prompt"] for line in prompts_file.read_text(encoding="utf-8").splitlines() if line
+    ]
     done: set[int] = set()
     if out_file.exists():
         lines = out_file.read_text(encoding="utf-8").split("\n")
@@ -236,10 +240,12 @@ def regenerate(
         for s in range(0, len(todo), batch):
             ids = todo[s : s + batch]
             results = generate([prompts[i] for i in ids])
-            fh.write("".join(
-                json.dumps({"id": i, "prompt_ids": p, "response_ids": r}) + "\n"
-                for i, (p, r) in zip(ids, results, strict=True)
-            ))
+            fh.write(
+                "".join(
+                    json.dumps({"id": i, "prompt_ids": p, "response_ids": r}) + "\n"
+                    for i, (p, r) in zip(ids, results, strict=True)
+                )
+            )
             fh.flush()
             written += len(ids)
             if progress is not None:

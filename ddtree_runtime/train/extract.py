@@ -84,15 +84,21 @@ def extract_offline(
     }
     if index_path.exists():
         old = json.loads(index_path.read_text())
-        if {k: old.get(k) for k in index if k != "shards"} != {k: v for k, v in index.items() if k != "shards"}:
+        if {k: old.get(k) for k in index if k != "shards"} != {
+            k: v for k, v in index.items() if k != "shards"
+        }:
             raise ExtractionError(
                 f"{index_path}: written for other settings (fix: use a new directory or delete this one)"
             )
         index["shards"] = [s for s in old["shards"] if (out / s["file"]).exists()]
     done = {s["file"] for s in index["shards"]}  # type: ignore[union-attr]
     todo = [i for i in range(n_shards) if f"shard-{i:05d}.safetensors" not in done]
-    need = disk_need([len(samples[j][0]) for i in todo for j in _rows(i, shard_size, len(samples))],
-                     len(layer_ids), target.config.hidden_size, dtype)
+    need = disk_need(
+        [len(samples[j][0]) for i in todo for j in _rows(i, shard_size, len(samples))],
+        len(layer_ids),
+        target.config.hidden_size,
+        dtype,
+    )
     free = shutil.disk_usage(out).free
     if need > free:
         raise ExtractionError(
@@ -101,18 +107,18 @@ def extract_offline(
         )
     for i in todo:
         tensors: dict[str, Tensor] = {}
-        meta: dict[str, str] = {}
-        for j in _rows(i, shard_size, len(samples)):
+        rows = _rows(i, shard_size, len(samples))
+        for j in rows:
             ids, prompt_len = samples[j]
             tokens = torch.tensor(ids, dtype=torch.int64)
             tensors[f"hidden.{j}"] = hidden_states(target, tokens, layer_ids).to(dtype).contiguous()
             tensors[f"tokens.{j}"] = tokens
-            meta[f"prompt_len.{j}"] = str(prompt_len)
+            tensors[f"prompt_len.{j}"] = torch.tensor([prompt_len])
         name = f"shard-{i:05d}.safetensors"
         tmp = out / f".{name}.tmp"
-        save_file(tensors, str(tmp), metadata=meta)
+        save_file(tensors, str(tmp), metadata={"format": "pt"})  # metadata order is not stable: no more
         os.replace(tmp, out / name)
-        index["shards"].append({"file": name, "first": i * shard_size, "count": len(meta)})  # type: ignore[union-attr]
+        index["shards"].append({"file": name, "first": i * shard_size, "count": len(rows)})  # type: ignore[union-attr]
         index["shards"].sort(key=lambda s: s["first"])  # type: ignore[union-attr]
         _write_json(index_path, index)
         if progress is not None:
@@ -134,12 +140,10 @@ def _write_json(path: Path, data: object) -> None:
 def read_offline(out: Path) -> Iterator[Sample]:
     """Every stored sample, in order, with its features."""
     index = json.loads((out / INDEX).read_text())
-    if len(index["shards"]) * index["shard_size"] < index["num_samples"] and sum(
-        s["count"] for s in index["shards"]
-    ) < index["num_samples"]:
+    if sum(s["count"] for s in index["shards"]) < index["num_samples"]:
         raise ExtractionError(f"{out}: extraction is incomplete (fix: rerun the extract stage to resume it)")
     for shard in index["shards"]:
         with safe_open(str(out / shard["file"]), framework="pt") as f:
-            meta = f.metadata()
             for j in range(shard["first"], shard["first"] + shard["count"]):
-                yield Sample(f.get_tensor(f"tokens.{j}"), int(meta[f"prompt_len.{j}"]), f.get_tensor(f"hidden.{j}"))
+                prompt_len = int(f.get_tensor(f"prompt_len.{j}")[0])
+                yield Sample(f.get_tensor(f"tokens.{j}"), prompt_len, f.get_tensor(f"hidden.{j}"))

@@ -45,7 +45,9 @@ def target_forward(
         q = apply_rope(attn.q_norm(_heads(attn, attn.q_proj, h, attn.n_heads)), cos, sin)  # [N, Hq, T, D]
         k = apply_rope(attn.k_norm(_heads(attn, attn.k_proj, h, attn.n_kv)), cos, sin)
         v = _heads(attn, attn.v_proj, h, attn.n_kv)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.head_dim**-0.5, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=attn.head_dim**-0.5, enable_gqa=True
+        )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(n, t, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         if i in capture:
@@ -57,9 +59,7 @@ def target_forward(
     return (model.lm_head(x) if logits else None), hidden
 
 
-def block_visibility(
-    seq_len: int, anchors: Tensor, block: int, causal: bool, window: int | None
-) -> Tensor:
+def block_visibility(seq_len: int, anchors: Tensor, block: int, causal: bool, window: int | None) -> Tensor:
     """[K * B, seq_len + K * B] bool: which context rows and block rows each block row sees."""
     k = anchors.shape[0]
     offs = torch.arange(block, device=anchors.device)

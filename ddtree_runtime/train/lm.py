@@ -49,7 +49,9 @@ def stdlib_files() -> list[Path]:
     """The standard library's `.py` sources, tests and vendored packages left out, in a fixed order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__")
-    return sorted(p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts))
+    return sorted(
+        p for p in root.rglob("*.py") if not any(part in skip for part in p.relative_to(root).parts)
+    )
 
 
 def is_held_out(path: Path) -> bool:
@@ -163,6 +165,8 @@ def train_lm(out: Path, spec: LMSpec, log=print) -> None:
         sched.step()
         if step % 25 == 0 or step == spec.steps - 1:
             el = time.perf_counter() - t0
-            log(f"step {step}/{spec.steps} loss {loss.item():.3f} {el:.0f}s eta {el / (step + 1) * (spec.steps - step - 1):.0f}s")
+            log(
+                f"step {step}/{spec.steps} loss {loss.item():.3f} {el:.0f}s eta {el / (step + 1) * (spec.steps - step - 1):.0f}s"
+            )
     save_target(model, raw, tok, out)
     (out / "train_spec.json").write_text(json.dumps(asdict(spec), indent=2) + "\n")

@@ -101,21 +101,34 @@ def prepare(spec: RunSpec, target, tok: Tokenizer | None, layer_ids: tuple[int, 
         return rows
 
     made = curate.regenerate(
-        data / "prompts.train.jsonl", data / "responses.jsonl", respond,
+        data / "prompts.train.jsonl",
+        data / "responses.jsonl",
+        respond,
         progress=lambda done, total: log(f"regenerate {done}/{total}"),
     )
     samples = curate.read_samples(data / "responses.jsonl")
-    manifest["responses"] = {"rows": len(samples), "tokens": sum(len(s) for s, _ in samples),
-                             "sha256": _sha256(data / "responses.jsonl")}
+    manifest["responses"] = {
+        "rows": len(samples),
+        "tokens": sum(len(s) for s, _ in samples),
+        "sha256": _sha256(data / "responses.jsonl"),
+    }
     _write_json(data / "manifest.json", manifest)
     log(f"regenerate: {made} new, {len(samples)} total")
-    need = extract.disk_need([len(s) for s, _ in samples], len(layer_ids), target.config.hidden_size,
-                             DTYPES[spec.save_dtype])
-    log(f"extract: {spec.extraction}; stored features would take {extract.human_bytes(need)} "
-        f"({extract.human_bytes(need / max(1, manifest['responses']['tokens']))} per token)")
+    need = extract.disk_need(
+        [len(s) for s, _ in samples], len(layer_ids), target.config.hidden_size, DTYPES[spec.save_dtype]
+    )
+    log(
+        f"extract: {spec.extraction}; stored features would take {extract.human_bytes(need)} "
+        f"({extract.human_bytes(need / max(1, manifest['responses']['tokens']))} per token)"
+    )
     if spec.extraction == "offline":
         extract.extract_offline(
-            target, samples, layer_ids, out / "features", spec.shard_size, DTYPES[spec.save_dtype],
+            target,
+            samples,
+            layer_ids,
+            out / "features",
+            spec.shard_size,
+            DTYPES[spec.save_dtype],
             progress=lambda done, total: log(f"extract shard {done}/{total}"),
         )
 
@@ -142,7 +155,11 @@ def run(spec: RunSpec) -> dict[str, object]:
     drafter_dir = out / "drafter"
     done_path = out / "train_done.json"
     wanted = {"run": asdict(spec), "target_config_sha256": _sha256(target_dir / "config.json")}
-    if done_path.exists() and json.loads(done_path.read_text()) == wanted and (drafter_dir / "model.safetensors").exists():
+    if (
+        done_path.exists()
+        and json.loads(done_path.read_text()) == wanted
+        and (drafter_dir / "model.safetensors").exists()
+    ):
         log("train: done already")
     else:
         drafter = new_drafter(target, raw, drafter_dir, spec.train.seed)
@@ -186,7 +203,9 @@ def lint_stage(target_dir: Path, drafter_dir: Path, out: Path) -> dict[str, obje
     return {"errors": len(report.errors), "findings": len(report.findings)}
 
 
-def eval_stage(spec: RunSpec, target, tok: Tokenizer | None, drafter_dir: Path, out: Path) -> dict[str, object]:
+def eval_stage(
+    spec: RunSpec, target, tok: Tokenizer | None, drafter_dir: Path, out: Path
+) -> dict[str, object]:
     """τ on held-out prompts, redone only when the drafter's weights changed."""
     eval_path = out / "eval.json"
     weights = _sha256(drafter_dir / "model.safetensors")
@@ -195,17 +214,28 @@ def eval_stage(spec: RunSpec, target, tok: Tokenizer | None, drafter_dir: Path, 
         if old.get("drafter_sha256") == weights:
             log(f"eval: done already: {old['tau']}")
             return old
-    held = [json.loads(line)["prompt"] for line in
-            (out / "data" / "prompts.held_out.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    held = [
+        json.loads(line)["prompt"]
+        for line in (out / "data" / "prompts.held_out.jsonl").read_text(encoding="utf-8").splitlines()
+        if line
+    ]
     if not held:
-        held = [json.loads(line)["prompt"] for line in
-                (out / "data" / "prompts.train.jsonl").read_text(encoding="utf-8").splitlines()[-4:] if line]
+        held = [
+            json.loads(line)["prompt"]
+            for line in (out / "data" / "prompts.train.jsonl").read_text(encoding="utf-8").splitlines()[-4:]
+            if line
+        ]
     prompts = [_prompt_ids(tok, p, spec.max_prompt_tokens) for p in held[: spec.eval_prompts]]
     drafter = load_drafter(drafter_dir, target.embed_tokens.weight.device, target.embed_tokens.weight.dtype)
     tau = measure_tau(target, drafter, prompts, spec.eval_budgets, spec.eval_tokens)
-    result = {"tau": tau, "prompts": len(prompts), "max_new_tokens": spec.eval_tokens, "temperature": 0.0,
-              "drafter_sha256": weights, "target": spec.target}
+    result = {
+        "tau": tau,
+        "prompts": len(prompts),
+        "max_new_tokens": spec.eval_tokens,
+        "temperature": 0.0,
+        "drafter_sha256": weights,
+        "target": spec.target,
+    }
     _write_json(eval_path, result)
     log(f"eval: tau {json.dumps(tau)}")
     return result
-

@@ -83,7 +83,9 @@ class BlockLoss(nn.Module):
             pos = anchors[:, None] + torch.arange(1, block, device=tokens.device)  # [K, B-1]
             valid = pos < tokens.shape[0]
             labels = tokens[pos.clamp(max=tokens.shape[0] - 1)]
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view_as(pos)
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view_as(
+                pos
+            )
             w = weights * valid
             loss_sum, weight_sum = loss_sum + (ce * w).sum(), weight_sum + w.sum()
         return loss_sum, weight_sum
@@ -123,7 +125,9 @@ def train(
     model: nn.Module = BlockLoss(drafter, target, spec.loss_gamma)
     if world > 1:
         model = DistributedDataParallel(model)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95)
+    )
 
     def lr_at(step: int) -> float:
         if step < spec.warmup_steps:
@@ -170,12 +174,18 @@ def train(
                 feats = s.hidden
                 if feats is None:
                     feats = hidden_states(target, tokens, drafter.config.target_layer_ids)
-                batch.append((feats.to(device, drafter.fc.weight.dtype), tokens, torch.tensor(anchors, device=device)))
+                batch.append(
+                    (feats.to(device, drafter.fc.weight.dtype), tokens, torch.tensor(anchors, device=device))
+                )
                 tokens_seen += len(anchors) * (drafter.config.block_size - 1)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
                 loss_sum, w_sum = model(batch)
             sync = micro == spec.grad_accum - 1 or world == 1
-            ctx = model.no_sync() if isinstance(model, DistributedDataParallel) and not sync else contextlib.nullcontext()
+            ctx = (
+                model.no_sync()
+                if isinstance(model, DistributedDataParallel) and not sync
+                else contextlib.nullcontext()
+            )
             with ctx:
                 (loss_sum / max(1.0, float(w_sum)) / spec.grad_accum).backward()
             total, weight = total + loss_sum.detach(), weight + w_sum.detach()
@@ -188,8 +198,10 @@ def train(
         if rank == 0 and (step % spec.log_every == 0 or step == spec.steps):
             el = time.perf_counter() - t0
             eta = el / (step - start_step) * (spec.steps - step)
-            log(f"train {step}/{spec.steps} loss {loss:.3f} lr {sched.get_last_lr()[0]:.2e} "
-                f"{tokens_seen * world / el:.0f} tok/s eta {_fmt_s(eta)}")
+            log(
+                f"train {step}/{spec.steps} loss {loss:.3f} lr {sched.get_last_lr()[0]:.2e} "
+                f"{tokens_seen * world / el:.0f} tok/s eta {_fmt_s(eta)}"
+            )
         if step % spec.save_every == 0 or step == spec.steps:
             _save(ckpt, drafter, opt, sched, step, gen)
     drafter.eval()
@@ -214,9 +226,16 @@ def _save(
     if rank == 0:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
-        torch.save({"drafter": drafter.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "step": step, "rng": states}, tmp)
+        torch.save(
+            {
+                "drafter": drafter.state_dict(),
+                "opt": opt.state_dict(),
+                "sched": sched.state_dict(),
+                "step": step,
+                "rng": states,
+            },
+            tmp,
+        )
         os.replace(tmp, ckpt)
     if world > 1:
         dist.barrier()
-

@@ -27,6 +27,9 @@ def raw_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
 @pytest.fixture(scope="session")
 def mixed_raw_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
     return write_tiny_pair(
-        tmp_path_factory.mktemp("mixed") / "pair", block_size=5,
-        layer_types=["sliding_attention", "full_attention"], fit_steps=0, seed=3,
+        tmp_path_factory.mktemp("mixed") / "pair",
+        block_size=5,
+        layer_types=["sliding_attention", "full_attention"],
+        fit_steps=0,
+        seed=3,
     )
