@@ -225,17 +225,20 @@ def regenerate(
     ]
     done: set[int] = set()
     if out_file.exists():
-        lines = out_file.read_text(encoding="utf-8").split("\n")
+        text = out_file.read_text(encoding="utf-8")
         good = []
-        for line in lines:
+        for line in text.splitlines():
             try:
                 done.add(json.loads(line)["id"])
-                good.append(line)
+                good.append(line + "\n")
             except (json.JSONDecodeError, KeyError):
                 continue
-        out_file.write_text("".join(g + "\n" for g in good), encoding="utf-8")
+        if "".join(good) != text:  # a torn last line from a kill: drop it
+            out_file.write_text("".join(good), encoding="utf-8")
     todo = [i for i in range(len(prompts)) if i not in done]
     written = 0
+    if not todo:
+        return 0
     with out_file.open("a", encoding="utf-8") as fh:
         for s in range(0, len(todo), batch):
             ids = todo[s : s + batch]

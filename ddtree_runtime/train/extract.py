@@ -120,10 +120,10 @@ def extract_offline(
         os.replace(tmp, out / name)
         index["shards"].append({"file": name, "first": i * shard_size, "count": len(rows)})  # type: ignore[union-attr]
         index["shards"].sort(key=lambda s: s["first"])  # type: ignore[union-attr]
-        _write_json(index_path, index)
+        write_json(index_path, index)
         if progress is not None:
             progress(len(index["shards"]), n_shards)  # type: ignore[arg-type]
-    _write_json(index_path, index)
+    write_json(index_path, index)
     return index
 
 
@@ -131,9 +131,13 @@ def _rows(shard: int, shard_size: int, total: int) -> range:
     return range(shard * shard_size, min(total, (shard + 1) * shard_size))
 
 
-def _write_json(path: Path, data: object) -> None:
+def write_json(path: Path, data: object) -> None:
+    """Atomically, and not at all when the file already holds this (a rerun leaves files untouched)."""
+    text = json.dumps(data, indent=2) + "\n"
+    if path.exists() and path.read_text() == text:
+        return
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 

@@ -73,12 +73,6 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _write_json(path: Path, data: object) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _prompt_ids(tok: Tokenizer | None, text: str, limit: int) -> list[int]:
     if tok is None:
         raise ValueError("the target has no tokenizer.json (fix: copy it next to the target's config.json)")
@@ -112,7 +106,7 @@ def prepare(spec: RunSpec, target, tok: Tokenizer | None, layer_ids: tuple[int, 
         "tokens": sum(len(s) for s, _ in samples),
         "sha256": _sha256(data / "responses.jsonl"),
     }
-    _write_json(data / "manifest.json", manifest)
+    extract.write_json(data / "manifest.json", manifest)
     log(f"regenerate: {made} new, {len(samples)} total")
     need = extract.disk_need(
         [len(s) for s, _ in samples], len(layer_ids), target.config.hidden_size, DTYPES[spec.save_dtype]
@@ -167,14 +161,14 @@ def run(spec: RunSpec) -> dict[str, object]:
         train(drafter, target, samples, spec.train, out / "train_state.pt")
         if _rank() == 0:
             save_drafter(drafter, raw, drafter_dir, DTYPES[spec.save_dtype])
-            _write_json(done_path, wanted)
+            extract.write_json(done_path, wanted)
     if dist.is_initialized():
         dist.barrier()
     if _rank() != 0:
         return {}
     summary = {"drafter": str(drafter_dir), "lint": lint_stage(target_dir, drafter_dir, out)}
     summary["eval"] = eval_stage(spec, target, tok, drafter_dir, out)
-    _write_json(out / "summary.json", summary)
+    extract.write_json(out / "summary.json", summary)
     return summary
 
 
@@ -196,7 +190,7 @@ def lint_stage(target_dir: Path, drafter_dir: Path, out: Path) -> dict[str, obje
     from ops.drafter_config.lint import lint
 
     report = lint(str(drafter_dir), str(target_dir))
-    _write_json(out / "lint.json", report.as_json())
+    extract.write_json(out / "lint.json", report.as_json())
     if report.errors:
         raise SystemExit(f"lint: the trained drafter does not fit its target:\n{format_findings(report)}")
     log(f"lint: clean ({len(report.findings)} findings, 0 errors)")
@@ -236,6 +230,6 @@ def eval_stage(
         "drafter_sha256": weights,
         "target": spec.target,
     }
-    _write_json(eval_path, result)
+    extract.write_json(eval_path, result)
     log(f"eval: tau {json.dumps(tau)}")
     return result
