@@ -31,6 +31,12 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
         help="JSONL/text file or directory, or an HF dataset name (repeatable)",
     )
     p.add_argument("--out", required=True, help="run directory (rerun the same command to resume)")
+    p.add_argument(
+        "--held-out-prompts",
+        action="append",
+        default=[],
+        help="prompt sources kept wholly for evaluation (repeatable)",
+    )
     p.add_argument("--limit", type=int, help="read at most this many prompts")
     p.add_argument("--min-chars", type=int, default=Filters.min_chars)
     p.add_argument("--max-chars", type=int, default=Filters.max_chars)
@@ -73,6 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
         target=a.target,
         out=a.out,
         prompts=a.prompts,
+        held_out_prompts=a.held_out_prompts,
         limit=a.limit,
         filters=Filters(a.min_chars, a.max_chars, a.near_dup, a.held_out),
         max_prompt_tokens=a.max_prompt_tokens,

@@ -128,13 +128,18 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def curate(prompts: Iterable[str], filters: Filters) -> tuple[list[str], list[str], dict[str, int]]:
-    """(train, held_out, counts): exact and near duplicates dropped, lengths filtered, split by hash."""
+def curate(
+    prompts: Iterable[str], filters: Filters, held_out: Iterable[str] = ()
+) -> tuple[list[str], list[str], dict[str, int]]:
+    """(train, held_out, counts): exact and near duplicates dropped, lengths filtered, split by hash.
+
+    Prompts from `held_out` (e.g. files kept apart on purpose) all go to the held-out side, and
+    come first, so a training prompt that duplicates one of them is the one dropped."""
     counts = dict.fromkeys(("read", "too_short", "too_long", "exact_dup", "near_dup", "train", "held_out"), 0)
     exact: set[str] = set()
     near = NearDuplicates(filters.near_dup_threshold)
     train, held = [], []
-    for text in prompts:
+    for forced, text in [*((True, p) for p in held_out), *((False, p) for p in prompts)]:
         counts["read"] += 1
         text = text.strip()
         if len(text) < filters.min_chars:
@@ -152,7 +157,7 @@ def curate(prompts: Iterable[str], filters: Filters) -> tuple[list[str], list[st
         if near.seen(norm):
             counts["near_dup"] += 1
             continue
-        if int(key[:8], 16) / 0xFFFFFFFF < filters.held_out_fraction:
+        if forced or int(key[:8], 16) / 0xFFFFFFFF < filters.held_out_fraction:
             held.append(text)
             counts["held_out"] += 1
         else:
@@ -171,13 +176,18 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, object]]) -> str:
 
 
 def write_prompt_sets(
-    out: Path, sources: list[str], filters: Filters, limit: int | None = None
+    out: Path, sources: list[str], filters: Filters, limit: int | None = None, held_sources: list[str] = ()
 ) -> dict[str, object]:
     """`prompts.train.jsonl`, `prompts.held_out.jsonl` and `manifest.json` under `out`; kept when the
     manifest already records the same sources and filters (curation is then done)."""
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
-    wanted = {"sources": sources, "filters": asdict(filters), "limit": limit}
+    wanted = {
+        "sources": sources,
+        "held_out_sources": list(held_sources),
+        "filters": asdict(filters),
+        "limit": limit,
+    }
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         if {k: manifest.get(k) for k in wanted} == wanted:
@@ -192,7 +202,8 @@ def write_prompt_sets(
                 n += 1
                 yield p
 
-    train, held, counts = curate(every(), filters)
+    held_out = (p for s in held_sources for p in read_prompts(s))
+    train, held, counts = curate(every(), filters, held_out)
     manifest = {
         **wanted,
         "counts": counts,

@@ -43,6 +43,7 @@ class RunSpec:
     target: str
     out: str
     prompts: list[str]
+    held_out_prompts: list[str] = field(default_factory=list)
     limit: int | None = None
     filters: curate.Filters = field(default_factory=curate.Filters)
     max_prompt_tokens: int = 256
@@ -82,7 +83,7 @@ def _prompt_ids(tok: Tokenizer | None, text: str, limit: int) -> list[int]:
 def prepare(spec: RunSpec, target, tok: Tokenizer | None, layer_ids: tuple[int, ...]) -> None:
     """Rank 0's stages: curation, self-distilled responses, offline features."""
     out, data = Path(spec.out), Path(spec.out) / "data"
-    manifest = curate.write_prompt_sets(data, spec.prompts, spec.filters, spec.limit)
+    manifest = curate.write_prompt_sets(data, spec.prompts, spec.filters, spec.limit, spec.held_out_prompts)
     log(f"curate: {json.dumps(manifest['counts'])}")
     engine = Engine(target, None, max_context=spec.max_prompt_tokens + spec.response_tokens + 2)
 

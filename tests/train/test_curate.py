@@ -84,6 +84,14 @@ def test_sources_and_manifest(tmp_path: Path) -> None:
     assert write_prompt_sets(out, [str(jsonl), str(txt)], Filters(held_out_fraction=0.0)) == manifest
     assert (out / "prompts.train.jsonl").stat().st_mtime_ns == stamp  # nothing rewritten
 
+    held = tmp_path / "held.txt"
+    held.write_text(BASE[2] + "\n" + BASE[20] + "\n")
+    split = write_prompt_sets(
+        tmp_path / "split", [str(jsonl), str(txt)], Filters(held_out_fraction=0.0), held_sources=[str(held)]
+    )
+    assert split["counts"]["held_out"] == 2 and split["counts"]["exact_dup"] == 1  # BASE[2] stays held out
+    assert (tmp_path / "split" / "prompts.held_out.jsonl").read_text().count("prompt") == 2
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine prompt here"}\n{"oops": 1}\n')
     with pytest.raises(CurationError, match=r"bad.jsonl:2: no prompt field"):
