@@ -109,3 +109,61 @@ def drafter_blocks(
         x = x + attn.o_proj(out[0].transpose(0, 1).reshape(k * block, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return drafter.norm(x).view(k, block, -1)
+
+
+@torch.no_grad()
+def greedy_batch(
+    model: Qwen3, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int]
+) -> list[list[int]]:
+    """Greedy continuations of many prompts at once (self-distillation's regeneration).
+
+    Prompts are left-padded; each row's RoPE positions start at its first real token and padded
+    keys are masked out, so a row decodes as it would alone (up to float rounding). A row's output
+    ends at its first EOS (kept)."""
+    cfg, device = model.config, model.embed_tokens.weight.device
+    n, width = len(prompts), max(len(p) for p in prompts)
+    total = width + max_new_tokens
+    pad = torch.tensor([width - len(p) for p in prompts], device=device)  # [N]
+    tokens = torch.zeros(n, width, dtype=torch.int64, device=device)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p) :] = torch.tensor(p, device=device)
+    cos, sin = rope_tables(cfg.head_dim, cfg.rope_theta, total, device)
+    shape = (len(model.layers), n, cfg.num_key_value_heads, total, cfg.head_dim)
+    k_cache = torch.zeros(shape, device=device, dtype=model.embed_tokens.weight.dtype)
+    v_cache = torch.zeros_like(k_cache)
+    key_ok = torch.arange(total, device=device)[None, :] >= pad[:, None]  # [N, S]: not padding
+    out = torch.zeros(n, max_new_tokens, dtype=torch.int64, device=device)
+    start, step_tokens = 0, tokens
+    for t in range(max_new_tokens + 1):
+        q_len = step_tokens.shape[1]
+        rows = torch.arange(start, start + q_len, device=device)
+        pos = (rows[None, :] - pad[:, None]).clamp(min=0)  # [N, T]
+        c, s = cos[pos][:, None], sin[pos][:, None]  # [N, 1, T, D]
+        mask = key_ok[:, None, None, : start + q_len] & (
+            torch.arange(start + q_len, device=device)[None, :] <= rows[:, None]
+        )  # [N, 1, T, S]
+        x = model.embed_tokens(step_tokens)
+        for i, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = apply_rope(attn.q_norm(_heads(attn, attn.q_proj, h, attn.n_heads)), c, s)
+            k_cache[i, :, :, start : start + q_len] = apply_rope(
+                attn.k_norm(_heads(attn, attn.k_proj, h, attn.n_kv)), c, s
+            )
+            v_cache[i, :, :, start : start + q_len] = _heads(attn, attn.v_proj, h, attn.n_kv)
+            o = F.scaled_dot_product_attention(
+                q, k_cache[i, :, :, : start + q_len], v_cache[i, :, :, : start + q_len],
+                attn_mask=mask, scale=attn.head_dim**-0.5, enable_gqa=True,
+            )  # fmt: skip
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(n, q_len, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if t == max_new_tokens:
+            break
+        nxt = model.lm_head(model.norm(x[:, -1])).argmax(-1)  # [N]
+        out[:, t] = nxt
+        start, step_tokens = start + q_len, nxt[:, None]
+    result = []
+    for row in out.tolist():
+        cut = next((j + 1 for j, tok in enumerate(row) if tok in eos_ids), len(row))
+        result.append(row[:cut])
+    return result

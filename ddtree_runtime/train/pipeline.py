@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddtree_runtime.engine import Engine
 from ddtree_runtime.loader import load_drafter, load_target
 from ddtree_runtime.tokenizer import Tokenizer
 from ddtree_runtime.train import curate, extract
 from ddtree_runtime.train.checkpoint import drafter_config, find_mask_token, new_drafter, save_drafter
 from ddtree_runtime.train.evaluate import measure_tau
+from ddtree_runtime.train.forward import greedy_batch
 from ddtree_runtime.train.trainer import TrainSpec, train
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -85,15 +85,11 @@ def prepare(spec: RunSpec, target, tok: Tokenizer | None, layer_ids: tuple[int, 
     out, data = Path(spec.out), Path(spec.out) / "data"
     manifest = curate.write_prompt_sets(data, spec.prompts, spec.filters, spec.limit, spec.held_out_prompts)
     log(f"curate: {json.dumps(manifest['counts'])}")
-    engine = Engine(target, None, max_context=spec.max_prompt_tokens + spec.response_tokens + 2)
+    eos = set(target.config.eos_token_ids)
 
     def respond(prompts: list[str]) -> list[tuple[list[int], list[int]]]:
-        rows = []
-        for p in prompts:
-            ids = _prompt_ids(tok, p, spec.max_prompt_tokens)
-            result = engine.generate(ids, mode="ar", max_new_tokens=spec.response_tokens)
-            rows.append((ids, result.output_ids))
-        return rows
+        ids = [_prompt_ids(tok, p, spec.max_prompt_tokens) for p in prompts]
+        return list(zip(ids, greedy_batch(target, ids, spec.response_tokens, eos), strict=True))
 
     made = curate.regenerate(
         data / "prompts.train.jsonl",

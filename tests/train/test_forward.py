@@ -46,3 +46,19 @@ def test_drafter_blocks_match_runtime(raw_pair: TinyPair) -> None:
 
 def test_drafter_blocks_match_runtime_with_sliding_layers(mixed_raw_pair: TinyPair) -> None:
     _check_blocks(mixed_raw_pair)
+
+
+def test_greedy_batch_matches_the_engine(raw_pair: TinyPair) -> None:
+    import random
+
+    from ddtree_runtime.engine import Engine
+    from ddtree_runtime.train.forward import greedy_batch
+
+    target = load_target(raw_pair.target, torch.device("cpu"), torch.float32)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(5, 69) for _ in range(rng.randint(2, 9))] for _ in range(5)]
+    engine = Engine(target, None, 64)
+    want = [engine.generate(p, mode="ar", max_new_tokens=16, eos_ids=()).output_ids for p in prompts]
+    assert greedy_batch(target, prompts, 16, set()) == want
+    eos = want[1][3]
+    assert greedy_batch(target, prompts[1:2], 16, {eos}) == [want[1][: want[1].index(eos) + 1]]
