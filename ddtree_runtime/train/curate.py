@@ -225,28 +225,31 @@ def regenerate(
     batch: int = 16,
     progress: Callable[[int, int], None] | None = None,
 ) -> int:
-    """Append `{"id", "prompt_ids", "response_ids"}` rows for prompts not yet in `out_file`.
+    """Append `{"id", "sha256", "prompt_ids", "response_ids"}` rows for prompts not yet in `out_file`.
 
-    `generate` maps a batch of prompts to (prompt_ids, response_ids) from the target itself. Each
-    batch is appended and flushed whole, and a torn last line (a kill mid-write) is dropped on
-    resume, so a rerun continues where the last one stopped. Returns the rows written now.
+    `generate` maps a batch of prompts to (prompt_ids, response_ids) from the target itself. Rows
+    are keyed by the prompt's hash: each batch is appended and flushed whole, and on resume a torn
+    last line (a kill mid-write) and rows of prompts no longer in the set are dropped, so a rerun
+    continues where the last one stopped. Returns the rows written now.
     """
-    prompts = [
-        json.loads(line)["prompt"] for line in prompts_file.read_text(encoding="utf-8").splitlines() if line
-    ]
-    done: set[int] = set()
+    lines = prompts_file.read_text(encoding="utf-8").splitlines()
+    prompts = [json.loads(line)["prompt"] for line in lines if line]
+    keys = {_digest(p): i for i, p in enumerate(prompts)}
+    done: set[str] = set()
     if out_file.exists():
         text = out_file.read_text(encoding="utf-8")
         good = []
         for line in text.splitlines():
             try:
-                done.add(json.loads(line)["id"])
-                good.append(line + "\n")
-            except (json.JSONDecodeError, KeyError):
+                row = json.loads(line)
+            except json.JSONDecodeError:
                 continue
-        if "".join(good) != text:  # a torn last line from a kill: drop it
+            if keys.get(row.get("sha256")) == row.get("id"):
+                done.add(row["sha256"])
+                good.append(line + "\n")
+        if "".join(good) != text:
             out_file.write_text("".join(good), encoding="utf-8")
-    todo = [i for i in range(len(prompts)) if i not in done]
+    todo = [i for i, p in enumerate(prompts) if _digest(p) not in done]
     written = 0
     if not todo:
         return 0
@@ -254,12 +257,11 @@ def regenerate(
         for s in range(0, len(todo), batch):
             ids = todo[s : s + batch]
             results = generate([prompts[i] for i in ids])
-            fh.write(
-                "".join(
-                    json.dumps({"id": i, "prompt_ids": p, "response_ids": r}) + "\n"
-                    for i, (p, r) in zip(ids, results, strict=True)
-                )
+            rows = (
+                {"id": i, "sha256": _digest(prompts[i]), "prompt_ids": p, "response_ids": r}
+                for i, (p, r) in zip(ids, results, strict=True)
             )
+            fh.write("".join(json.dumps(row) + "\n" for row in rows))
             fh.flush()
             written += len(ids)
             if progress is not None:

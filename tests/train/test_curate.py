@@ -116,3 +116,8 @@ def test_regenerate_resumes_after_a_torn_line(tmp_path: Path) -> None:
     assert calls == [BASE[4:7]]
     assert sorted(out.read_text().splitlines()) == sorted(full.splitlines())
     assert regenerate(prompts, out, gen, batch=3) == 0
+
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in [BASE[9], *BASE[1:7]]))  # one new
+    calls.clear()
+    assert regenerate(prompts, out, gen, batch=3) == 1 and calls == [[BASE[9]]]
+    assert len(out.read_text().splitlines()) == 7  # the old first prompt's row is gone
