@@ -157,6 +157,11 @@ def train(
                 raise ValueError("no training samples for this rank (fix: more prompts, or fewer ranks)")
 
     data = stream()
+    if rank == 0:
+        log(
+            f"train: world size {world} ({'DDP' if world > 1 else 'one process'}), {spec.micro_batch} sequences "
+            f"x {spec.grad_accum} accumulation per rank per step, {'bf16 autocast' if spec.bf16 else 'fp32'}"
+        )
     losses: list[float] = []
     t0, tokens_seen = time.perf_counter(), 0
     start_step = step

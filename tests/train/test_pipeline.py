@@ -47,6 +47,7 @@ def test_chain_under_torchrun_then_a_rerun_changes_nothing(raw_pair: TinyPair, t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "extract shard" in done.stderr and "train 80/80 loss" in done.stderr
+    assert "train: world size 2 (DDP)" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["lint"]["errors"] == 0
     tau = summary["eval"]["tau"]
