@@ -128,6 +128,8 @@ def run(spec: RunSpec) -> dict[str, object]:
     """All stages; returns the summary (also written to `summary.json`)."""
     out = Path(spec.out)
     device = torch.device(spec.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # NCCL and DDP use the current device
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(hours=12))
     target_dir = Path(spec.target)
