@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo test lint
+.PHONY: venv demo demo-pair test lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo: venv
 	$(BIN)/fab deploy
 	$(BIN)/fab bench
 	$(BIN)/fab status
+
+# Regenerate the committed demo pair (demo_pair/): a stdlib-trained LM and its trained drafter (CPU, ~30 min).
+demo-pair: venv
+	nice -n 15 $(BIN)/python demo_pair/build.py
 
 test: venv
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || \

@@ -1,4 +1,5 @@
-"""Fabric tasks (``fab provision|deploy|bench|tune|rollback|status|facts|lint-drafter|patch-drafter|play FILE``).
+"""Fabric tasks (``fab provision|deploy|bench|tune|rollback|status|facts|lint-drafter|patch-drafter|
+train-drafter|play FILE``).
 
 Thin wrappers over the runner, one shipped playbook each (``playbook_task``).
 
@@ -284,4 +285,17 @@ def tune(c, limit=None, check=False, inventory=None, forks=None, results=None):
     _finish(result)
 
 
-ns = Collection(play, provision, facts, status, deploy, bench, tune, rollback, lint_drafter, patch_drafter)
+TRAIN_HELP = {**FACTS_HELP, "resume": "RUN_ID (or latest) of an earlier run: keep its results folder"}
+
+
+@task(help=TRAIN_HELP, name="train-drafter")
+def train_drafter(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None, resume=None):
+    """Train a DFlash drafter on each host (resumable); progress, drafter and tau come home to results/<run-id>/."""
+    result, run_dir = run_bench_file(PLAYBOOKS / "train-drafter.yaml", limit=limit, check=check,
+                                     inventory=inventory, forks=forks, results=results, resume=resume)
+    Console().print(f"run directory {run_dir}")
+    _finish(result)
+
+
+ns = Collection(play, provision, facts, status, deploy, bench, tune, rollback, lint_drafter, patch_drafter,
+                train_drafter)

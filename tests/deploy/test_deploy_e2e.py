@@ -211,8 +211,9 @@ def test_link_cut_mid_deploy_then_rerun_converges(
 
 
 def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
-    """The embedded default: the local demo host, no checkpoints given -> the tiny demo pair is
-    generated on the host, the runtime deployed from this checkout, proven by one completion."""
+    """The embedded default: the local demo host, no checkpoints given -> the committed demo pair
+    (demo_pair/) is uploaded to the host, the runtime deployed from this checkout, proven by one
+    completion."""
     base = servers(tmp_path / "demo")
     port = free_port()
     inventory = tmp_path / "inventory.yaml"
@@ -253,5 +254,8 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
     assert not base.exists()
     done = run()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (base / "models" / "demo" / "DONE").is_file()
+    assert (base / "models" / "demo" / "DONE").read_text().startswith("source ")  # the committed pair
+    assert (base / "models" / "demo" / "drafter" / "model.safetensors").read_bytes() == (
+        REPO_ROOT / "demo_pair" / "drafter" / "model.safetensors"
+    ).read_bytes()
     assert complete(port)["choices"]

@@ -1,0 +1,153 @@
+"""Target hidden states at the drafter's `target_layer_ids`: computed in the loop (online) or
+stored once as sharded safetensors (offline).
+
+Online costs a target forward per step and no disk; it is the default. Offline pays the disk once
+(`disk_need` says how much before anything is written) and lets many epochs or runs reuse it.
+Shards are written to a temporary name and renamed, and the index is rewritten after each shard,
+so a killed extraction leaves only whole shards and a rerun resumes at the first missing one. Each
+sample is run alone, so a shard's bytes do not depend on where a run was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.train.forward import target_forward
+
+INDEX = "index.json"
+BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+class ExtractionError(RuntimeError):
+    """Offline extraction cannot proceed; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    tokens: Tensor  # [T] int64: prompt + response
+    prompt_len: int
+    hidden: Tensor | None = None  # [T, n_ids * hidden] when read from shards
+
+
+@torch.no_grad()
+def hidden_states(target: Qwen3, tokens: Tensor, layer_ids: tuple[int, ...]) -> Tensor:
+    """[T] -> [T, len(layer_ids) * hidden]: the features the drafter reads, in the target's dtype."""
+    _, hidden = target_forward(target, tokens[None], layer_ids, logits=False)
+    assert hidden is not None
+    return hidden[0]
+
+
+def disk_need(lengths: list[int], n_layers: int, hidden: int, dtype: torch.dtype) -> int:
+    """Bytes the shards will take: features plus the int64 tokens, per token."""
+    return sum(lengths) * (n_layers * hidden * BYTES[dtype] + 8)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def extract_offline(
+    target: Qwen3,
+    samples: list[tuple[list[int], int]],
+    layer_ids: tuple[int, ...],
+    out: Path,
+    shard_size: int = 256,
+    dtype: torch.dtype = torch.bfloat16,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, object]:
+    """Write the shards that are missing under `out` and return the index."""
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / INDEX
+    n_shards = (len(samples) + shard_size - 1) // shard_size
+    index: dict[str, object] = {
+        "layer_ids": list(layer_ids),
+        "hidden_size": target.config.hidden_size,
+        "dtype": str(dtype).removeprefix("torch."),
+        "num_samples": len(samples),
+        "shard_size": shard_size,
+        "shards": [],
+    }
+    if index_path.exists():
+        old = json.loads(index_path.read_text())
+        if {k: old.get(k) for k in index if k != "shards"} != {
+            k: v for k, v in index.items() if k != "shards"
+        }:
+            raise ExtractionError(
+                f"{index_path}: written for other settings (fix: use a new directory or delete this one)"
+            )
+        index["shards"] = [s for s in old["shards"] if (out / s["file"]).exists()]
+    done = {s["file"] for s in index["shards"]}  # type: ignore[union-attr]
+    todo = [i for i in range(n_shards) if f"shard-{i:05d}.safetensors" not in done]
+    need = disk_need(
+        [len(samples[j][0]) for i in todo for j in _rows(i, shard_size, len(samples))],
+        len(layer_ids),
+        target.config.hidden_size,
+        dtype,
+    )
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise ExtractionError(
+            f"{out}: extraction needs {human_bytes(need)} but {human_bytes(free)} is free "
+            "(fix: free space, pick another --features-dir, or use online extraction)"
+        )
+    for i in todo:
+        tensors: dict[str, Tensor] = {}
+        rows = _rows(i, shard_size, len(samples))
+        for j in rows:
+            ids, prompt_len = samples[j]
+            tokens = torch.tensor(ids, dtype=torch.int64)
+            tensors[f"hidden.{j}"] = hidden_states(target, tokens, layer_ids).to(dtype).contiguous()
+            tensors[f"tokens.{j}"] = tokens
+            tensors[f"prompt_len.{j}"] = torch.tensor([prompt_len])
+        name = f"shard-{i:05d}.safetensors"
+        tmp = out / f".{name}.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})  # metadata order is not stable: no more
+        os.replace(tmp, out / name)
+        index["shards"].append({"file": name, "first": i * shard_size, "count": len(rows)})  # type: ignore[union-attr]
+        index["shards"].sort(key=lambda s: s["first"])  # type: ignore[union-attr]
+        write_json(index_path, index)
+        if progress is not None:
+            progress(len(index["shards"]), n_shards)  # type: ignore[arg-type]
+    write_json(index_path, index)
+    return index
+
+
+def _rows(shard: int, shard_size: int, total: int) -> range:
+    return range(shard * shard_size, min(total, (shard + 1) * shard_size))
+
+
+def write_json(path: Path, data: object) -> None:
+    """Atomically, and not at all when the file already holds this (a rerun leaves files untouched)."""
+    text = json.dumps(data, indent=2) + "\n"
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_offline(out: Path) -> Iterator[Sample]:
+    """Every stored sample, in order, with its features."""
+    index = json.loads((out / INDEX).read_text())
+    if sum(s["count"] for s in index["shards"]) < index["num_samples"]:
+        raise ExtractionError(f"{out}: extraction is incomplete (fix: rerun the extract stage to resume it)")
+    for shard in index["shards"]:
+        with safe_open(str(out / shard["file"]), framework="pt") as f:
+            for j in range(shard["first"], shard["first"] + shard["count"]):
+                prompt_len = int(f.get_tensor(f"prompt_len.{j}")[0])
+                yield Sample(f.get_tensor(f"tokens.{j}"), prompt_len, f.get_tensor(f"hidden.{j}"))

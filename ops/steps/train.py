@@ -1,0 +1,225 @@
+"""The ``train_drafter`` step: run `python -m ddtree_runtime.train` on the host, with progress home.
+
+The pipeline on the host is resumable stage by stage (curation, regeneration, extraction, training,
+lint, evaluation), so this step only has to decide whether to run it and to watch it:
+
+- probe: the run directory's ``request.json`` (what was asked last time), ``summary.json``
+  (written last, when everything passed) and whether a run is alive (``train.pid``);
+- plan: nothing when the same request already has a summary; else (re)start it, or re-attach to a
+  run that is still going (a controller that was interrupted does not start a second one);
+- apply: the run is detached from the SSH session (``setsid nohup``); the step polls its log,
+  forwards new lines as progress and copies the log home, and on success brings the summary,
+  evaluation, lint report, data manifest and the drafter itself to ``results/<run-id>/<host>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from pathlib import Path
+from typing import Any
+
+from ops.drafter_config.store import LocalStore
+from ops.shell import join, quote
+from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, Write, arguments, register
+from ops.steps.bench import progress_arg
+from ops.steps.command import tail
+
+HOME_FILES = (
+    "summary.json",
+    "eval.json",
+    "lint.json",
+    "data/manifest.json",
+    "drafter/config.json",
+    "drafter/model.safetensors",
+)
+
+
+def options_arg(value: Any) -> dict[str, Any]:
+    """Extra `python -m ddtree_runtime.train` flags as a mapping: {steps: 2000, block-size: 16}."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of flag: value, got {value!r}")
+    for key, v in value.items():
+        if not isinstance(key, str) or not key.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"option name {key!r} is not a flag name like 'block-size'")
+        if not isinstance(v, (str, int, float, bool, list)):
+            raise ValueError(f"option {key}: expected a scalar or a list, got {v!r}")
+    return dict(value)
+
+
+def train_argv(args: dict[str, Any]) -> list[str]:
+    """The command line on the host (torchrun when more than one process is asked for)."""
+    launcher = [args["python"], "-m"]
+    if args["nproc"] > 1:
+        launcher += ["torch.distributed.run", "--standalone", "--nproc_per_node", str(args["nproc"]), "-m"]
+    argv = [*launcher, "ddtree_runtime.train", "--target", args["target"], "--out", args["out"]]
+    for p in args["prompts"]:
+        argv += ["--prompts", p]
+    for key, value in args["options"].items():
+        flag = "--" + key.replace("_", "-")
+        for v in value if isinstance(value, list) else [value]:
+            if v is True:
+                argv.append(flag)
+            elif v is False:
+                argv.append("--no-" + flag[2:])
+            else:
+                argv += [flag, str(v)]
+    return argv
+
+
+def request_of(args: dict[str, Any]) -> dict[str, Any]:
+    return {"argv": train_argv(args), "site": args["site"]}
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def run_state_fact(out: str) -> Fact[dict[str, Any]]:
+    """request.json, summary.json and whether train.pid is alive, in one round trip."""
+    q = quote(out)
+    command = (
+        f"cat {q}/request.json 2>/dev/null; echo; echo '--specops--'; cat {q}/summary.json 2>/dev/null; echo; "
+        f"echo '--specops--'; p=$(cat {q}/train.pid 2>/dev/null) && kill -0 \"$p\" 2>/dev/null && echo alive"
+    )
+    return Fact(command, lambda r: parse_run_state(r.stdout))
+
+
+def parse_run_state(stdout: str) -> dict[str, Any]:
+    parts = stdout.split("--specops--\n")
+    parts += [""] * (3 - len(parts))
+    return {
+        "request": _json_or_none(parts[0]),
+        "summary": _json_or_none(parts[1]),
+        "alive": parts[2].strip() == "alive",
+    }
+
+
+@register
+class TrainDrafter(Step):
+    name = "train_drafter"
+    summary = "train a DFlash drafter on the host (resumable), bringing progress and results home"
+    args = arguments(
+        python=Arg(str, required=True, help="host python with torch and the runtime's dependencies"),
+        site=Arg(str, required=True, help="folder that provides ddtree_runtime on the host"),
+        target=Arg(str, required=True, help="target checkpoint directory on the host"),
+        prompts=Arg(
+            lambda v: [v] if isinstance(v, str) else [str(x) for x in v],
+            required=True,
+            help="prompt files on the host, or HF dataset names",
+        ),
+        out=Arg(str, required=True, help="run directory on the host"),
+        options=Arg(options_arg, default={}, help="more flags for python -m ddtree_runtime.train"),
+        nproc=Arg(int, default=1, help="processes (GPUs) for torchrun"),
+        timeout=Arg(float, default=7 * 24 * 3600.0, help="seconds before the step gives up waiting"),
+        poll=Arg(float, default=5.0, help="seconds between log polls"),
+        results=Arg(str, help="controller folder for the results (fab train-drafter sets it)"),
+        progress=Arg(progress_arg, help="the run's progress display (fab train-drafter sets it)"),
+    )
+
+    def probe(self, conn, args, ctx):
+        return run_state_fact(args["out"]).gather(conn)
+
+    def plan(self, facts, args, ctx):
+        request = request_of(args)
+        drafter = posixpath.join(args["out"], "drafter")
+        if facts["request"] == request and facts["summary"]:
+            tau = (facts["summary"].get("eval") or {}).get("tau")
+            return Plan.noop(
+                f"drafter trained and evaluated in {args['out']} (tau {tau})",
+                drafter=drafter,
+                summary=facts["summary"],
+            )
+        if facts["alive"] and facts["request"] == request:
+            return Plan.of(
+                [Run("true", why="a run is still going: attach to it")], "attach", drafter=drafter, args=args
+            )
+        if facts["alive"]:
+            raise StepFailed(
+                f"{args['out']}: another training run is still going with other settings "
+                "(fix: wait for it, stop it (train.pid), or pick another out directory)"
+            )
+        body = json.dumps(request, indent=2).encode() + b"\n"
+        out = quote(args["out"])
+        script = (
+            f"cd {out} && rm -f exit_code && echo $$ > train.pid && "
+            f"env PYTHONPATH={quote(args['site'])} OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}} "
+            f"{join(request['argv'])} >> train.log 2>&1; echo $? > exit_code"
+        )
+        start = f"mkdir -p {out} && setsid nohup sh -c {quote(script)} > /dev/null 2>&1 < /dev/null &"
+        why = "resume the run" if facts["request"] == request else "new training request"
+        return Plan.of(
+            [Write(posixpath.join(args["out"], "request.json"), body, why=why), Run(start, why=why)],
+            why,
+            drafter=drafter,
+            args=args,
+        )
+
+    def apply(self, conn, plan, ctx):
+        args = plan.data["args"]
+        for change in plan.changes:
+            if isinstance(change, Write):
+                conn.run(f"mkdir -p {quote(posixpath.dirname(change.path))}")
+                conn.write_bytes(change.path, change.data)
+            elif change.command != "true":
+                result = conn.run(change.command)
+                if not result.ok:
+                    raise StepFailed(
+                        f"cannot start the training run: exited {result.exit_code}",
+                        command=result.command,
+                        stderr=result.stderr,
+                    )
+        home = Path(args["results"]) / ctx.host.name if args["results"] else None
+        exit_code, log = self._watch(conn, args, ctx.host.name, home)
+        if exit_code != 0:
+            raise StepFailed(
+                f"training run exited {exit_code} (the log is {args['out']}/train.log; rerun to resume)",
+                stderr=tail(log, 30),
+            )
+        summary = json.loads(conn.read_bytes(posixpath.join(args["out"], "summary.json")))
+        if home is not None:
+            store = LocalStore()
+            for rel in HOME_FILES:
+                data = conn.read_bytes(posixpath.join(args["out"], rel))
+                (home / rel).parent.mkdir(parents=True, exist_ok=True)
+                store.write_bytes(str(home / rel), data)
+        tau = (summary.get("eval") or {}).get("tau")
+        data = {"drafter": plan.data["drafter"], "summary": summary}
+        return Applied(True, f"drafter in {plan.data['drafter']} (tau {tau})", data)
+
+    def _watch(self, conn, args: dict[str, Any], host: str, home: Path | None) -> tuple[int, str]:
+        """Poll the log until exit_code appears; new lines go to the progress display and home."""
+        log_path, code_path = (
+            posixpath.join(args["out"], "train.log"),
+            posixpath.join(args["out"], "exit_code"),
+        )
+        deadline, offset, text = time.monotonic() + args["timeout"], 0, ""
+        while True:
+            done = conn.stat(code_path) is not None
+            info = conn.stat(log_path)
+            if info is not None and info.size > offset:
+                raw_chunk = conn.read_bytes(log_path, offset)
+                offset += len(raw_chunk)
+                chunk = raw_chunk.decode("utf-8", errors="replace")
+                text += chunk
+                if args["progress"] is not None:
+                    for line in chunk.splitlines()[-3:]:
+                        args["progress"].note(host, line.strip())
+                if home is not None:
+                    home.mkdir(parents=True, exist_ok=True)
+                    with (home / "train.log").open("a", encoding="utf-8") as fh:
+                        fh.write(chunk)
+            if done:
+                raw = conn.read_bytes(code_path).decode().strip()
+                return (int(raw) if raw.lstrip("-").isdigit() else 1), text
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"training still running after {args['timeout']:.0f} s (it goes on on the host; "
+                    "rerun fab train-drafter to attach)",
+                    stderr=tail(text, 30),
+                )
+            time.sleep(args["poll"])

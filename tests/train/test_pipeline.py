@@ -1,0 +1,88 @@
+"""The whole chain on the tiny target, through the real command: curation → regeneration → offline
+extraction → training under torchrun (world size 2, gloo) → lint → τ with the runtime. A rerun with
+nothing new to do changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ddtree_runtime.loader import load_target
+from ddtree_runtime.tiny import WORDS, TinyPair
+from ddtree_runtime.train.checkpoint import drafter_config, find_mask_token, new_drafter
+from ddtree_runtime.train.evaluate import measure_tau
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def write_prompts(path: Path, n: int = 60) -> Path:
+    rng = random.Random(0)
+    path.write_text("\n".join(" ".join(rng.choices(WORDS[3:], k=rng.randint(3, 8))) for _ in range(n)) + "\n")
+    return path
+
+
+def train_args(target: Path, prompts: Path, out: Path) -> list[str]:
+    return [
+        "--target", str(target), "--prompts", str(prompts), "--out", str(out), "--device", "cpu",
+        "--min-chars", "4", "--held-out", "0.15", "--response-tokens", "24", "--block-size", "6",
+        "--extraction", "offline", "--shard-size", "8", "--steps", "80", "--lr", "3e-3",
+        "--micro-batch", "2", "--anchors", "8", "--save-every", "20", "--eval-prompts", "4",
+        "--eval-budgets", "4,16", "--eval-tokens", "24", "--save-dtype", "float32",
+    ]  # fmt: skip
+
+
+def test_chain_under_torchrun_then_a_rerun_changes_nothing(raw_pair: TinyPair, tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "prompts.txt")
+    run = tmp_path / "run"
+    args = train_args(raw_pair.target, prompts, run)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*torchrun, "-m", "ddtree_runtime.train", *args], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "extract shard" in done.stderr and "train 80/80 loss" in done.stderr
+    assert "train: world size 2 (DDP)" in done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["lint"]["errors"] == 0
+    tau = summary["eval"]["tau"]
+    manifest = json.loads((run / "data" / "manifest.json").read_text())
+    assert manifest["counts"]["read"] == 60 and manifest["responses"]["rows"] == manifest["counts"]["train"]
+    assert len(list((run / "features").glob("shard-*.safetensors"))) == -(-manifest["counts"]["train"] // 8)
+
+    lint = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "config", "lint", str(run / "drafter"), "--target", str(raw_pair.target)],
+        env=ENV, capture_output=True, text=True,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+    target = load_target(raw_pair.target, torch.device("cpu"), torch.float32)
+    raw = drafter_config(raw_pair.target, 1, 6, find_mask_token(raw_pair.target))
+    untrained = new_drafter(target, raw, run / "untrained")
+    held = [
+        json.loads(line)["prompt"]
+        for line in (run / "data" / "prompts.held_out.jsonl").read_text().splitlines()
+    ]
+    from ddtree_runtime.tokenizer import Tokenizer
+
+    tok = Tokenizer(raw_pair.target)
+    base = measure_tau(target, untrained, [tok.prompt_ids(p) for p in held[:4]], [4, 16], 24)
+    assert tau["dflash"] > base["dflash"] and tau["ddtree@16"] > base["ddtree@16"], (tau, base)
+
+    stamps = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    again = subprocess.run(
+        [sys.executable, "-m", "ddtree_runtime.train", *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "train: done already" in again.stderr and "eval: done already" in again.stderr
+    changed = [p for p, t in stamps.items() if p.stat().st_mtime_ns != t]
+    assert changed == [], changed
