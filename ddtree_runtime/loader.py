@@ -69,7 +69,8 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Pat
 
 def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3 | Qwen3_5:
     """A Qwen3 or Qwen3.5 target; HF names lose their `model.` (or `model.language_model.`) prefix,
-    vision and `mtp.*` tensors are skipped, and a tied head shares the embedding."""
+    vision and `mtp.*` tensors are skipped, a tied head shares the embedding, and the QKV and
+    gate/up projections are fused for inference."""
     directory = Path(directory)
     if target_model_type(directory) == "qwen3_5":
         path = directory / "config.json"

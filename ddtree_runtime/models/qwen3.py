@@ -41,6 +41,14 @@ def rope_tables(
     return emb.cos(), emb.sin()
 
 
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [..., T, D]; cos, sin: [T, D] (fp32, cast to x's dtype as HF does), the half-split layout.
+    The runtime's hot path fuses this into `backend.qk_rope`; training and the hybrid use it as is."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
 class MLP(nn.Module):
     """SwiGLU. `fuse()` (at load) merges gate and up into one projection: one GEMM, one read of x."""
 
@@ -55,7 +63,8 @@ class MLP(nn.Module):
         self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: Tensor, backend: TorchBackend) -> Tensor:
+    def forward(self, x: Tensor, backend: TorchBackend | None = None) -> Tensor:
+        backend = backend or TorchBackend()
         if self.gate_up_proj is not None:
             gate_up = linear(self.gate_up_proj, x, backend)  # [T, 2I]
         else:
@@ -144,6 +153,23 @@ class DecoderLayer(nn.Module):
     def fuse(self) -> None:
         self.self_attn.fuse()
         self.mlp.fuse()
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """The layer's weights under Hugging Face's names, whatever the layout (fused or not)."""
+        state = dict(self.state_dict())
+        attn, mlp = self.self_attn, self.mlp
+        if attn.qkv_proj is not None:
+            d = attn.head_dim
+            sizes = [attn.n_heads * d, attn.n_kv * d, attn.n_kv * d]
+            for kind in ("weight", "bias"):
+                fused = state.pop(f"self_attn.qkv_proj.{kind}", None)
+                if fused is not None:
+                    for name, part in zip("qkv", fused.split(sizes), strict=True):
+                        state[f"self_attn.{name}_proj.{kind}"] = part
+        if mlp.gate_up_proj is not None:
+            gate, up = state.pop("mlp.gate_up_proj.weight").chunk(2)
+            state["mlp.gate_proj.weight"], state["mlp.up_proj.weight"] = gate, up
+        return state
 
 
 def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.models.gdn import advance_state, conv_windows, gdn_chain, tree_conv
-from ddtree_runtime.models.qwen3 import MLP, as_device_length, rope_tables
+from ddtree_runtime.models.qwen3 import MLP, apply_rope, as_device_length, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -54,13 +54,6 @@ class GatedRMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight * xf.to(x.dtype) * F.silu(z.float())).to(x.dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [H, T, D]; cos, sin: [T, D] (fp32, cast to x's dtype as HF does), the half-split layout."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def partial_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

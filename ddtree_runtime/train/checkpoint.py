@@ -66,8 +66,7 @@ def new_drafter(target: Qwen3, raw: dict[str, object], path: Path, seed: int = 0
     n = cfg.layers.num_hidden_layers
     with torch.no_grad():
         for mine, theirs in zip(drafter.layers, target.layers[-n:], strict=False):
-            for p, q in zip(mine.parameters(), theirs.parameters(), strict=True):
-                p.copy_(q.float())
+            mine.load_state_dict({k: v.float() for k, v in theirs.hf_state_dict().items()})
         drafter.norm.weight.copy_(target.norm.weight.float())
         torch.nn.init.normal_(drafter.fc.weight, std=drafter.fc.weight.shape[1] ** -0.5)
     return drafter

@@ -22,9 +22,17 @@ from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Attention, Qwen3, apply_rope, rope_tables
 
 
-def _heads(attn: Attention, proj: torch.nn.Linear, x: Tensor, n: int) -> Tensor:
-    """x: [N, T, hidden] -> [N, n, T, D]."""
-    return proj(x).view(x.shape[0], x.shape[1], n, attn.head_dim).transpose(1, 2)
+def _heads(attn: Attention, which: str, x: Tensor, n: int) -> Tensor:
+    """x: [N, T, hidden] -> [N, n, T, D] through `which` ("q", "k" or "v") of the projections,
+    whether the loader fused them into one QKV weight or not."""
+    if attn.qkv_proj is None:
+        out = getattr(attn, f"{which}_proj")(x)
+    else:
+        d, hq, hkv = attn.head_dim, attn.n_heads, attn.n_kv
+        start, size = {"q": (0, hq * d), "k": (hq * d, hkv * d), "v": ((hq + hkv) * d, hkv * d)}[which]
+        bias = attn.qkv_proj.bias
+        out = F.linear(x, attn.qkv_proj.weight[start : start + size], None if bias is None else bias[start : start + size])
+    return out.view(x.shape[0], x.shape[1], n, attn.head_dim).transpose(1, 2)
 
 
 def target_forward(
@@ -42,9 +50,9 @@ def target_forward(
     for i, layer in enumerate(model.layers):
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = apply_rope(attn.q_norm(_heads(attn, attn.q_proj, h, attn.n_heads)), cos, sin)  # [N, Hq, T, D]
-        k = apply_rope(attn.k_norm(_heads(attn, attn.k_proj, h, attn.n_kv)), cos, sin)
-        v = _heads(attn, attn.v_proj, h, attn.n_kv)
+        q = apply_rope(attn.q_norm(_heads(attn, "q", h, attn.n_heads)), cos, sin)  # [N, Hq, T, D]
+        k = apply_rope(attn.k_norm(_heads(attn, "k", h, attn.n_kv)), cos, sin)
+        v = _heads(attn, "v", h, attn.n_kv)
         out = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=attn.head_dim**-0.5, enable_gqa=True
         )
@@ -97,9 +105,9 @@ def drafter_blocks(
         attn = layer.self_attn
         h = layer.input_layernorm(x)
         kv_in = torch.cat([ctx, h])[None]  # [1, T + K*B, hidden]
-        kk = apply_rope(attn.k_norm(_heads(attn, attn.k_proj, kv_in, attn.n_kv)), kv_cos, kv_sin)
-        vv = _heads(attn, attn.v_proj, kv_in, attn.n_kv)
-        q = apply_rope(attn.q_norm(_heads(attn, attn.q_proj, h[None], attn.n_heads)), cos[q_pos], sin[q_pos])
+        kk = apply_rope(attn.k_norm(_heads(attn, "k", kv_in, attn.n_kv)), kv_cos, kv_sin)
+        vv = _heads(attn, "v", kv_in, attn.n_kv)
+        q = apply_rope(attn.q_norm(_heads(attn, "q", h[None], attn.n_heads)), cos[q_pos], sin[q_pos])
         kind = (cfg.causal[i], cfg.windows[i])
         if kind not in masks:
             masks[kind] = block_visibility(seq_len, anchors, block, *kind)
@@ -146,11 +154,11 @@ def greedy_batch(
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = apply_rope(attn.q_norm(_heads(attn, attn.q_proj, h, attn.n_heads)), c, s)
+            q = apply_rope(attn.q_norm(_heads(attn, "q", h, attn.n_heads)), c, s)
             k_cache[i, :, :, start : start + q_len] = apply_rope(
-                attn.k_norm(_heads(attn, attn.k_proj, h, attn.n_kv)), c, s
+                attn.k_norm(_heads(attn, "k", h, attn.n_kv)), c, s
             )
-            v_cache[i, :, :, start : start + q_len] = _heads(attn, attn.v_proj, h, attn.n_kv)
+            v_cache[i, :, :, start : start + q_len] = _heads(attn, "v", h, attn.n_kv)
             o = F.scaled_dot_product_attention(
                 q, k_cache[i, :, :, : start + q_len], v_cache[i, :, :, : start + q_len],
                 attn_mask=mask, scale=attn.head_dim**-0.5, enable_gqa=True,
