@@ -38,12 +38,12 @@ def test_rows_never_promise_more_than_their_family_allows() -> None:
 
 
 def test_tree_attention_takes_its_tiles_from_the_row() -> None:
-    """On sm_120 a 257-node tree (1028 packed rows) gets 64-row tiles that fit 99 KB, and its tail the 16-row tiles."""
+    """On sm_120 a 257-node tree (1028 packed rows) gets 64x32 tiles that fit 99 KB without spills, and its tail the 16-row tiles."""
     row = ROWS["sm_120"]
     assert _default_config(4, row) == AttentionConfig(16, 64, 4, 3)
     assert _default_config(68, row) == AttentionConfig(64, 64, 8, 3)
     cfg = _default_config(1028, row)
-    assert cfg == AttentionConfig(64, 64, 8, 3)
+    assert cfg == AttentionConfig(64, 32, 8, 3)
     launches = _plan(1028, 4, 4096 + 257, 8, cfg, 188, AttentionConfig(*row.tail))
     assert {launch.config for launch in launches} <= {cfg, AttentionConfig(*row.tail)}
     assert _default_config(1028, ROWS["sm_90"]) == AttentionConfig(128, 64, 8, 4)
