@@ -35,12 +35,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from drafter_config.store import LocalStore
 from ops.bench.matrix import DEFAULT_TEMPLATES, Cell, Server, load_matrix
 from ops.bench.progress import BenchProgress
 from ops.bench.prompts import HF_PREFIX, parse_hf_spec, prompt_set_name, shipped_sets
 from ops.bench.schema import BenchResult, Hardware, SchemaError, cell_id_for, slug
 from ops.bench.store import completed_cells, write_result
-from ops.drafter_config.store import LocalStore
 from ops.shell import join
 from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, arguments, register
 from ops.steps.files import render_template

@@ -8,7 +8,7 @@ Python API (no torch import anywhere in this package):
 - ``lint_pair(drafter_dir, target_dir, spec=None) -> LintReport``: the runtime's load-time check.
   Refuse to start when ``report.errors`` is non-empty and show ``format_findings(report)``::
 
-      from ops.drafter_config import format_findings, lint_pair
+      from drafter_config import format_findings, lint_pair
       report = lint_pair(drafter_dir, target_dir)
       if report.errors:
           raise SystemExit(format_findings(report))
@@ -26,11 +26,11 @@ Python API (no torch import anywhere in this package):
 
 from __future__ import annotations
 
-from ops.drafter_config.findings import CODES, Finding, LintReport, format_findings
-from ops.drafter_config.lint import lint, lint_pair
-from ops.drafter_config.patch import PatchRefused, PatchResult, patch
-from ops.drafter_config.source import LintInputError
-from ops.drafter_config.spec import Spec, load_spec
+from drafter_config.findings import CODES, Finding, LintReport, format_findings
+from drafter_config.lint import lint, lint_pair
+from drafter_config.patch import PatchRefused, PatchResult, patch
+from drafter_config.source import LintInputError
+from drafter_config.spec import Spec, load_spec
 
 __all__ = ["CODES", "Finding", "LintInputError", "LintReport", "PatchRefused", "PatchResult", "Spec",
            "format_findings", "lint", "lint_pair", "load_spec", "patch"]

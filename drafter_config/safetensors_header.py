@@ -12,8 +12,8 @@ import json
 import struct
 from dataclasses import dataclass, field
 
-from ops.drafter_config.source import LintInputError, read_text
-from ops.drafter_config.store import Store, join
+from drafter_config.source import LintInputError, read_text
+from drafter_config.store import Store, join
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024   # the safetensors format's own limit

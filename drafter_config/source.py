@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ops.drafter_config.jsonpos import JsonDocument, JsonSyntaxError, parse
-from ops.drafter_config.store import Store, join
-from ops.errors import SpecopsError
+from drafter_config.jsonpos import JsonDocument, JsonSyntaxError, parse
+from drafter_config.store import Store, join
+from specops_contract import SpecopsError
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from ops.drafter_config.source import LintInputError
-from ops.errors import did_you_mean
+from drafter_config.source import LintInputError
+from specops_contract import did_you_mean
 
 SPECS_DIR = Path(__file__).with_name("specs")
 
@@ -80,7 +80,7 @@ def load_spec(name_or_file: str) -> Spec:
         raise LintInputError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not isinstance(data.get("values"), dict):
         raise LintInputError(f"{path}:1: a spec is a mapping with a 'values' mapping "
-                             "(fix: see ops/drafter_config/specs/README.md)")
+                             "(fix: see drafter_config/specs/README.md)")
     lines = {}
     for key_node, value_node in root.value:
         if key_node.value not in _TOP_KEYS:

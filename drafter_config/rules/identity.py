@@ -7,9 +7,9 @@ after an identity error.
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import ARCHITECTURE
-from ops.drafter_config.findings import Finding, show
+from drafter_config.context import LintContext
+from drafter_config.drafter import ARCHITECTURE
+from drafter_config.findings import Finding, show
 
 
 def check(ctx: LintContext) -> list[Finding]:

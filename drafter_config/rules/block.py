@@ -6,9 +6,9 @@ block_size-1 speculative tokens or it wastes or truncates every round.
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import is_int
-from ops.drafter_config.findings import Finding, show
+from drafter_config.context import LintContext
+from drafter_config.drafter import is_int
+from drafter_config.findings import Finding, show
 
 
 def check(ctx: LintContext) -> list[Finding]:

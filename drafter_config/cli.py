@@ -11,13 +11,13 @@ import argparse
 import json
 import sys
 
-from ops.drafter_config.findings import format_findings
-from ops.drafter_config.lint import lint
-from ops.drafter_config.patch import PatchRefused, patch
-from ops.drafter_config.serve import load_serve_config
-from ops.drafter_config.source import LintInputError
-from ops.drafter_config.spec import load_spec, shipped_specs
-from ops.drafter_config.store import LocalStore
+from drafter_config.findings import format_findings
+from drafter_config.lint import lint
+from drafter_config.patch import PatchRefused, patch
+from drafter_config.serve import load_serve_config
+from drafter_config.source import LintInputError
+from drafter_config.spec import load_spec, shipped_specs
+from drafter_config.store import LocalStore
 
 EXIT_CLEAN, EXIT_ERRORS, EXIT_UNUSABLE = 0, 1, 2
 

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from ops.drafter_config.drafter import DrafterConfig, same_value
-from ops.drafter_config.findings import LintReport
-from ops.drafter_config.jsonpos import JsonDocument, JsonPath, parse
-from ops.drafter_config.lint import LintInputs, load_inputs, run_rules
-from ops.drafter_config.source import InvalidJson, LintInputError
-from ops.drafter_config.spec import Spec
-from ops.drafter_config.store import Store
+from drafter_config.drafter import DrafterConfig, same_value
+from drafter_config.findings import LintReport
+from drafter_config.jsonpos import JsonDocument, JsonPath, parse
+from drafter_config.lint import LintInputs, load_inputs, run_rules
+from drafter_config.source import InvalidJson, LintInputError
+from drafter_config.spec import Spec
+from drafter_config.store import Store
 
 
 class PatchRefused(LintInputError):

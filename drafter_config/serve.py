@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ops.drafter_config.source import LintInputError
+from drafter_config.source import LintInputError
 
 KEY = "num_speculative_tokens"
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ops.drafter_config.drafter import DrafterConfig
-from ops.drafter_config.findings import Finding, make_finding
-from ops.drafter_config.jsonpos import JsonPath, format_path
-from ops.drafter_config.safetensors_header import WeightSet
-from ops.drafter_config.serve import ServeSetting
-from ops.drafter_config.spec import Spec
-from ops.drafter_config.target import TargetConfig
-from ops.drafter_config.tokenizer import TokenizerInfo
+from drafter_config.drafter import DrafterConfig
+from drafter_config.findings import Finding, make_finding
+from drafter_config.jsonpos import JsonPath, format_path
+from drafter_config.safetensors_header import WeightSet
+from drafter_config.serve import ServeSetting
+from drafter_config.spec import Spec
+from drafter_config.target import TargetConfig
+from drafter_config.tokenizer import TokenizerInfo
 
 
 @dataclass

@@ -8,10 +8,10 @@ shapes are checked against the safetensors headers, since a wrong head count loa
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import same_value
-from ops.drafter_config.findings import Finding, show
-from ops.drafter_config.target import rope_settings
+from drafter_config.context import LintContext
+from drafter_config.drafter import same_value
+from drafter_config.findings import Finding, show
+from drafter_config.target import rope_settings
 
 
 def _against_target(ctx: LintContext) -> list[Finding]:

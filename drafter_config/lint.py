@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import DrafterConfig
-from ops.drafter_config.findings import LintReport, make_finding
-from ops.drafter_config.rules import IDENTITY, RULES
-from ops.drafter_config.safetensors_header import WeightSet, read_weights
-from ops.drafter_config.serve import ServeSetting
-from ops.drafter_config.source import Checkpoint, InvalidJson, locate_checkpoint, read_json
-from ops.drafter_config.spec import Spec
-from ops.drafter_config.store import LocalStore, Store
-from ops.drafter_config.target import TargetConfig, load_target
-from ops.drafter_config.tokenizer import TokenizerInfo, read_tokenizer
+from drafter_config.context import LintContext
+from drafter_config.drafter import DrafterConfig
+from drafter_config.findings import LintReport, make_finding
+from drafter_config.rules import IDENTITY, RULES
+from drafter_config.safetensors_header import WeightSet, read_weights
+from drafter_config.serve import ServeSetting
+from drafter_config.source import Checkpoint, InvalidJson, locate_checkpoint, read_json
+from drafter_config.spec import Spec
+from drafter_config.store import LocalStore, Store
+from drafter_config.target import TargetConfig, load_target
+from drafter_config.tokenizer import TokenizerInfo, read_tokenizer
 
 
 @dataclass

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import is_int
-from ops.drafter_config.findings import WARNING, Finding, show
+from drafter_config.context import LintContext
+from drafter_config.drafter import is_int
+from drafter_config.findings import WARNING, Finding, show
 
 
 def default_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -7,9 +7,9 @@ real token such as <|im_end|>) does not crash; drafts just stop matching, which 
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import is_int
-from ops.drafter_config.findings import ERROR, WARNING, Finding, show
+from drafter_config.context import LintContext
+from drafter_config.drafter import is_int
+from drafter_config.findings import ERROR, WARNING, Finding, show
 
 
 def _spec_hint(ctx: LintContext) -> str:

@@ -8,10 +8,10 @@ which can also explain an off-by-one.
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import same_value
-from ops.drafter_config.findings import Finding, show
-from ops.drafter_config.spec import SPEC_FIELDS
+from drafter_config.context import LintContext
+from drafter_config.drafter import same_value
+from drafter_config.findings import Finding, show
+from drafter_config.spec import SPEC_FIELDS
 
 
 def check(ctx: LintContext) -> list[Finding]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.findings import WARNING, Finding, show
-from ops.drafter_config.rules.shapes import expected_layer_shapes
+from drafter_config.context import LintContext
+from drafter_config.findings import WARNING, Finding, show
+from drafter_config.rules.shapes import expected_layer_shapes
 
 DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64",
           "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}

@@ -7,9 +7,9 @@ loading without complaint (the Qwen3.6 drafters use [S, S, S, S, F] with a 2048 
 
 from __future__ import annotations
 
-from ops.drafter_config.context import LintContext
-from ops.drafter_config.drafter import is_int
-from ops.drafter_config.findings import Finding, show
+from drafter_config.context import LintContext
+from drafter_config.drafter import is_int
+from drafter_config.findings import Finding, show
 
 KNOWN_TYPES = ("full_attention", "sliding_attention")
 
