@@ -25,8 +25,8 @@ from torch import Tensor
 from ddtree_runtime.backend import TorchBackend, select_backend
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
+from specops_contract import MODES, verify_rows
 
-MODES = ("ar", "dflash", "ddtree")
 PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact")
 
 
@@ -222,7 +222,7 @@ class Engine:
                 f"budget {budget} does not fit a tree of depth {block_size - 1} over {vocab} tokens "
                 f"(fix: a budget from 1 to {capacity})"
             )
-        rows = {"ar": 1, "dflash": block_size, "ddtree": budget + 1}[mode]
+        rows = verify_rows(mode, block_size, budget)
         need = len(prompt) + max_new_tokens + rows
         if need > self.max_context:
             raise GenerationError(
