@@ -13,10 +13,34 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
+
+
+class Backend(Protocol[Vis]):
+    """What the engine and the models call; `TorchBackend` (Vis = dense bool Tensor) and
+    `kernels.backend.TritonBackend` (Vis = `TreeVisibility` bitmasks) both satisfy it."""
+
+    name: str
+
+    def tree_visibility(self, parents: Tensor, depth: Tensor) -> Vis: ...
+
+    def attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int, visibility: Vis | None, scale: float
+    ) -> Tensor: ...
+
+    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def tree_walk(
+        self, tokens: Tensor, parents: Tensor, logits: Tensor, temperature: float, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def compact(self, k_cache: Tensor, v_cache: Tensor, context_len: int, path: Tensor, path_len: Tensor) -> None: ...
 
 
 class TorchBackend:
@@ -163,7 +187,7 @@ def _ancestors(parents: Tensor) -> Tensor:
     return reach > 0
 
 
-def select_backend(device: torch.device) -> TorchBackend:
+def select_backend(device: torch.device) -> Backend[Any]:
     """The Triton backend on CUDA when the kernels package provides it, else the PyTorch one."""
     if torch.device(device).type == "cuda":
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ddtree_runtime.backend import TorchBackend, select_backend
+from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from specops_contract import MODES, verify_rows
@@ -178,7 +178,7 @@ class Engine:
         target: Qwen3,
         drafter: DFlashDrafter | None,
         max_context: int,
-        backend: TorchBackend | None = None,
+        backend: Backend | None = None,
     ) -> None:
         cfg = target.config
         if max_context > cfg.max_position_embeddings:

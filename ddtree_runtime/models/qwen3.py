@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.backend import Backend
 from ddtree_runtime.config import Qwen3Config
 
 
@@ -87,7 +87,7 @@ class Attention(nn.Module):
         v_cache: Tensor,
         context_len: int,
         visibility: object | None,
-        backend: TorchBackend,
+        backend: Backend,
     ) -> Tensor:
         # x: [T, hidden]; cos, sin: [T, D]; k_cache, v_cache: [Hkv, S_max, D] (this layer)
         t = x.shape[0]
@@ -144,7 +144,7 @@ class Qwen3(nn.Module):
         input_pos: Tensor,
         context_len: int,
         visibility: object | None,
-        backend: TorchBackend,
+        backend: Backend,
         capture: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V] (fp32), hidden [T, len(capture_layers) * hidden].
