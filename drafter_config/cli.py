@@ -1,6 +1,6 @@
 """``specops config lint|patch``: the command-line face of the drafter config linter.
 
-Why: the contract in DESIGN.md (ruff-like text or JSON, exit 0 clean / 1 errors / 2 unusable
+Why: the contract in docs/architecture.md (ruff-like text or JSON, exit 0 clean / 1 errors / 2 unusable
 input) is what CI jobs and the Fabric tasks script against; this module only parses arguments,
 calls the library and maps results to output and exit codes.
 """

@@ -63,7 +63,7 @@ class Finding:
     hint: str
 
     def as_json(self) -> dict[str, object]:
-        """The DESIGN.md finding object (code, severity, path, line, message, hint) plus file and col."""
+        """The finding object (docs/architecture.md): code, severity, path, line, message, hint, file, col."""
         return asdict(self)
 
 

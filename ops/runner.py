@@ -27,16 +27,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ops.connection import connect
 from ops.errors import SpecopsError
 from ops.inventory import Host
+from ops.layout import HostLayout
 from ops.output import Reporter
 from ops.playbook import Playbook, RenderError, StepSpec, evaluate_when, render
 from ops.redact import Redactor
 from ops.steps import get_step
 from ops.steps.base import Applied, ArgError, StepContext, StepFailed
+
+if TYPE_CHECKING:
+    from ops.bench.progress import BenchProgress
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -146,6 +150,24 @@ def point_latest(results_root: Path, run_id: str) -> None:
     os.replace(tmp, results_root / "latest")
 
 
+@dataclass(frozen=True)
+class RunWide:
+    """What every host's steps share in one run (the steps see it through their StepContext)."""
+
+    playbook: Playbook
+    check: bool
+    tags: set[str] | None
+    redactor: Redactor
+    reporter: Reporter
+    results_dir: Path
+    progress: BenchProgress | None
+
+    def context(self, host: Host, variables: dict[str, Any]) -> StepContext:
+        return StepContext(host=host, playbook_dir=self.playbook.dir, templates_dir=TEMPLATES_DIR,
+                           vars=dict(variables), check=self.check, run_dir=self.results_dir,
+                           reporter=self.reporter, progress=self.progress)
+
+
 def run_playbook(
     playbook: Playbook,
     hosts: list[Host],
@@ -156,8 +178,14 @@ def run_playbook(
     results_root: str | Path | None = None,
     redactor: Redactor | None = None,
     live: bool | None = None,
+    results_dir: Path | None = None,
+    progress: BenchProgress | None = None,
 ) -> RunResult:
-    """Run ``playbook`` on every host; never raises for a host's failure (see RunResult)."""
+    """Run ``playbook`` on every host; never raises for a host's failure (see RunResult).
+
+    ``results_dir`` is the steps' ``ctx.run_dir`` (default: this run's own directory; ``fab bench``
+    passes the run it measures into), ``progress`` their ``ctx.progress``.
+    """
     if forks < 1:
         raise SpecopsError(f"--forks must be at least 1, got {forks}")
     if not hosts:
@@ -172,9 +200,9 @@ def run_playbook(
                   redactor=redactor, live=live) as reporter:
         reporter.note(f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
                       + (" [check mode: nothing will be written]" if check else ""))
+        run = RunWide(playbook, check, tags, redactor, reporter, results_dir or run_dir, progress)
         with ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host") as pool:
-            futures = {h.name: pool.submit(_run_host, h, playbook, check, tags, redactor, reporter)
-                       for h in hosts}
+            futures = {h.name: pool.submit(_run_host, h, run) for h in hosts}
             for name, future in futures.items():
                 result.hosts[name] = future.result()
         summary = _redacted(result.summary(), redactor)  # before encoding: JSON escapes could hide a secret
@@ -194,22 +222,23 @@ def _redacted(value: Any, redactor: Redactor) -> Any:
     return value
 
 
-def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None, redactor: Redactor,
-              reporter: Reporter) -> HostResult:
+def _run_host(host: Host, run: RunWide) -> HostResult:
     """The whole playbook on one host; the first unignored failure skips the rest."""
     start = time.monotonic()
     outcome = HostResult(host.name)
+    reporter = run.reporter
     try:
-        secret_values = host.resolve_secrets(redactor, strict=False)
-        variables: dict[str, Any] = {**host.template_vars(), "secrets": secret_values, "check": check}
-        with connect(host, redactor=redactor) as conn:
-            for spec in playbook.steps:
+        secret_values = host.resolve_secrets(run.redactor, strict=False)
+        variables: dict[str, Any] = {**host.template_vars(), "layout": HostLayout(host.base),
+                                     "secrets": secret_values, "check": run.check}
+        with connect(host, redactor=run.redactor) as conn:
+            for spec in run.playbook.steps:
                 if outcome.failed:
                     step = StepResult(spec.name, spec.step, "skipped", False, "not run: an earlier step failed")
                 else:
                     reporter.step_started(host.name, spec)
-                    step = _run_step(conn, host, spec, playbook, variables, check, tags, reporter)
-                    step.redact(redactor)
+                    step = _run_step(conn, host, spec, variables, run)
+                    step.redact(run.redactor)
                     if spec.register:
                         variables[spec.register] = outcome.registered[spec.register] = step.registered()
                 outcome.steps.append(step)
@@ -222,9 +251,9 @@ def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None
     return outcome
 
 
-def _run_step(conn: Any, host: Host, spec: StepSpec, playbook: Playbook, variables: dict[str, Any],
-              check: bool, tags: set[str] | None, reporter: Reporter) -> StepResult:
+def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], run: RunWide) -> StepResult:
     start = time.monotonic()
+    check, tags, reporter = run.check, run.tags, run.reporter
 
     def finish(status: str, changed: bool, message: str, **extra: Any) -> StepResult:
         ignored = status == "failed" and spec.ignore_errors
@@ -241,8 +270,7 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, playbook: Playbook, variabl
         args = step.check_args(render(spec.args, variables))
     except (RenderError, ArgError) as exc:
         return finish("failed", False, f"step '{spec.name}' on host '{host.name}': {exc}")
-    ctx = StepContext(host=host, playbook_dir=playbook.dir, templates_dir=TEMPLATES_DIR,
-                      vars=dict(variables), check=check)
+    ctx = run.context(host, variables)
     failure: StepResult | None = None
     for attempt in range(spec.retries + 1):
         if attempt:

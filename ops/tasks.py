@@ -198,11 +198,11 @@ def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: boo
         hosts = load_inventory(inventory).select(limit)
         book = load_playbook(playbook)
         run_dir = bench_dir(Path(playbook), results, resume)
+        if extra_vars:
+            hosts = [dataclasses.replace(h, vars={**h.vars, **extra_vars}) for h in hosts]
         with BenchProgress(live=live) as progress:
-            hosts = [dataclasses.replace(h, vars={**h.vars, **(extra_vars or {}), "bench_run_dir": str(run_dir),
-                                                  "bench_progress": progress}) for h in hosts]
             result = run_playbook(book, hosts, check=check, forks=int(forks), results_root=run_dir / "runs",
-                                  live=False)
+                                  live=False, results_dir=run_dir, progress=progress)
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
