@@ -22,7 +22,7 @@ from ops.steps.base import ArgError
 from ops.yamlfile import line_of, load_yaml
 
 STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
-TOP_KEYS = ("name", "steps")
+TOP_KEYS = ("name", "steps", "lock")
 _WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\{\{|\}\}).)*)\}\}\s*$", re.S)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,6 +56,7 @@ class Playbook:
     path: Path
     name: str
     steps: tuple[StepSpec, ...] = ()
+    lock: bool = False  # take the host's lock (ops/hostlock.py) while it runs, unless --check
 
     @property
     def dir(self) -> Path:
@@ -97,7 +98,10 @@ def load_playbook(path: str | Path) -> Playbook:
                                  "give each registered result its own name")
         if spec.register:
             seen.add(spec.register)
-    return Playbook(path=path.resolve(), name=name, steps=specs)
+    lock = doc.get("lock", False)
+    if not isinstance(lock, bool):
+        raise InputFileError(path, line_of(doc, "lock", 1), f"'lock' must be true or false, got {lock!r}")
+    return Playbook(path=path.resolve(), name=name, steps=specs, lock=lock)
 
 
 def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:

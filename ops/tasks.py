@@ -33,6 +33,7 @@ from ops.runner import (
     DEFAULT_RESULTS,
     REPO_ROOT,
     RunResult,
+    interrupted_message,
     new_run_id,
     point_latest,
     run_playbook,
@@ -64,7 +65,13 @@ def run_file(playbook: str | Path, *, limit: str | None = None, check: bool = Fa
         raise Exit(code=2) from None
 
 
+INTERRUPTED_EXIT = 130  # the shell's code for a SIGINT
+
+
 def _finish(result: RunResult) -> None:
+    if result.interrupted:
+        print(interrupted_message(result), file=sys.stderr)
+        raise Exit(code=INTERRUPTED_EXIT)
     if not result.ok:
         raise Exit(code=1)
 

@@ -48,6 +48,23 @@ class Preflight(Run):
     import is refused while the running one keeps serving (no rollback needed)."""
 
 
+class PortCheck(Run):
+    """Before a running server stops: the port the new one binds is free, or the running one's."""
+
+    def describe(self) -> str:
+        return f"run: python3 -c <the port is free or ours>  # {self.why}"
+
+    def apply(self, conn: Connection) -> None:
+        answer = parse_json_line("the port check")(conn.run(self.command, timeout=self.timeout))
+        if not answer["ok"]:
+            raise StepFailed(answer["error"])
+
+
+def port_check(port: int, pid: int | None) -> PortCheck:
+    return PortCheck(run_script("port", {"port": port, "pid": pid}), timeout=60,
+                     why=f"port {port} is free or held by the running server")
+
+
 def wait(url: str, timeout: float, prompt: str, on: dict[str, Any]) -> Wait:
     """A Wait on ``url``; ``on`` says how the script finds the pid (a pidfile, or the unit)."""
     spec = {"url": url, "timeout": timeout, "prompt": prompt, "max_tokens": 4, **on}
@@ -148,7 +165,8 @@ class Systemd:
             Run(self.systemctl("enable", self.unit), why="start at boot"),
         ]
 
-    def stop(self, why: str = "") -> Run:
+    def stop(self, timeout: float | None = None, why: str = "") -> Run:
+        """The unit's own TimeoutStopSec applies (``timeout`` is the supervisor's)."""
         return Run(self.systemctl("stop", self.unit), why=why)
 
     def start(self, spec: dict[str, Any], stop_timeout: float) -> list[Run]:

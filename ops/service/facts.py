@@ -41,9 +41,14 @@ def parse_json_line(what: str) -> Callable[[CommandResult], Any]:
     return parse
 
 
+INCLUDES = {"wait": ("sockets",), "port": ("sockets",)}  # helpers a script's text is prefixed with
+
+
 def run_script(name: str, spec: Any) -> str:
-    """The command that runs ``remote/<name>.py`` with the host's python3 and one argument."""
-    return join(["python3", "-c", script(name), spec if isinstance(spec, str) else json.dumps(spec)])
+    """The command that runs ``remote/<name>.py`` (after its helpers) with the host's python3 and
+    one argument."""
+    text = "\n".join(script(part) for part in (*INCLUDES.get(name, ()), name))
+    return join(["python3", "-c", text, spec if isinstance(spec, str) else json.dumps(spec)])
 
 
 def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[str, Any]]:

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from ops.layout import HostLayout
-from ops.service.backends import Preflight, Supervisor, Systemd, backends, wait
+from ops.service.backends import Preflight, Supervisor, Systemd, backends, port_check, wait
 from ops.service.releases import switch_commands
 from ops.service.settings import serve_url
 from ops.shell import join
@@ -120,6 +120,22 @@ def _definition(backend: Supervisor | Systemd, args: dict[str, Any], ctx: StepCo
     return list(backend.install(svc)), fingerprint
 
 
+def _rollback_target(current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any],
+                     digest: str) -> tuple[str | None, dict[str, Any] | None]:
+    """What to go back to if ``wanted`` fails, and with which service arguments (None: the new ones).
+
+    The release ``current`` named, else (a re-run after a cut link left ``current`` switched but
+    unproven) the release that last answered; the arguments it answered with come from the state
+    file. When the release stays and only the settings change, it is the same release with its
+    old settings."""
+    proven, proven_args = state.get("release"), state.get("args")
+    target = current if current != wanted else proven if proven != wanted else None
+    target = target if target in layout["releases"] else None
+    if target is None and proven == wanted and proven_args and state.get("fingerprint") != digest:
+        return wanted, proven_args
+    return target, proven_args if target is not None and target == proven else None
+
+
 def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, previous: Any = _UNSET,
                  preflight: bool = True) -> Plan:
     """Pure. ``previous`` overrides where ``<base>/previous`` ends up, and ``preflight`` False skips
@@ -144,24 +160,24 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
         if definition:
             return Plan.of(definition, message + "; update the service definition", pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
-    # What to go back to if `wanted` fails: what `current` named, else (a re-run after a cut link
-    # left `current` switched but unproven) the release that last answered.
-    proven = (svc["state"] or {}).get("release")
-    rollback_to = current if current != wanted else proven if proven != wanted else None
-    rollback_to = rollback_to if rollback_to in layout["releases"] else None
+    rollback_to, rollback_args = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
     changes: list[Run | Write] = list(definition)
-    if preflight and rollback_to is not None:
+    if preflight and rollback_to not in (None, wanted):
         check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
         changes.append(Preflight(f"cd {join([spec['cwd']])} && {check} >/dev/null", timeout=300,
                                  why="the new release imports and parses its flags"))
+    running = process or other.process(svc)
+    if preflight and running is not None:
+        changes.append(port_check({**SERVE_DEFAULTS, **args["serve"]}["port"], running["pid"]))
     first_disruptive = len(changes)
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
     changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on))
-    record = {"release": wanted, "fingerprint": digest, "backend": backend.name}
+    record = {"release": wanted, "fingerprint": digest, "backend": backend.name, "args": args}
     state = HostLayout(args["base"], args["name"]).state()
     changes.append(Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs"))
-    data.update(first_disruptive=first_disruptive, rollback_to=rollback_to, previous_before=layout["previous"],
+    data.update(stop=backend.stop(args["stop_timeout"]).command, first_disruptive=first_disruptive, rollback_to=rollback_to, rollback_args=rollback_args,
+                previous_before=layout["previous"],
                 log_size=svc["log_size"], log=HostLayout(args["base"], args["name"]).log(), args=args)
     return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)

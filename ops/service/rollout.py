@@ -79,9 +79,13 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
     if failure.stderr:
         tail = f"{failure.command or ''}\n{failure.stderr}\n--- log ---\n{tail}".lstrip()
     bad, old = data["release"], data["rollback_to"]
-    if old is None:
-        raise StepFailed(f"release {bad} did not answer ({failure}); no earlier release to roll back to", stderr=tail)
-    args = {**data["args"], "release": old}
+    if old is None:  # stop it: a server that never answered must not crash-loop under its supervisor
+        stopped = conn.run(data["stop"], timeout=data["args"]["stop_timeout"] + 60).ok
+        raise StepFailed(f"release {bad} did not answer ({failure}); no earlier release to roll back to"
+                         + ("; it was stopped" if stopped else ""), stderr=tail)
+    args = {**(data.get("rollback_args") or data["args"]), "release": old}
+    if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
+        ctx.reporter.note(f"{ctx.host.name} | release {bad} did not answer ({failure}); rolling back to {old}")
     try:
         back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False)
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}

@@ -22,12 +22,13 @@ the server's command line holds paths and numbers only.
 
 from __future__ import annotations
 
+from ops.layout import HostLayout
 from ops.service.facts import gather
 from ops.service.plan import plan_service
 from ops.service.rollout import apply_service
 from ops.service.settings import SERVICE_ARGS, serve_arg
-from ops.service.status import status_line, status_summary
-from ops.steps.base import Arg, Plan, Step, arguments, register
+from ops.service.status import is_down, status_line, status_summary
+from ops.steps.base import Arg, Plan, Step, StepFailed, arguments, register
 from specops_contract import SERVICE
 
 
@@ -62,4 +63,7 @@ class ServiceStatus(Step):
 
     def plan(self, facts, args, ctx):
         info = status_summary(facts, args)
+        if is_down(info):  # fab status exits non-zero
+            log = HostLayout(args["base"], args["name"]).log()
+            raise StepFailed(f"{status_line(info)} (fix: look at {log}, then fab deploy)")
         return Plan.noop(status_line(info), **info)

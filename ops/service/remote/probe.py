@@ -78,7 +78,7 @@ def systemd_facts(name):
     return facts
 
 
-def read_state(path):
+def read_json(path):
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -89,7 +89,8 @@ def read_state(path):
 def main(s):
     sup = supervised(s["pidfile"])
     systemd = systemd_facts(s["name"])
-    facts = {"supervisor_process": sup, "systemd": systemd, "state": read_state(s["state"]),
+    facts = {"supervisor_process": sup, "systemd": systemd, "state": read_json(s["state"]),
+             "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
              "env_sha": sha(s["env_file"]), "supervisor_sha": sha(s["supervisor"]), "health": None,
              "metrics": None, "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0}
     if sup or systemd["process"]:

@@ -3,6 +3,8 @@
 argv[1]: JSON {url, timeout, prompt, max_tokens, pidfile | (systemctl, unit)}. Prints one JSON
 object, ``{"ready": true, "pid", "healthy_after", "text", "elapsed"}`` or ``{"ready": false,
 "error", "elapsed"}``; the controller decides what a failure means (roll back, or report).
+An answer counts only when the socket behind the port belongs to the process we started (or its
+children): ``sockets.py`` is prepended to this script.
 """
 
 import json
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 START = time.monotonic()
@@ -87,6 +90,11 @@ def main(s):
             done(False, error=f"the server restarted (pid {first} -> {pid})")
         status, body = fetch(s["url"] + "/health")
         if status == 200:
+            port = urllib.parse.urlsplit(s["url"]).port
+            owner = port_owner(port, pid)  # noqa: F821 (from sockets.py)
+            if owner:
+                done(False, error=f"port {port} answers, but not from the server we started (pid {pid}): "
+                                  f"it is held by {owner} (fix: stop that process, or set serve.port)")
             healthy = healthy or round(time.monotonic() - START, 2)
             status, body = complete(s, pid, healthy)
         if time.monotonic() - START > s["timeout"]:
