@@ -149,7 +149,7 @@ class RunResult:
                       for name, h in self.hosts.items()},
             "changed": self.changed,
             "failed": self.failed,
-            "interrupted": self.interrupted,
+            **({"interrupted": True} if self.interrupted else {}),  # the key only appears after Ctrl-C
         }
 
 
