@@ -42,7 +42,10 @@ FAULTS = ("kill-server", "cut-sshd", "broken-release")
 def inventory_for(host: SshdHost, folder: Path, variables: dict) -> Path:
     known = folder / "known_hosts"
     known.write_text(host.known_hosts_line + "\n")
-    data = {"defaults": {"known_hosts": [str(known)]}, "hosts": {host.name: {**host.host_entry(), "vars": variables}}}
+    data = {
+        "defaults": {"known_hosts": [str(known)]},
+        "hosts": {host.name: {**host.host_entry(), "vars": variables}},
+    }
     path = folder / "inventory.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -51,12 +54,19 @@ def inventory_for(host: SshdHost, folder: Path, variables: dict) -> Path:
 def files_whole(base: Path) -> bool:
     """The files a deploy writes are absent or whole: never a short or half-written one."""
     run = base / "run"
-    state, env, supervisor = run / "specops-ddtree.state", run / "specops-ddtree.env", base / "bin" / "specops-supervisor.py"
+    state, env, supervisor = (
+        run / "specops-ddtree.state",
+        run / "specops-ddtree.env",
+        base / "bin" / "specops-supervisor.py",
+    )
     try:
         if state.exists():
             json.loads(state.read_text())
-        if env.exists() and any("=" not in line for line in env.read_text().splitlines()
-                                if line.strip() and not line.startswith("#")):
+        if env.exists() and any(
+            "=" not in line
+            for line in env.read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ):
             return False
         if supervisor.exists():
             compile(supervisor.read_text(), str(supervisor), "exec")
@@ -89,8 +99,9 @@ def answering(port: int, within: float) -> bool:
     return False
 
 
-def one_run(i: int, rng: random.Random, host: SshdHost, checkout: Checkout, inventory: Path, results: Path,
-            port: int) -> dict:
+def one_run(
+    i: int, rng: random.Random, host: SshdHost, checkout: Checkout, inventory: Path, results: Path, port: int
+) -> dict:
     fault = rng.choice(FAULTS)
     edits = {MAIN: with_crash(checkout.read(MAIN), CRASH_AT_START)} if fault == "broken-release" else {}
     if fault != "broken-release" and CRASH_AT_START in checkout.read(MAIN):
@@ -115,10 +126,20 @@ def one_run(i: int, rng: random.Random, host: SshdHost, checkout: Checkout, inve
         recovered = deploy(inventory, results).ok and answering(port, 60)
     pid_file = host.base / "run" / "specops-ddtree.pid"
     serving = running_release(int(pid_file.read_text())) if answers and pid_file.exists() else None
-    return {"run": i, "fault": fault, "at_s": round(delay, 1), "note": note, "deploy_ok": result.ok,
-            "seconds": round(time.monotonic() - began, 1), "current_complete": complete,
-            "files_whole": files_whole(host.base), "answers": answers, "serving": serving, "current": current,
-            "recovered_by_redeploy": recovered}
+    return {
+        "run": i,
+        "fault": fault,
+        "at_s": round(delay, 1),
+        "note": note,
+        "deploy_ok": result.ok,
+        "seconds": round(time.monotonic() - began, 1),
+        "current_complete": complete,
+        "files_whole": files_whole(host.base),
+        "answers": answers,
+        "serving": serving,
+        "current": current,
+        "recovered_by_redeploy": recovered,
+    }
 
 
 def main() -> None:
@@ -144,11 +165,16 @@ def main() -> None:
         rows = [one_run(i, rng, host, checkout, inventory, results, port) for i in range(args.runs)]
         for row in rows:
             print(json.dumps(row), flush=True)
-        print(f"\n{len(rows)} runs; faults: " + ", ".join(f"{f} {sum(r['fault'] == f for r in rows)}" for f in FAULTS))
+        print(
+            f"\n{len(rows)} runs; faults: "
+            + ", ".join(f"{f} {sum(r['fault'] == f for r in rows)}" for f in FAULTS)
+        )
         for key_ in ("deploy_ok", "current_complete", "files_whole", "answers"):
             print(f"{key_}: {sum(bool(r[key_]) for r in rows)}/{len(rows)}")
-        print(f"recovered by one more deploy: {sum(bool(r['recovered_by_redeploy']) for r in rows)}"
-              f"/{sum(r['recovered_by_redeploy'] is not None for r in rows)} that needed it")
+        print(
+            f"recovered by one more deploy: {sum(bool(r['recovered_by_redeploy']) for r in rows)}"
+            f"/{sum(r['recovered_by_redeploy'] is not None for r in rows)} that needed it"
+        )
     finally:
         stop_servers(host.base)
         host.stop()

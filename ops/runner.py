@@ -220,8 +220,8 @@ def run_playbook(
         reporter.note(f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
                       + (" [check mode: nothing will be written]" if check else ""))
         run = RunWide(run_id, playbook, check, tags, redactor, reporter, results_dir or run_dir, progress)
-        with _interruptible(run.stop), ThreadPoolExecutor(max_workers=min(forks, len(hosts)),
-                                                          thread_name_prefix="host") as pool:
+        pool = ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host")
+        with hostlock.active(run_id), _interruptible(run.stop), pool:
             futures = {h.name: pool.submit(_run_host, h, run) for h in hosts}
             for name, future in futures.items():
                 result.hosts[name] = future.result()

@@ -27,7 +27,14 @@ def parse_hardware(result: CommandResult) -> dict[str, Any]:
     gpus_text, _, torch_text = result.stdout.partition("--")
     gpus = [[p.strip() for p in line.split(",")] for line in gpus_text.splitlines() if line.count(",") >= 2]
     first = gpus[0] if gpus else [None, None, None]
-    cuda = [line.split(":", 1)[1].strip() for line in gpus_text.splitlines() if line.startswith("CUDA Version:")]
-    return {"gpu_name": first[0], "gpu_count": len(gpus) or None, "compute_cap": first[1], "driver": first[2],
-            "cuda": cuda[0] if cuda else None,
-            "torch": torch_text.strip().splitlines()[-1] if torch_text.strip() else None}
+    cuda = [
+        line.split(":", 1)[1].strip() for line in gpus_text.splitlines() if line.startswith("CUDA Version:")
+    ]
+    return {
+        "gpu_name": first[0],
+        "gpu_count": len(gpus) or None,
+        "compute_cap": first[1],
+        "driver": first[2],
+        "cuda": cuda[0] if cuda else None,
+        "torch": torch_text.strip().splitlines()[-1] if torch_text.strip() else None,
+    }

@@ -85,10 +85,17 @@ class Session:
             serve["mode"] = server.mode
             if server.budget is not None:
                 serve["budget"] = server.budget
-        return service_args(base=self.args["base"], release=self.release, venv=self.venv,
-                            target=self.args["target"], drafter=self.args["drafter"],
-                            env_file=self.args["env_file"], serve=serve, backend=self.args["backend"],
-                            timeout=self.args["timeout"])
+        return service_args(
+            base=self.args["base"],
+            release=self.release,
+            venv=self.venv,
+            target=self.args["target"],
+            drafter=self.args["drafter"],
+            env_file=self.args["env_file"],
+            serve=serve,
+            backend=self.args["backend"],
+            timeout=self.args["timeout"],
+        )
 
     # -- servers
     def start(self, server: Server) -> tuple[str, str, int]:
@@ -103,8 +110,9 @@ class Session:
                 try:
                     execute_plan(self.conn, plan)
                 except StepFailed as exc:
-                    raise StepFailed(f"{server.label} did not answer: {exc}", command=exc.command,
-                                     stderr=exc.stderr) from None
+                    raise StepFailed(
+                        f"{server.label} did not answer: {exc}", command=exc.command, stderr=exc.stderr
+                    ) from None
             return serve_url(ours["serve"]), self.layout.log(), offset
         context = self._foreign_context(server)
         url = f"http://127.0.0.1:{server.port}"
@@ -116,23 +124,36 @@ class Session:
         return self._start_foreign(server, facts, context, url)
 
     def _foreign_context(self, server: Server) -> dict[str, Any]:
-        context = {"venv": self.venv, "target": self.args["target"], "drafter": self.args["drafter"],
-                   "port": server.port, "mode": server.mode, "num_speculative_tokens": server.num_speculative_tokens,
-                   "block_size": server.block_size, **server.vars}
+        context = {
+            "venv": self.venv,
+            "target": self.args["target"],
+            "drafter": self.args["drafter"],
+            "port": server.port,
+            "mode": server.mode,
+            "num_speculative_tokens": server.num_speculative_tokens,
+            "block_size": server.block_size,
+            **server.vars,
+        }
         context.setdefault("served_name", context["target"])
         return context
 
     def _running_already(self, server: Server, url: str, served: str) -> bool:
         """True when a server on ``url`` lists ``served``; something else answering there is an error."""
-        answer = parse_json_line("the running-server probe")(self.conn.run(run_script("models", url), timeout=60))
+        answer = parse_json_line("the running-server probe")(
+            self.conn.run(run_script("models", url), timeout=60)
+        )
         if answer.get("models") is None and "error" not in answer:
             return False
         if served in (answer.get("models") or ()):
             self.progress.note(self.host, f"{server.label}: reusing the server already on port {server.port}")
             return True
-        found = f"lists {answer['models']}" if answer.get("models") is not None else f"answers {answer['error']}"
-        raise StepFailed(f"{server.label}: port {server.port} on {self.host} is taken: {url} {found}, not "
-                         f"{served!r} (fix: stop that server, set this entry's port, or vars.served_name)")
+        found = (
+            f"lists {answer['models']}" if answer.get("models") is not None else f"answers {answer['error']}"
+        )
+        raise StepFailed(
+            f"{server.label}: port {server.port} on {self.host} is taken: {url} {found}, not "
+            f"{served!r} (fix: stop that server, set this entry's port, or vars.served_name)"
+        )
 
     def _stop_ours(self, facts: dict[str, Any]) -> None:
         svc = facts["service"]
@@ -147,26 +168,36 @@ class Session:
     def _stop_foreign(self) -> None:
         for system in ("vllm", "sglang"):
             foreign = self._foreign(system)
-            if self.conn.stat(foreign.pidfile) is not None and self.conn.stat(self.layout.supervisor) is not None:
+            if (
+                self.conn.stat(foreign.pidfile) is not None
+                and self.conn.stat(self.layout.supervisor) is not None
+            ):
                 self._run(foreign.stop().command, f"stop {system}")
 
-    def _start_foreign(self, server: Server, facts: dict[str, Any], context: dict[str, Any],
-                       url: str) -> tuple[str, str, int]:
+    def _start_foreign(
+        self, server: Server, facts: dict[str, Any], context: dict[str, Any], url: str
+    ) -> tuple[str, str, int]:
         foreign = self._foreign(server.system)
         argv = render_argv(server.template, context, self.ctx)
         if argv[0].startswith("/") and self.conn.stat(argv[0]) is None:
-            raise StepFailed(f"{server.label}: {argv[0]} does not exist on the host (fix: install {server.system} "
-                             f"into {self.venv}, or set enabled: false on its matrix entry)")
+            raise StepFailed(
+                f"{server.label}: {argv[0]} does not exist on the host (fix: install {server.system} "
+                f"into {self.venv}, or set enabled: false on its matrix entry)"
+            )
         for change in foreign.install(facts["service"]):
             change.apply(self.conn)
         info = self.conn.stat(foreign.log)
         offset = info.size if info else 0
-        self._run(foreign.launch(self.args["base"], argv, self.args["env_file"]).command, f"start {server.label}")
+        self._run(
+            foreign.launch(self.args["base"], argv, self.args["env_file"]).command, f"start {server.label}"
+        )
         try:
             wait(url, self.args["timeout"], "the", foreign.wait_on).apply(self.conn)
         except StepFailed as exc:
-            raise StepFailed(f"{server.label} did not answer: {exc}",
-                             stderr=self._log_slice(foreign.log, offset).decode("utf-8", "replace")[-4000:]) from None
+            raise StepFailed(
+                f"{server.label} did not answer: {exc}",
+                stderr=self._log_slice(foreign.log, offset).decode("utf-8", "replace")[-4000:],
+            ) from None
         return url, foreign.log, offset
 
     def stop(self, server: Server) -> None:
@@ -183,11 +214,15 @@ class Session:
         remote = f"{remote_dir}/{cell.cell_id}.json"
         self._run(join(["mkdir", "-p", "--", f"{remote_dir}/prompts"]), "results folder")
         prompts = self._prompts(cell.prompts, f"{remote_dir}/prompts")
-        result = self.conn.run(join(self._client_argv(server, cell, url, prompts, remote)),
-                               timeout=self.args["cell_timeout"])
+        result = self.conn.run(
+            join(self._client_argv(server, cell, url, prompts, remote)), timeout=self.args["cell_timeout"]
+        )
         if not result.ok:
-            raise StepFailed(f"cell {cell.cell_id}: the client exited {result.exit_code}", command=result.command,
-                             stderr=result.stderr or result.stdout)
+            raise StepFailed(
+                f"cell {cell.cell_id}: the client exited {result.exit_code}",
+                command=result.command,
+                stderr=result.stderr or result.stdout,
+            )
         measured = self._fetch_result(cell, remote)
         measured.host, measured.run_id, measured.cell_id = self.host, self.run_dir.name, cell.cell_id
         measured.prompt_set = prompt_set_name(cell.prompts)
@@ -197,13 +232,42 @@ class Session:
         return measured
 
     def _client_argv(self, server: Server, cell: Cell, url: str, prompts: str, out: str) -> list[str]:
-        argv = ["env", f"PYTHONPATH={self.layout.release_site(self.release)}", f"{self.venv}/bin/python", "-m",
-                "ops.bench.client", "--url", url, "--prompts", prompts, "--num-prompts", str(cell.num_prompts),
-                "--concurrency", str(cell.concurrency), "--output-len", str(cell.output_len),
-                "--temperature", f"{cell.temperature:g}", "--warmup", str(cell.warmup), "--system", server.system,
-                "--mode", server.mode, "--target", self.args["target"], "--cell-id", cell.cell_id, "--out", out]
-        for flag, value in (("--budget", server.budget), ("--block-size", server.block_size),
-                            ("--num-speculative-tokens", server.num_speculative_tokens)):
+        argv = [
+            "env",
+            f"PYTHONPATH={self.layout.release_site(self.release)}",
+            f"{self.venv}/bin/python",
+            "-m",
+            "ops.bench.client",
+            "--url",
+            url,
+            "--prompts",
+            prompts,
+            "--num-prompts",
+            str(cell.num_prompts),
+            "--concurrency",
+            str(cell.concurrency),
+            "--output-len",
+            str(cell.output_len),
+            "--temperature",
+            f"{cell.temperature:g}",
+            "--warmup",
+            str(cell.warmup),
+            "--system",
+            server.system,
+            "--mode",
+            server.mode,
+            "--target",
+            self.args["target"],
+            "--cell-id",
+            cell.cell_id,
+            "--out",
+            out,
+        ]
+        for flag, value in (
+            ("--budget", server.budget),
+            ("--block-size", server.block_size),
+            ("--num-speculative-tokens", server.num_speculative_tokens),
+        ):
             if value is not None:
                 argv += [flag, str(value)]
         if server.mode != "ar":
@@ -232,8 +296,10 @@ class Session:
         local = Path(prompts).expanduser()
         local = local if local.is_absolute() else self.matrix_dir / local
         if not local.is_file():
-            raise StepFailed(f"prompt set {prompts!r}: no shipped set of that name and no file {local} "
-                             f"(fix: one of {', '.join(shipped_sets())}, or a JSONL path beside the matrix)")
+            raise StepFailed(
+                f"prompt set {prompts!r}: no shipped set of that name and no file {local} "
+                f"(fix: one of {', '.join(shipped_sets())}, or a JSONL path beside the matrix)"
+            )
         remote = f"{remote_dir}/{local.name}"
         self.conn.write_bytes(remote, local.read_bytes(), 0o644)
         return remote
@@ -246,13 +312,27 @@ class Session:
         if self.conn.stat(remote) is not None:
             return remote
         self._run(join(["mkdir", "-p", "--", self.layout.prompts]), "prompts folder")
-        result = self.conn.run(join(["env", f"PYTHONPATH={self.layout.release_site(self.release)}",
-                                     f"{self.venv}/bin/python", "-m", "ops.bench.prompts", spec.text, remote]),
-                               timeout=self.args["cell_timeout"])
+        result = self.conn.run(
+            join(
+                [
+                    "env",
+                    f"PYTHONPATH={self.layout.release_site(self.release)}",
+                    f"{self.venv}/bin/python",
+                    "-m",
+                    "ops.bench.prompts",
+                    spec.text,
+                    remote,
+                ]
+            ),
+            timeout=self.args["cell_timeout"],
+        )
         if not result.ok:
             said = (result.stderr or result.stdout).strip().splitlines() or [f"exited {result.exit_code}"]
-            raise StepFailed(f"host {self.host}: prompt set {prompts}: {said[-1]}", command=result.command,
-                             stderr=result.stderr)
+            raise StepFailed(
+                f"host {self.host}: prompt set {prompts}: {said[-1]}",
+                command=result.command,
+                stderr=result.stderr,
+            )
         return remote
 
     def fetch_log(self, server: Server, log: str, offset: int) -> None:
@@ -272,8 +352,11 @@ class Session:
     def _run(self, command: str, what: str) -> CommandResult:
         result = self.conn.run(command, timeout=self.args["timeout"] + 60)
         if not result.ok:
-            raise StepFailed(f"{what}: command exited {result.exit_code}", command=result.command,
-                             stderr=result.stderr or result.stdout)
+            raise StepFailed(
+                f"{what}: command exited {result.exit_code}",
+                command=result.command,
+                stderr=result.stderr or result.stdout,
+            )
         return result
 
     # -- one server, all its cells
@@ -297,7 +380,9 @@ class Session:
                     done.append(self.run_cell(server, cell, url, (log, offset)))
                     self.progress.cell_finished(self.host, cell.cell_id)
                 except StepFailed as exc:
-                    failures.append(f"{cell.cell_id}: {exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))
+                    failures.append(
+                        f"{cell.cell_id}: {exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else "")
+                    )
                     self.progress.cell_finished(self.host, cell.cell_id, ok=False)
         finally:
             if not server.stay and server.label not in self.reused:

@@ -23,25 +23,48 @@ def peaked(speedups: list[float], patience: int, min_gain: float) -> bool:
 def tune_server(system: str, mode: str, cell: Cell, **settings: Any) -> Server:
     """One point of a sweep: a server with one cell, labelled by its setting."""
     server = Server(label="", system=system, mode=mode, template=DEFAULT_TEMPLATES.get(system), **settings)
-    probe = BenchResult(system=system, mode=mode, budget=server.budget,
-                        num_speculative_tokens=server.num_speculative_tokens, prompt_set=prompt_set_name(cell.prompts),
-                        temperature=cell.temperature, concurrency=1, output_len=cell.output_len)
-    server.label = slug(f"tune-{system}-{mode}" + (f"-b{server.budget}" if server.budget else "")
-                        + (f"-k{server.num_speculative_tokens}" if server.num_speculative_tokens else ""))
+    probe = BenchResult(
+        system=system,
+        mode=mode,
+        budget=server.budget,
+        num_speculative_tokens=server.num_speculative_tokens,
+        prompt_set=prompt_set_name(cell.prompts),
+        temperature=cell.temperature,
+        concurrency=1,
+        output_len=cell.output_len,
+    )
+    server.label = slug(
+        f"tune-{system}-{mode}"
+        + (f"-b{server.budget}" if server.budget else "")
+        + (f"-k{server.num_speculative_tokens}" if server.num_speculative_tokens else "")
+    )
     server.cells = [replace(cell, cell_id="tune-" + cell_id_for(probe))]
     return server
 
 
 def sweeps(args: dict[str, Any]) -> list[list[Server]]:
     """Each sweep: its ``ar`` baseline first, then its settings in ascending order."""
-    cell = Cell(cell_id="", prompts=args["prompts"], temperature=args["temperature"], concurrency=1,
-                output_len=args["output_len"], num_prompts=args["num_prompts"], warmup=args["warmup"])
-    out = [[tune_server("ddtree", "ar", cell)]
-           + [tune_server("ddtree", "ddtree", cell, budget=b) for b in args["budgets"]]]
+    cell = Cell(
+        cell_id="",
+        prompts=args["prompts"],
+        temperature=args["temperature"],
+        concurrency=1,
+        output_len=args["output_len"],
+        num_prompts=args["num_prompts"],
+        warmup=args["warmup"],
+    )
+    out = [
+        [tune_server("ddtree", "ar", cell)]
+        + [tune_server("ddtree", "ddtree", cell, budget=b) for b in args["budgets"]]
+    ]
     if args["vllm_dflash_tokens"]:
-        out.append([tune_server("vllm", "ar", cell, port=8100)]
-                   + [tune_server("vllm", "dflash", cell, port=8100, num_speculative_tokens=k)
-                      for k in args["vllm_dflash_tokens"]])
+        out.append(
+            [tune_server("vllm", "ar", cell, port=8100)]
+            + [
+                tune_server("vllm", "dflash", cell, port=8100, num_speculative_tokens=k)
+                for k in args["vllm_dflash_tokens"]
+            ]
+        )
     return out
 
 
@@ -65,9 +88,18 @@ def sweep(session: Session, args: dict[str, Any]) -> tuple[list[dict[str, Any]],
                 continue
             speedup = r.output_throughput / base_tps if base_tps and r.output_throughput else 0.0
             speedups.append(speedup)
-            rows.append({"system": r.system, "mode": r.mode, "budget": r.budget,
-                         "num_speculative_tokens": r.num_speculative_tokens, "tokens_per_s": r.output_throughput,
-                         "tau": r.tau, "speedup": speedup, "baseline_tokens_per_s": base_tps})
+            rows.append(
+                {
+                    "system": r.system,
+                    "mode": r.mode,
+                    "budget": r.budget,
+                    "num_speculative_tokens": r.num_speculative_tokens,
+                    "tokens_per_s": r.output_throughput,
+                    "tau": r.tau,
+                    "speedup": speedup,
+                    "baseline_tokens_per_s": base_tps,
+                }
+            )
             if peaked(speedups, args["patience"], args["min_gain"]):
                 session.progress.note(session.host, f"speedup peaked; stopping the {server.system} sweep")
                 break

@@ -61,15 +61,19 @@ class PortCheck(Run):
 
 
 def port_check(port: int, pid: int | None) -> PortCheck:
-    return PortCheck(run_script("port", {"port": port, "pid": pid}), timeout=60,
-                     why=f"port {port} is free or held by the running server")
+    return PortCheck(
+        run_script("port", {"port": port, "pid": pid}),
+        timeout=60,
+        why=f"port {port} is free or held by the running server",
+    )
 
 
 def wait(url: str, timeout: float, prompt: str, on: dict[str, Any]) -> Wait:
     """A Wait on ``url``; ``on`` says how the script finds the pid (a pidfile, or the unit)."""
     spec = {"url": url, "timeout": timeout, "prompt": prompt, "max_tokens": 4, **on}
-    return Wait(run_script("wait", spec), timeout=timeout + 60,
-                why=f"/health and one completion within {timeout:g}s")
+    return Wait(
+        run_script("wait", spec), timeout=timeout + 60, why=f"/health and one completion within {timeout:g}s"
+    )
 
 
 def choose_backend(wanted: str, systemd: dict[str, Any]) -> str:
@@ -111,20 +115,36 @@ class Supervisor:
 
     def stop(self, timeout: float | None = None, why: str = "") -> Run:
         limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
-        return Run(join(["python3", self.layout.supervisor, "stop", "--pidfile", self.pidfile, *limit]), why=why)
+        return Run(
+            join(["python3", self.layout.supervisor, "stop", "--pidfile", self.pidfile, *limit]), why=why
+        )
 
-    def launch(self, cwd: str, argv: list[str], env_file: str, env: dict[str, str] | None = None,
-               why: str = "start") -> Run:
-        start = ["python3", self.layout.supervisor, "start", "--pidfile", self.pidfile, "--log", self.log,
-                 "--cwd", cwd, "--env-file", env_file]
+    def launch(
+        self, cwd: str, argv: list[str], env_file: str, env: dict[str, str] | None = None, why: str = "start"
+    ) -> Run:
+        start = [
+            "python3",
+            self.layout.supervisor,
+            "start",
+            "--pidfile",
+            self.pidfile,
+            "--log",
+            self.log,
+            "--cwd",
+            cwd,
+            "--env-file",
+            env_file,
+        ]
         for key, value in (env or {}).items():
             start += ["--setenv", f"{key}={value}"]
         return Run(join([*start, "--", *argv]), why=why)
 
     def start(self, spec: dict[str, Any], stop_timeout: float) -> list[Run]:
         """Stop whatever the pidfile names (TERM, then KILL), then start ``spec``."""
-        return [self.stop(stop_timeout, "TERM, then KILL after the stop timeout"),
-                self.launch(spec["cwd"], spec["argv"], spec["env_file"], spec["env"])]
+        return [
+            self.stop(stop_timeout, "TERM, then KILL after the stop timeout"),
+            self.launch(spec["cwd"], spec["argv"], spec["env_file"], spec["env"]),
+        ]
 
     def hand_over(self, svc: dict[str, Any], stop_timeout: float) -> list[Run]:
         return [self.stop(stop_timeout, "the supervisor ran it before")] if svc["supervisor_process"] else []
@@ -183,7 +203,9 @@ class Systemd:
         return {"systemctl": scope, "unit": self.unit}
 
 
-def backends(layout: HostLayout, svc: dict[str, Any], wanted: str) -> tuple[Supervisor | Systemd, Supervisor | Systemd]:
+def backends(
+    layout: HostLayout, svc: dict[str, Any], wanted: str
+) -> tuple[Supervisor | Systemd, Supervisor | Systemd]:
     """(the backend to run the server with, the other one) for the probe's facts ``svc``."""
     supervisor, systemd = Supervisor(layout), Systemd(layout, svc["systemd"])
     if choose_backend(wanted, svc["systemd"]) == "systemd":

@@ -62,7 +62,9 @@ def launch(args: dict[str, Any], ctx: StepContext, release: str) -> dict[str, An
     }
 
 
-def unit_text(args: dict[str, Any], ctx: StepContext, spec: dict[str, Any], release: str, scope: str) -> bytes:
+def unit_text(
+    args: dict[str, Any], ctx: StepContext, spec: dict[str, Any], release: str, scope: str
+) -> bytes:
     context = {
         "service": args["name"],
         "release": release,
@@ -90,12 +92,15 @@ def wanted_release(layout: dict[str, Any], args: dict[str, Any], ctx: StepContex
         wanted = args["release"]
     complete = wanted in layout["releases"] or ctx.check  # --check: the release step only planned it
     if not complete:
-        raise StepFailed(f"release {wanted} is not complete under {args['base']}/releases (fix: run fab deploy)")
+        raise StepFailed(
+            f"release {wanted} is not complete under {args['base']}/releases (fix: run fab deploy)"
+        )
     return wanted
 
 
-def restart_reasons(current: str | None, wanted: str, process: dict[str, Any] | None, svc: dict[str, Any],
-                    fingerprint: str) -> list[str]:
+def restart_reasons(
+    current: str | None, wanted: str, process: dict[str, Any] | None, svc: dict[str, Any], fingerprint: str
+) -> list[str]:
     """Pure: why the server must (re)start; empty when it runs ``wanted`` as wanted and answers."""
     reasons = []
     if current != wanted:
@@ -109,8 +114,14 @@ def restart_reasons(current: str | None, wanted: str, process: dict[str, Any] | 
     return reasons
 
 
-def _definition(backend: Supervisor | Systemd, args: dict[str, Any], ctx: StepContext, svc: dict[str, Any],
-                spec: dict[str, Any], wanted: str) -> tuple[list[Run | Write], dict[str, Any]]:
+def _definition(
+    backend: Supervisor | Systemd,
+    args: dict[str, Any],
+    ctx: StepContext,
+    svc: dict[str, Any],
+    spec: dict[str, Any],
+    wanted: str,
+) -> tuple[list[Run | Write], dict[str, Any]]:
     """The backend's install changes and the restart fingerprint (launch, env file, backend, unit)."""
     fingerprint: dict[str, Any] = {"launch": spec, "env_sha": svc["env_sha"], "backend": backend.name}
     if isinstance(backend, Systemd):
@@ -120,8 +131,9 @@ def _definition(backend: Supervisor | Systemd, args: dict[str, Any], ctx: StepCo
     return list(backend.install(svc)), fingerprint
 
 
-def _rollback_target(current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any],
-                     digest: str) -> tuple[str | None, dict[str, Any] | None]:
+def _rollback_target(
+    current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any], digest: str
+) -> tuple[str | None, dict[str, Any] | None]:
     """What to go back to if ``wanted`` fails, and with which service arguments (None: the new ones).
 
     The release ``current`` named, else (a re-run after a cut link left ``current`` switched but
@@ -136,8 +148,13 @@ def _rollback_target(current: str | None, wanted: str, state: dict[str, Any], la
     return target, proven_args if target is not None and target == proven else None
 
 
-def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, previous: Any = _UNSET,
-                 preflight: bool = True) -> Plan:
+def plan_service(
+    facts: dict[str, Any],
+    args: dict[str, Any],
+    ctx: StepContext,
+    previous: Any = _UNSET,
+    preflight: bool = True,
+) -> Plan:
     """Pure. ``previous`` overrides where ``<base>/previous`` ends up, and ``preflight`` False skips
     the start check (the automatic rollback goes back to a release that just ran)."""
     layout, svc = facts["layout"], facts["service"]
@@ -164,8 +181,13 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
     changes: list[Run | Write] = list(definition)
     if preflight and rollback_to not in (None, wanted):
         check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
-        changes.append(Preflight(f"cd {join([spec['cwd']])} && {check} >/dev/null", timeout=300,
-                                 why="the new release imports and parses its flags"))
+        changes.append(
+            Preflight(
+                f"cd {join([spec['cwd']])} && {check} >/dev/null",
+                timeout=300,
+                why="the new release imports and parses its flags",
+            )
+        )
     running = process or other.process(svc)
     if preflight and running is not None:
         changes.append(port_check({**SERVE_DEFAULTS, **args["serve"]}["port"], running["pid"]))
@@ -177,7 +199,14 @@ def plan_service(facts: dict[str, Any], args: dict[str, Any], ctx: StepContext, 
     record = {"release": wanted, "fingerprint": digest, "backend": backend.name, "args": args}
     state = HostLayout(args["base"], args["name"]).state()
     changes.append(Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs"))
-    data.update(stop=backend.stop(args["stop_timeout"]).command, first_disruptive=first_disruptive, rollback_to=rollback_to, rollback_args=rollback_args,
-                previous_before=layout["previous"],
-                log_size=svc["log_size"], log=HostLayout(args["base"], args["name"]).log(), args=args)
+    data.update(
+        stop=backend.stop(args["stop_timeout"]).command,
+        first_disruptive=first_disruptive,
+        rollback_to=rollback_to,
+        rollback_args=rollback_args,
+        previous_before=layout["previous"],
+        log_size=svc["log_size"],
+        log=HostLayout(args["base"], args["name"]).log(),
+        args=args,
+    )
     return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)

@@ -61,8 +61,11 @@ def apply_service(conn: Connection, plan: Plan, ctx: StepContext) -> Applied:
     except ServiceFailed as exc:
         if not exc.touched:
             kept = f"; release {data['rollback_to']} keeps running untouched" if data["rollback_to"] else ""
-            raise StepFailed(f"release {data['release']} refused before any restart: {exc}{kept}",
-                             command=exc.command, stderr=exc.stderr) from None
+            raise StepFailed(
+                f"release {data['release']} refused before any restart: {exc}{kept}",
+                command=exc.command,
+                stderr=exc.stderr,
+            ) from None
         roll_back(conn, plan, ctx, exc)
     message = (
         f"release {data['release']} answers at {data['url']} (pid {answer['pid']}, /health after "
@@ -81,17 +84,24 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
     bad, old = data["release"], data["rollback_to"]
     if old is None:  # stop it: a server that never answered must not crash-loop under its supervisor
         stopped = conn.run(data["stop"], timeout=data["args"]["stop_timeout"] + 60).ok
-        raise StepFailed(f"release {bad} did not answer ({failure}); no earlier release to roll back to"
-                         + ("; it was stopped" if stopped else ""), stderr=tail)
+        raise StepFailed(
+            f"release {bad} did not answer ({failure}); no earlier release to roll back to"
+            + ("; it was stopped" if stopped else ""),
+            stderr=tail,
+        )
     args = {**(data.get("rollback_args") or data["args"]), "release": old}
     if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
-        ctx.reporter.note(f"{ctx.host.name} | release {bad} did not answer ({failure}); rolling back to {old}")
+        ctx.reporter.note(
+            f"{ctx.host.name} | release {bad} did not answer ({failure}); rolling back to {old}"
+        )
     try:
         back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False)
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
     except StepFailed as again:
-        raise StepFailed(f"release {bad} did not answer ({failure}); rolling back to {old} failed too: {again}",
-                         stderr=tail) from None
+        raise StepFailed(
+            f"release {bad} did not answer ({failure}); rolling back to {old} failed too: {again}",
+            stderr=tail,
+        ) from None
     raise StepFailed(
         f"release {bad} did not answer ({failure}); rolled back to {old}, which answers "
         f"again (pid {answer.get('pid')})",

@@ -39,8 +39,10 @@ def status_line(info: dict[str, Any]) -> str:
     """One line: the release, the process and its health, and the acceptance length when known."""
     supervisor = info.get("supervisor") or {}
     if info["pid"] is None and supervisor.get("state") == "crash-loop":
-        state = (f"not running: crash loop ({supervisor['restarts']} restarts, last exit "
-                 f"{supervisor['last_exit']}; the supervisor stopped restarting it)")
+        state = (
+            f"not running: crash loop ({supervisor['restarts']} restarts, last exit "
+            f"{supervisor['last_exit']}; the supervisor stopped restarting it)"
+        )
     elif info["pid"] is None:
         state = "not running"
     else:

@@ -77,8 +77,11 @@ def run_dir(args: dict[str, Any], ctx: StepContext) -> Path:
 def _host_facts(conn: Connection, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     layout = layout_fact(args["base"]).gather(conn)
     hardware = hardware_fact(f"{args['venv'] or HostLayout(args['base']).venv}/bin/python").gather(conn)
-    return {"release": layout["current"], "hardware": hardware,
-            "done": sorted(completed_cells(run_dir(args, ctx), ctx.host.name))}
+    return {
+        "release": layout["current"],
+        "hardware": hardware,
+        "done": sorted(completed_cells(run_dir(args, ctx), ctx.host.name)),
+    }
 
 
 def _need_release(facts: dict[str, Any], args: dict[str, Any]) -> str:
@@ -99,7 +102,9 @@ def _session(conn: Connection, setup: dict[str, Any]) -> Session:
     return Session(conn=conn, **setup)
 
 
-def _measure(setup: dict[str, Any], server: Server, cells: tuple[Cell, ...], conn: Connection) -> ServerOutcome:
+def _measure(
+    setup: dict[str, Any], server: Server, cells: tuple[Cell, ...], conn: Connection
+) -> ServerOutcome:
     return _session(conn, setup).run_server(server, list(cells))
 
 
@@ -124,16 +129,33 @@ class Bench(Step):
         pending = [(s, cells) for s, cells in pending if cells]
         total = len(matrix.cells)
         todo = sum(len(cells) for _, cells in pending)
-        data = {"release": facts["release"], "hardware": facts["hardware"], "matrix_dir": str(matrix.path.parent),
-                "total": total, "done_before": total - todo, "run_dir": str(results)}
+        data = {
+            "release": facts["release"],
+            "hardware": facts["hardware"],
+            "matrix_dir": str(matrix.path.parent),
+            "total": total,
+            "done_before": total - todo,
+            "run_dir": str(results),
+        }
         if not pending:
             return Plan.noop(f"all {total} cells of {matrix.path.name} are complete in {results}", **data)
-        setup = {"args": args, "ctx": ctx, "release": _need_release(facts, args), "hardware": facts["hardware"],
-                 "matrix_dir": matrix.path.parent, "run_dir": results}
-        changes = [ServerRun(partial(_measure, setup, s, cells),
-                             f"bench: {s.label}: {len(cells)} cell(s) ({', '.join(c.cell_id for c in cells)})",
-                             server=s, cells=cells)
-                   for s, cells in pending]
+        setup = {
+            "args": args,
+            "ctx": ctx,
+            "release": _need_release(facts, args),
+            "hardware": facts["hardware"],
+            "matrix_dir": matrix.path.parent,
+            "run_dir": results,
+        }
+        changes = [
+            ServerRun(
+                partial(_measure, setup, s, cells),
+                f"bench: {s.label}: {len(cells)} cell(s) ({', '.join(c.cell_id for c in cells)})",
+                server=s,
+                cells=cells,
+            )
+            for s, cells in pending
+        ]
         return Plan.of(changes, f"run {todo} of {total} cells on {len(changes)} server(s)", **data)
 
     def apply(self, conn, plan, ctx):
@@ -144,11 +166,17 @@ class Bench(Step):
         failures = [f for o in outcomes for f in o.failures]
         where = Path(data["run_dir"])
         if failures:
-            raise StepFailed(f"{len(failures)} failure(s), {ran} cell(s) measured (fix, then resume: "
-                             f"fab bench --resume {where.name}): " + "; ".join(f.splitlines()[0] for f in failures),
-                             stderr="\n".join(failures))
-        return Applied(True, f"measured {ran} cell(s); {data['done_before']} were done before; results in "
-                       f"{where / ctx.host.name}", {"run_dir": str(where), "measured": ran, "release": data["release"]})
+            raise StepFailed(
+                f"{len(failures)} failure(s), {ran} cell(s) measured (fix, then resume: "
+                f"fab bench --resume {where.name}): " + "; ".join(f.splitlines()[0] for f in failures),
+                stderr="\n".join(failures),
+            )
+        return Applied(
+            True,
+            f"measured {ran} cell(s); {data['done_before']} were done before; results in "
+            f"{where / ctx.host.name}",
+            {"run_dir": str(where), "measured": ran, "release": data["release"]},
+        )
 
 
 # ---------------------------------------------------------------- tune
@@ -158,12 +186,19 @@ def _tune(setup: dict[str, Any], args: dict[str, Any], conn: Connection) -> dict
     rows, failures = sweep(session, args)
     ours = [r for r in rows if r["system"] == "ddtree" and r["tokens_per_s"]]
     if not ours:
-        raise StepFailed("no DDTree budget was measured: " + "; ".join(f.splitlines()[0] for f in failures),
-                         stderr="\n".join(failures))
+        raise StepFailed(
+            "no DDTree budget was measured: " + "; ".join(f.splitlines()[0] for f in failures),
+            stderr="\n".join(failures),
+        )
     best = max(ours, key=lambda r: r["tokens_per_s"])
-    record = {"serve": {"mode": "ddtree", "budget": best["budget"]}, "tokens_per_s": best["tokens_per_s"],
-              "speedup": best["speedup"], "run_id": session.run_dir.name,
-              "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "sweep": rows}
+    record = {
+        "serve": {"mode": "ddtree", "budget": best["budget"]},
+        "tokens_per_s": best["tokens_per_s"],
+        "speedup": best["speedup"],
+        "run_id": session.run_dir.name,
+        "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sweep": rows,
+    }
     path = HostLayout(args["base"]).tuned
     conn.write_bytes(path, (json.dumps(record, indent=1) + "\n").encode(), 0o644)
     return {**record, "best": best, "failures": failures, "path": path, "run_dir": str(session.run_dir)}
@@ -172,7 +207,9 @@ def _tune(setup: dict[str, Any], args: dict[str, Any], conn: Connection) -> dict
 @register
 class BenchTune(Step):
     name = "bench_tune"
-    summary = "sweep the DDTree budget against ar, pick the best tokens/s, write it to <base>/run/" + TUNED_FILE
+    summary = (
+        "sweep the DDTree budget against ar, pick the best tokens/s, write it to <base>/run/" + TUNED_FILE
+    )
     args = arguments(
         budgets=Arg(int_list, default=[8, 16, 32, 64, 128, 256, 512], help="DDTree budgets, ascending"),
         vllm_dflash_tokens=Arg(int_list, default=[], help="also sweep vLLM DFlash num_speculative_tokens"),
@@ -195,20 +232,38 @@ class BenchTune(Step):
         what = f"ar, then ddtree budgets {', '.join(map(str, args['budgets']))}"
         if args["vllm_dflash_tokens"]:
             what += f", vLLM DFlash k {', '.join(map(str, args['vllm_dflash_tokens']))}"
-        setup = {"args": args, "ctx": ctx, "release": release, "hardware": facts["hardware"],
-                 "matrix_dir": ctx.playbook_dir, "run_dir": run_dir(args, ctx)}
-        return Plan.of([Action(partial(_tune, setup, args), f"sweep {what}")],
-                       f"tune on release {release}: {what}", release=release, hardware=facts["hardware"])
+        setup = {
+            "args": args,
+            "ctx": ctx,
+            "release": release,
+            "hardware": facts["hardware"],
+            "matrix_dir": ctx.playbook_dir,
+            "run_dir": run_dir(args, ctx),
+        }
+        return Plan.of(
+            [Action(partial(_tune, setup, args), f"sweep {what}")],
+            f"tune on release {release}: {what}",
+            release=release,
+            hardware=facts["hardware"],
+        )
 
     def apply(self, conn, plan, ctx):
         ensure_progress(ctx)
         (tuned,) = [change.apply(conn) for change in plan.changes]
         best, failures = tuned["best"], tuned["failures"]
         note = f"; {len(failures)} point(s) failed" if failures else ""
-        return Applied(True, f"best budget {best['budget']}: {best['tokens_per_s']:.1f} tok/s, "
-                       f"{best['speedup']:.2f}x over ar; written to {tuned['path']}{note}",
-                       {"serve": tuned["serve"], "release": plan.data["release"], "sweep": tuned["sweep"],
-                        "run_dir": tuned["run_dir"], "best": best})
+        return Applied(
+            True,
+            f"best budget {best['budget']}: {best['tokens_per_s']:.1f} tok/s, "
+            f"{best['speedup']:.2f}x over ar; written to {tuned['path']}{note}",
+            {
+                "serve": tuned["serve"],
+                "release": plan.data["release"],
+                "sweep": tuned["sweep"],
+                "run_dir": tuned["run_dir"],
+                "best": best,
+            },
+        )
 
 
 # ---------------------------------------------------------------- tuned_settings
@@ -225,7 +280,9 @@ def parse_tuned(result: CommandResult) -> dict[str, Any]:
         record = json.loads(text)
         serve = serve_arg(record["serve"])
     except (ValueError, KeyError, TypeError) as exc:
-        raise StepFailed(f"{TUNED_FILE} on the host is damaged ({exc}); fix: run fab tune again, or delete it") from None
+        raise StepFailed(
+            f"{TUNED_FILE} on the host is damaged ({exc}); fix: run fab tune again, or delete it"
+        ) from None
     return {**record, "serve": serve}
 
 
@@ -241,5 +298,8 @@ class TunedSettings(Step):
     def plan(self, facts, args, ctx):
         if not facts:
             return Plan.noop("never tuned: the inventory's serve settings apply", serve={})
-        return Plan.noop(f"tuned {facts.get('tuned_at', '?')}: {facts['serve']}", serve=facts["serve"],
-                         tuned_at=facts.get("tuned_at"))
+        return Plan.noop(
+            f"tuned {facts.get('tuned_at', '?')}: {facts['serve']}",
+            serve=facts["serve"],
+            tuned_at=facts.get("tuned_at"),
+        )

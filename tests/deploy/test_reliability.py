@@ -77,8 +77,21 @@ def test_supervisor_restarts_a_crashed_server_then_reports_a_crash_loop(tmp_path
     run.mkdir()
     pidfile, log = run / "svc.pid", tmp_path / "svc.log"
     try:
-        started = supervise("start", "--pidfile", str(pidfile), "--log", str(log), "--cwd", str(tmp_path),
-                            "--restart-backoff", "0.1", "--", sys.executable, "-c", "import time; time.sleep(600)")
+        started = supervise(
+            "start",
+            "--pidfile",
+            str(pidfile),
+            "--log",
+            str(log),
+            "--cwd",
+            str(tmp_path),
+            "--restart-backoff",
+            "0.1",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(600)",
+        )
         assert started.returncode == 0, started.stderr
         first = json.loads(started.stdout)["pid"]
         os.kill(first, signal.SIGKILL)  # the OOM killer, say
@@ -92,11 +105,27 @@ def test_supervisor_restarts_a_crashed_server_then_reports_a_crash_loop(tmp_path
         time.sleep(0.5)  # nothing restarts what `stop` stopped
         assert not pidfile.exists() and not is_running(second)
 
-        crashing = supervise("start", "--pidfile", str(pidfile), "--log", str(log), "--cwd", str(tmp_path),
-                             "--restart-backoff", "0.05", "--crash-limit", "3", "--", sys.executable, "-c",
-                             "raise SystemExit(7)")
+        crashing = supervise(
+            "start",
+            "--pidfile",
+            str(pidfile),
+            "--log",
+            str(log),
+            "--cwd",
+            str(tmp_path),
+            "--restart-backoff",
+            "0.05",
+            "--crash-limit",
+            "3",
+            "--",
+            sys.executable,
+            "-c",
+            "raise SystemExit(7)",
+        )
         assert crashing.returncode == 0, crashing.stderr
-        wait_for(lambda: json.loads((run / "svc.status").read_text())["state"] == "crash-loop", 30, "a crash loop")
+        wait_for(
+            lambda: json.loads((run / "svc.status").read_text())["state"] == "crash-loop", 30, "a crash loop"
+        )
         status = json.loads((run / "svc.status").read_text())
         assert status["restarts"] == 3 and status["last_exit"] == 7 and status["pid"] is None
         assert "crash loop: exit 7, 3 restarts" in log.read_text()
@@ -112,8 +141,12 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     results = tmp_path / "results"
 
     def inventory(port: int, **serve) -> Path:
-        return make_inventory([h1], host_vars={"h1": {**host_vars(tiny_pair, checkout, port),
-                                                      "serve": {"port": port, "budget": 8, **serve}}})
+        return make_inventory(
+            [h1],
+            host_vars={
+                "h1": {**host_vars(tiny_pair, checkout, port), "serve": {"port": port, "budget": 8, **serve}}
+            },
+        )
 
     # An impostor answers on the port: our server dies on bind, and the deploy fails saying so.
     taken = deploy(inventory(impostor), results)
@@ -142,16 +175,23 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     os.kill(killed, signal.SIGKILL)
     wait_for(lambda: server_pid(base) != killed and healthy(port), 180, "the restarted server")
     status = deploy(inventory(port), results, "status.yaml")
-    assert status.ok and "restarted 1 time(s) after crashes" in status.hosts["h1"].registered["service_status"]["message"]
+    assert (
+        status.ok
+        and "restarted 1 time(s) after crashes" in status.hosts["h1"].registered["service_status"]["message"]
+    )
     supervisor = base / "bin" / "specops-supervisor.py"
-    subprocess.run([sys.executable, str(supervisor), "stop", "--pidfile", str(base / "run" / "specops-ddtree.pid")],
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(supervisor), "stop", "--pidfile", str(base / "run" / "specops-ddtree.pid")],
+        check=True,
+        timeout=120,
+    )
     down = deploy(inventory(port), results, "status.yaml")
     assert not down.ok and "not running" in failure(down, "service_status")
 
 
-def test_one_changing_run_per_host_and_a_clean_ctrl_c(sshd_hosts, make_inventory, tiny_pair, checkout, servers,
-                                                     tmp_path):
+def test_one_changing_run_per_host_and_a_clean_ctrl_c(
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path
+):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     port = free_port()
@@ -180,10 +220,18 @@ def test_one_changing_run_per_host_and_a_clean_ctrl_c(sshd_hosts, make_inventory
     fab = Path(sys.executable).with_name("fab")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     before = {p.name for p in results.iterdir()}
-    proc = subprocess.Popen([str(fab), "deploy", "--inventory", str(inventory), "--results", str(results)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    wait_for(lambda: any("[6/" in p.read_text() for p in results.glob("*/run.log") if p.parent.name not in before),
-             120, "the deploy to reach step 6")
+    proc = subprocess.Popen(
+        [str(fab), "deploy", "--inventory", str(inventory), "--results", str(results)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    wait_for(
+        lambda: any("[6/" in p.read_text() for p in results.glob("*/run.log") if p.parent.name not in before),
+        120,
+        "the deploy to reach step 6",
+    )
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err
@@ -192,4 +240,3 @@ def test_one_changing_run_per_host_and_a_clean_ctrl_c(sshd_hosts, make_inventory
     assert summary["hosts"]["h1"]["steps"][-1]["message"] == "not run: interrupted (Ctrl-C)"
     assert "interrupted: run " in err and "h1: stopped after " in err and "run the same command again" in err
     assert "Traceback" not in err and not lock.exists() and complete(port)["choices"]
-

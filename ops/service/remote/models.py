@@ -14,7 +14,9 @@ def main(url):
     except urllib.error.HTTPError as exc:
         out = {"error": f"HTTP {exc.code} from /v1/models"}
     except urllib.error.URLError as exc:
-        out = {"models": None} if isinstance(exc.reason, ConnectionRefusedError) else {"error": str(exc.reason)}
+        out = (
+            {"models": None} if isinstance(exc.reason, ConnectionRefusedError) else {"error": str(exc.reason)}
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         out = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(out))

@@ -11,8 +11,15 @@ import sys
 def main(s):
     owner = port_owner(s["port"], s["pid"])  # noqa: F821 (from sockets.py)
     if owner:
-        print(json.dumps({"ok": False, "error": f"port {s['port']} is taken by {owner}, not by the server "
-                                                 "specops runs (fix: stop that process, or set serve.port)"}))
+        print(
+            json.dumps(
+                {
+                    "ok": False,
+                    "error": f"port {s['port']} is taken by {owner}, not by the server "
+                    "specops runs (fix: stop that process, or set serve.port)",
+                }
+            )
+        )
     else:
         print(json.dumps({"ok": True}))
 

@@ -60,17 +60,29 @@ def supervised(pidfile):
 def systemd_facts(name):
     uid = os.getuid()
     home = os.path.expanduser("~")
-    usable = bool(os.path.isdir("/run/systemd/system") and shutil.which("systemctl")
-                  and (uid == 0 or os.path.exists(f"/run/user/{uid}/bus")))
+    usable = bool(
+        os.path.isdir("/run/systemd/system")
+        and shutil.which("systemctl")
+        and (uid == 0 or os.path.exists(f"/run/user/{uid}/bus"))
+    )
     unit_dir = "/etc/systemd/system/" if uid == 0 else home + "/.config/systemd/user/"
-    facts = {"usable": usable, "scope": "system" if uid == 0 else "user", "uid": uid,
-             "unit_path": unit_dir + name + ".service", "process": None}
+    facts = {
+        "usable": usable,
+        "scope": "system" if uid == 0 else "user",
+        "uid": uid,
+        "unit_path": unit_dir + name + ".service",
+        "process": None,
+    }
     facts["unit_sha"] = sha(facts["unit_path"])
     if usable:
         ctl = ["systemctl"] if uid == 0 else ["systemctl", "--user"]
         env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{uid}"))
-        out = subprocess.run([*ctl, "show", "-p", "ActiveState,MainPID", name + ".service"],
-                             capture_output=True, text=True, env=env).stdout
+        out = subprocess.run(
+            [*ctl, "show", "-p", "ActiveState,MainPID", name + ".service"],
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
         props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         pid = int(props.get("MainPID") or 0)
         facts["active"] = props.get("ActiveState")
@@ -89,10 +101,17 @@ def read_json(path):
 def main(s):
     sup = supervised(s["pidfile"])
     systemd = systemd_facts(s["name"])
-    facts = {"supervisor_process": sup, "systemd": systemd, "state": read_json(s["state"]),
-             "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
-             "env_sha": sha(s["env_file"]), "supervisor_sha": sha(s["supervisor"]), "health": None,
-             "metrics": None, "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0}
+    facts = {
+        "supervisor_process": sup,
+        "systemd": systemd,
+        "state": read_json(s["state"]),
+        "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
+        "env_sha": sha(s["env_file"]),
+        "supervisor_sha": sha(s["supervisor"]),
+        "health": None,
+        "metrics": None,
+        "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0,
+    }
     if sup or systemd["process"]:
         facts["health"], error = get(s["health"], 1 << 16)
         if facts["health"] is None:

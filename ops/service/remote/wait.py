@@ -27,8 +27,12 @@ def current_pid(s):
         except (OSError, ValueError):
             return None
     env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.getuid()}"))
-    out = subprocess.run(s["systemctl"] + ["show", "-p", "MainPID", "--value", s["unit"]],
-                         capture_output=True, text=True, env=env).stdout.strip()
+    out = subprocess.run(
+        s["systemctl"] + ["show", "-p", "MainPID", "--value", s["unit"]],
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
     return int(out) if out.isdigit() and int(out) > 0 else None
 
 
@@ -93,8 +97,11 @@ def main(s):
             port = urllib.parse.urlsplit(s["url"]).port
             owner = port_owner(port, pid)  # noqa: F821 (from sockets.py)
             if owner:
-                done(False, error=f"port {port} answers, but not from the server we started (pid {pid}): "
-                                  f"it is held by {owner} (fix: stop that process, or set serve.port)")
+                done(
+                    False,
+                    error=f"port {port} answers, but not from the server we started (pid {pid}): "
+                    f"it is held by {owner} (fix: stop that process, or set serve.port)",
+                )
             healthy = healthy or round(time.monotonic() - START, 2)
             status, body = complete(s, pid, healthy)
         if time.monotonic() - START > s["timeout"]:
