@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,49 @@ from kernels.qk_rope import qk_rope_reference
 from kernels.rms_norm import rms_norm_reference
 from kernels.silu_mul import silu_mul_reference
 from kernels.skinny_matmul import skinny_matmul_reference
+
+Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
+
+
+class Backend(Protocol[Vis]):
+    """What the engine and the models call; `TorchBackend` (Vis = dense bool Tensor) and
+    `kernels.backend.TritonBackend` (Vis = `TreeVisibility` bitmasks) both satisfy it."""
+
+    name: str
+
+    def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
+
+    def rms_norm(
+        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]: ...
+
+    def qk_rope(
+        self, qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor,
+        positions: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: Tensor, n_heads: int,
+    ) -> Tensor: ...
+
+    def silu_mul(self, gate_up: Tensor) -> Tensor: ...
+
+    def tree_visibility(self, parents: Tensor, depth: Tensor) -> Vis: ...
+
+    def attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, visibility: Vis | None,
+        scale: float, key_bound: int | None = None, all_visible: bool = False, window: int | None = None,
+    ) -> Tensor: ...
+
+    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def tree_walk(
+        self, tokens: Tensor, parents: Tensor, logits: Tensor, temperature: float, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def compact(
+        self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
+    ) -> None: ...
+
+    def gdn_tree(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
 
 
 class TorchBackend:
@@ -203,7 +247,7 @@ def _ancestors(parents: Tensor) -> Tensor:
     return reach > 0
 
 
-def select_backend(device: torch.device) -> TorchBackend:
+def select_backend(device: torch.device) -> Backend[Any]:
     """The Triton backend on CUDA when the kernels package provides it, else the PyTorch one."""
     if torch.device(device).type == "cuda":
         try:

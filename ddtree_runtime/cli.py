@@ -17,11 +17,12 @@ import torch
 
 from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
-from ddtree_runtime.engine import MODES, Engine, GenerationError
+from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import MODES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -319,12 +319,12 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
 def check_pair(target_dir: Path, drafter_dir: Path) -> None:
     """Refuse a drafter that does not fit its target, with the `specops config lint` findings.
 
-    The lint (ops/drafter_config) is the one set of rules; running it here means a bad pair fails at
+    The lint (drafter_config) is the one set of rules; running it here means a bad pair fails at
     load time with a DFL code and a fix, never deep inside a matmul.
     """
-    from ops.drafter_config.findings import format_findings
-    from ops.drafter_config.lint import lint_pair
-    from ops.drafter_config.source import LintInputError
+    from drafter_config.findings import format_findings
+    from drafter_config.lint import lint_pair
+    from drafter_config.source import LintInputError
 
     try:
         report = lint_pair(str(drafter_dir), str(target_dir))

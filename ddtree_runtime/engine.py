@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddtree_runtime.backend import TorchBackend, select_backend
+from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
+from specops_contract import MODES
 
-MODES = ("ar", "dflash", "ddtree")
 # "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
 PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
 
@@ -162,7 +162,7 @@ class Engine:
         target: Qwen3 | Qwen3_5,
         drafter: DFlashDrafter | None,
         max_context: int,
-        backend: TorchBackend | None = None,
+        backend: Backend | None = None,
         graphs: bool | None = None,
     ) -> None:
         cfg = target.config

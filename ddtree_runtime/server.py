@@ -58,6 +58,7 @@ from ddtree_runtime.server_settings import (
 )
 from ddtree_runtime.server_worker import Job, QueueFull, Scheduler, Worker
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import verify_rows
 
 __all__ = ["add_arguments", "run"]  # what `ddtree_runtime.cli` wires into `serve`
 
@@ -426,7 +427,7 @@ def load(app: App) -> tuple[Engine, Tokenizer]:
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
     engine = Engine(target, drafter, max_context)
     block = drafter.config.block_size if drafter is not None else 2
-    rows = {"ar": 1, "dflash": block, "ddtree": s.budget + 1}[s.mode]
+    rows = verify_rows(s.mode, block, s.budget)
     warm_ids = tokenizer.encode("Hello, world") or [0]
     if len(warm_ids) + 2 * block + rows > max_context:
         raise SettingsError(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree_runtime.engine import MODES
+from specops_contract import MODES, SERVE_DEFAULTS
 
 ENV_PREFIX = "SPECOPS_SERVE_"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -33,10 +33,10 @@ class Settings:
 
     target: str
     drafter: str | None = None
-    mode: str = "ddtree"
-    budget: int = 64
-    host: str = "127.0.0.1"
-    port: int = 8000
+    mode: str = SERVE_DEFAULTS["mode"]
+    budget: int = SERVE_DEFAULTS["budget"]
+    host: str = SERVE_DEFAULTS["host"]
+    port: int = SERVE_DEFAULTS["port"]
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     dtype: str | None = None  # resolved by settings_from: bfloat16 on cuda, float32 on cpu
     max_context: int | None = None  # None: the target's max_position_embeddings, capped

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Sequence
 
 COMMAND_GROUPS = (
-    "ops.drafter_config.cli",
+    "drafter_config.cli",
     "ops.bench.cli",
 )
 

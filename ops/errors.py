@@ -2,24 +2,18 @@
 
 Every error a user can cause (a bad inventory, an unknown host key, a host that does not answer)
 is a `SpecopsError` whose ``str()`` is ONE line that names where the problem is and how to fix it,
-so the runner can print it next to the host name without a traceback.
+so the runner can print it next to the host name without a traceback. The base class and the
+did-you-mean hint live in ``specops_contract`` because the drafter lint, which the runtime also
+imports, raises them too.
 """
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable
 from pathlib import Path
 
+from specops_contract import SpecopsError, did_you_mean
 
-class SpecopsError(Exception):
-    """Base for user-facing failures; str() is one line with the fix."""
-
-
-def did_you_mean(word: object, choices: Iterable[str], otherwise: str | None = None) -> str | None:
-    """The hint for a misspelt name: "did you mean 'x'?" when a choice is close, else `otherwise`."""
-    close = difflib.get_close_matches(str(word), list(choices), n=1)
-    return f"did you mean '{close[0]}'?" if close else otherwise
+__all__ = ["HostKeyError", "HostUnreachable", "InputFileError", "SpecopsError", "did_you_mean"]
 
 
 def _one_line(text: str) -> str:

@@ -1,6 +1,6 @@
 """Inventory: hosts, groups and their variables, read from ``inventory.yaml``.
 
-Format (see DESIGN.md)::
+Format (see docs/architecture.md, "Inventory and playbooks")::
 
     defaults:   {<host field>: ..., vars: {...}}               lowest precedence
     groups:     {NAME: {hosts: [h, ...], vars: {...}, <host field>: ...}}   applied in file order

@@ -22,7 +22,7 @@ from ops.steps.base import ArgError
 from ops.yamlfile import line_of, load_yaml, read_source
 
 STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
-TOP_KEYS = ("name", "steps")
+TOP_KEYS = ("name", "steps", "lock")
 _WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\{\{|\}\}).)*)\}\}\s*$", re.S)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -56,6 +56,7 @@ class Playbook:
     path: Path
     name: str
     steps: tuple[StepSpec, ...] = ()
+    lock: bool = False  # take the host's lock (ops/hostlock.py) while it runs, unless --check
 
     @property
     def dir(self) -> Path:
@@ -93,7 +94,10 @@ def load_playbook(path: str | Path) -> Playbook:
                                  "give each registered result its own name")
         if spec.register:
             seen.add(spec.register)
-    return Playbook(path=path.resolve(), name=name, steps=specs)
+    lock = doc.get("lock", False)
+    if not isinstance(lock, bool):
+        raise InputFileError(path, line_of(doc, "lock", 1), f"'lock' must be true or false, got {lock!r}")
+    return Playbook(path=path.resolve(), name=name, steps=specs, lock=lock)
 
 
 def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
@@ -111,7 +115,7 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
         raise InputFileError(path, line, f"{where}: 'step' (the operation to run) is missing or not a string",
                              f"known steps: {', '.join(sorted(REGISTRY))}")
     try:
-        step_cls = get_step(step_name)
+        get_step(step_name)
     except KeyError as exc:
         raise InputFileError(path, line_of(raw, "step", line), f"{where}: unknown step '{step_name}'",
                              exc.args[0]) from None
@@ -127,18 +131,8 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
         args = {}
     if not isinstance(args, dict):
         raise fail("args", "'args' must be a mapping", "write 'args: {key: value}'")
-    for key, value in args.items():
-        arg_line = line_of(args, key, line)
-        if key not in step_cls.args:
-            raise InputFileError(path, arg_line, f"{where}: unknown argument '{key}' for step '{step_name}'",
-                                 _hint(key, step_cls.args) if step_cls.args else "this step takes no arguments")
-        _check_templates(path, arg_line, where, key, value)
-        if not _has_template(value):
-            try:
-                step_cls.args[key].check(key, value)
-            except ArgError as exc:
-                raise InputFileError(path, arg_line, f"{where}: {exc}", step_cls.args[key].help or None) from None
-    for key, spec in step_cls.args.items():
+    _check_step_args(path, line, where, step_name, args)
+    for key, spec in get_step(step_name).args.items():
         if spec.required and args.get(key) is None:
             raise fail("args", f"missing required argument '{key}' for step '{step_name}'", spec.help or None)
 
@@ -167,6 +161,22 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
         raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
     return StepSpec(index=index, name=label, step=step_name, args=dict(args), when=when, tags=tuple(tags),
                     register=register, retries=retries, ignore_errors=ignore_errors, line=line)
+
+
+def _check_step_args(path: Path, line: int, where: str, step_name: str, args: dict[str, Any]) -> None:
+    """Each argument is declared by the step, its templates compile, and a literal value converts."""
+    declared = get_step(step_name).args
+    for key, value in args.items():
+        arg_line = line_of(args, key, line)
+        if key not in declared:
+            raise InputFileError(path, arg_line, f"{where}: unknown argument '{key}' for step '{step_name}'",
+                                 _hint(key, declared) if declared else "this step takes no arguments")
+        _check_templates(path, arg_line, where, key, value)
+        if not _has_template(value):
+            try:
+                declared[key].check(key, value)
+            except ArgError as exc:
+                raise InputFileError(path, arg_line, f"{where}: {exc}", declared[key].help or None) from None
 
 
 def _has_template(value: Any) -> bool:

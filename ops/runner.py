@@ -14,6 +14,11 @@ is one per-host map (Fabric's GroupResult), written to ``results/<run-id>/summar
 ``results/latest`` is swapped atomically to the newest run; ``run.log`` beside the summary keeps
 every line, diff and failure. Everything shown or stored passes through one Redactor that knows
 every resolved secret of the run.
+
+A playbook with ``lock: true`` holds each host's lock (``ops/hostlock.py``) while it runs there.
+Ctrl-C (SIGINT) never cuts a step short: every host finishes the step in progress, skips the
+rest, and the summary says ``"interrupted": true`` (the interrupted hosts' status is
+``interrupted``); :func:`interrupted_message` says where each host stopped and how to continue.
 """
 
 from __future__ import annotations
@@ -21,28 +26,38 @@ from __future__ import annotations
 import json
 import os
 import secrets as _random
+import signal
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ops import hostlock
 from ops.connection import connect
 from ops.errors import SpecopsError
 from ops.inventory import Host
+from ops.layout import HostLayout
 from ops.output import Reporter
 from ops.playbook import Playbook, RenderError, StepSpec, evaluate_when, render
 from ops.redact import Redactor
 from ops.steps import get_step
 from ops.steps.base import Applied, ArgError, StepContext, StepFailed
 
+if TYPE_CHECKING:
+    from ops.bench.progress import BenchProgress
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
 DEFAULT_RESULTS = REPO_ROOT / "results"
 DEFAULT_FORKS = 8
 RETRY_DELAY = 1.0
+INTERRUPTED = "not run: interrupted (Ctrl-C)"
 
 
 @dataclass
@@ -92,7 +107,11 @@ class HostResult:
     def status(self) -> str:
         if self.failed:
             return "failed"
+        if self.interrupted:
+            return "interrupted"
         return "changed" if any(s.changed for s in self.steps) else "ok"
+
+    interrupted: bool = False
 
     def count(self, status: str) -> int:
         return sum(1 for s in self.steps if s.status == status)
@@ -107,6 +126,7 @@ class RunResult:
     check: bool
     hosts: dict[str, HostResult]
     run_dir: Path
+    interrupted: bool = False
 
     @property
     def changed(self) -> int:
@@ -118,7 +138,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and not self.interrupted
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -129,6 +149,7 @@ class RunResult:
                       for name, h in self.hosts.items()},
             "changed": self.changed,
             "failed": self.failed,
+            **({"interrupted": True} if self.interrupted else {}),  # the key only appears after Ctrl-C
         }
 
 
@@ -164,6 +185,26 @@ def point_latest(results_root: Path, run_id: str) -> None:
     os.replace(tmp, results_root / "latest")
 
 
+@dataclass(frozen=True)
+class RunWide:
+    """What every host's steps share in one run (the steps see it through their StepContext)."""
+
+    run_id: str
+    playbook: Playbook
+    check: bool
+    tags: set[str] | None
+    redactor: Redactor
+    reporter: Reporter
+    results_dir: Path
+    progress: BenchProgress | None
+    stop: threading.Event = field(default_factory=threading.Event)  # set by Ctrl-C
+
+    def context(self, host: Host, variables: dict[str, Any]) -> StepContext:
+        return StepContext(host=host, playbook_dir=self.playbook.dir, templates_dir=TEMPLATES_DIR,
+                           vars=dict(variables), check=self.check, run_dir=self.results_dir,
+                           reporter=self.reporter, progress=self.progress)
+
+
 def run_playbook(
     playbook: Playbook,
     hosts: list[Host],
@@ -174,8 +215,14 @@ def run_playbook(
     results_root: str | Path | None = None,
     redactor: Redactor | None = None,
     live: bool | None = None,
+    results_dir: Path | None = None,
+    progress: BenchProgress | None = None,
 ) -> RunResult:
-    """Run ``playbook`` on every host; never raises for a host's failure (see RunResult)."""
+    """Run ``playbook`` on every host; never raises for a host's failure (see RunResult).
+
+    ``results_dir`` is the steps' ``ctx.run_dir`` (default: this run's own directory; ``fab bench``
+    passes the run it measures into), ``progress`` their ``ctx.progress``.
+    """
     if forks < 1:
         raise SpecopsError(f"--forks must be at least 1, got {forks}")
     if not hosts:
@@ -190,16 +237,55 @@ def run_playbook(
                   redactor=redactor, live=live) as reporter:
         reporter.note(f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
                       + (" [check mode: nothing will be written]" if check else ""))
-        with ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host") as pool:
-            futures = {h.name: pool.submit(_run_host, h, playbook, check, tags, redactor, reporter)
-                       for h in hosts}
+        run = RunWide(run_id, playbook, check, tags, redactor, reporter, results_dir or run_dir, progress)
+        pool = ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host")
+        with hostlock.active(run_id), _interruptible(run.stop), pool:
+            futures = {h.name: pool.submit(_run_host, h, run) for h in hosts}
             for name, future in futures.items():
                 result.hosts[name] = future.result()
+        result.interrupted = run.stop.is_set()
         summary = _redacted(result.summary(), redactor)  # before encoding: JSON escapes could hide a secret
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         point_latest(root, run_id)
         reporter.close(result)
     return result
+
+
+class _interruptible:
+    """While a run is on, the first Ctrl-C asks every host to stop after its current step (a step
+    cut in half could leave a host with no server); later ones only say that it is stopping."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        again = self.stop.is_set()
+        self.stop.set()
+        os.write(2, b"\ninterrupted: " + (b"still " if again else b"") + b"finishing the step in progress on "
+                 b"each host, then stopping (the steps are not cut short)\n")
+
+    def __enter__(self) -> _interruptible:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def interrupted_message(result: RunResult) -> str:
+    """Where each host stopped after Ctrl-C, and how to continue."""
+    lines = [f"interrupted: run {result.run_id} stopped early (summary {result.run_dir / 'summary.json'})"]
+    for name, host in result.hosts.items():
+        done = [s for s in host.steps if s.message != INTERRUPTED]
+        left = [s.name for s in host.steps if s.message == INTERRUPTED]
+        last = f"after '{done[-1].name}' ({done[-1].status})" if done else "before its first step"
+        lines.append(f"  {name}: stopped {last}" + (f"; not run: {', '.join(left)}" if left else "; finished"))
+    lines.append(f"The hosts are as those steps left them. To continue, run the same command again "
+                 f"(playbook {result.playbook.name}): steps already done change nothing.")
+    return "\n".join(lines)
 
 
 def _redacted(value: Any, redactor: Redactor) -> Any:
@@ -212,8 +298,7 @@ def _redacted(value: Any, redactor: Redactor) -> Any:
     return value
 
 
-def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None, redactor: Redactor,
-              reporter: Reporter) -> HostResult:
+def _run_host(host: Host, run: RunWide) -> HostResult:
     """The whole playbook on one host; the first unignored failure skips the rest.
 
     Secrets are resolved first: a host whose secret cannot be resolved fails before any step runs,
@@ -222,39 +307,59 @@ def _run_host(host: Host, playbook: Playbook, check: bool, tags: set[str] | None
     """
     start = time.monotonic()
     outcome = HostResult(host.name)
+    reporter = run.reporter
     stage = "secrets"
     try:
-        secret_values = host.resolve_secrets(redactor)
+        secret_values = host.resolve_secrets(run.redactor)
         stage = "connect"
-        variables: dict[str, Any] = {**host.template_vars(), "secrets": secret_values, "check": check}
-        with connect(host, redactor=redactor) as conn:
-            for spec in playbook.steps:
+        variables: dict[str, Any] = {**host.template_vars(), "layout": HostLayout(host.base),
+                                     "secrets": secret_values, "check": run.check}
+        with connect(host, redactor=run.redactor) as conn, _host_lock(conn, host, run):
+            for spec in run.playbook.steps:
                 if outcome.failed:
                     step = StepResult(spec.name, spec.step, "skipped", False, "not run: an earlier step failed")
+                elif run.stop.is_set():
+                    outcome.interrupted = True
+                    step = StepResult(spec.name, spec.step, "skipped", False, INTERRUPTED)
                 else:
                     reporter.step_started(host.name, spec)
-                    step = _run_step(conn, host, spec, playbook, variables, check, tags, reporter)
-                    step.redact(redactor)
+                    step = _run_step(conn, host, spec, variables, run)
+                    step.redact(run.redactor)
                     if spec.register:
                         variables[spec.register] = outcome.registered[spec.register] = step.registered()
                 outcome.steps.append(step)
                 reporter.step_finished(host.name, spec, step)
-    except SpecopsError as exc:  # secrets or connection set-up, before any step could report it
-        outcome.steps.append(StepResult(stage, stage, "failed", False, str(exc)))
+    except SpecopsError as exc:  # secrets, connection set-up or the lock, before any step could report it
+        what = "lock" if isinstance(exc, hostlock.HostLocked) else stage
+        outcome.steps.append(StepResult(what, what, "failed", False, str(exc)))
         reporter.step_finished(host.name, None, outcome.steps[-1])
     except Exception as exc:  # a bug outside any step: this host fails, the run and its summary go on
         reporter.note(f"{host.name} | internal error:\n{traceback.format_exc()}")
         outcome.steps.append(StepResult(stage, stage, "failed", False,
-                                        redactor.redact(f"internal error: {type(exc).__name__}: {exc}")))
+                                        run.redactor.redact(f"internal error: {type(exc).__name__}: {exc}")))
         reporter.step_finished(host.name, None, outcome.steps[-1])
     outcome.duration = time.monotonic() - start
     reporter.host_finished(host.name, outcome)
     return outcome
 
 
-def _run_step(conn: Any, host: Host, spec: StepSpec, playbook: Playbook, variables: dict[str, Any],
-              check: bool, tags: set[str] | None, reporter: Reporter) -> StepResult:
+@contextmanager
+def _host_lock(conn: Any, host: Host, run: RunWide) -> Iterator[None]:
+    """The host's lock around a changing playbook (never under --check)."""
+    if not run.playbook.lock or run.check:
+        yield
+        return
+    mine = hostlock.acquire(conn, host.name, host.base, run.run_id)
+    try:
+        yield
+    finally:
+        with suppress(SpecopsError):  # a lost connection leaves a lock the next run finds stale
+            hostlock.release(conn, host.base, mine)
+
+
+def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], run: RunWide) -> StepResult:
     start = time.monotonic()
+    check, tags, reporter = run.check, run.tags, run.reporter
 
     def finish(status: str, changed: bool, message: str, **extra: Any) -> StepResult:
         ignored = status == "failed" and spec.ignore_errors
@@ -271,8 +376,7 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, playbook: Playbook, variabl
         args = step.check_args(render(spec.args, variables))
     except (RenderError, ArgError) as exc:
         return finish("failed", False, f"step '{spec.name}' on host '{host.name}': {exc}")
-    ctx = StepContext(host=host, playbook_dir=playbook.dir, templates_dir=TEMPLATES_DIR,
-                      vars=dict(variables), check=check)
+    ctx = run.context(host, variables)
     failure: StepResult | None = None
     for attempt in range(spec.retries + 1):
         if attempt:

@@ -34,6 +34,7 @@ from ops.runner import (
     DEFAULT_RESULTS,
     REPO_ROOT,
     RunResult,
+    interrupted_message,
     make_run_dir,
     new_run_id,
     point_latest,
@@ -81,7 +82,13 @@ def parse_forks(value: object) -> int:
     return forks
 
 
+INTERRUPTED_EXIT = 130  # the shell's code for a SIGINT
+
+
 def _finish(result: RunResult) -> None:
+    if result.interrupted:
+        print(interrupted_message(result), file=sys.stderr)
+        raise Exit(code=INTERRUPTED_EXIT)
     if not result.ok:
         raise Exit(code=1)
 
@@ -213,11 +220,11 @@ def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: boo
         hosts = load_inventory(inventory).select(limit)
         book = load_playbook(playbook)
         run_dir = bench_dir(Path(playbook), results, resume)
+        if extra_vars:
+            hosts = [dataclasses.replace(h, vars={**h.vars, **extra_vars}) for h in hosts]
         with BenchProgress(live=live) as progress:
-            hosts = [dataclasses.replace(h, vars={**h.vars, **(extra_vars or {}), "bench_run_dir": str(run_dir),
-                                                  "bench_progress": progress}) for h in hosts]
             result = run_playbook(book, hosts, check=check, forks=parse_forks(forks), results_root=run_dir / "runs",
-                                  live=False)
+                                  live=False, results_dir=run_dir, progress=progress)
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None

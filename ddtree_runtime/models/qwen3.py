@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
 
 
@@ -63,7 +63,7 @@ class MLP(nn.Module):
         self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: Tensor, backend: TorchBackend | None = None) -> Tensor:
+    def forward(self, x: Tensor, backend: Backend | None = None) -> Tensor:
         backend = backend or TorchBackend()
         if self.gate_up_proj is not None:
             gate_up = linear(self.gate_up_proj, x, backend)  # [T, 2I]
@@ -72,7 +72,7 @@ class MLP(nn.Module):
         return linear(self.down_proj, backend.silu_mul(gate_up), backend)
 
 
-def linear(layer: nn.Linear, x: Tensor, backend: TorchBackend) -> Tensor:
+def linear(layer: nn.Linear, x: Tensor, backend: Backend) -> Tensor:
     """`layer(x)` through the backend's matmul (a bandwidth-bound kernel for a few rows on CUDA)."""
     out = backend.linear(x, layer.weight)
     return out if layer.bias is None else out + layer.bias
@@ -113,7 +113,7 @@ class Attention(nn.Module):
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def qkv(self, x: Tensor, backend: TorchBackend) -> Tensor:
+    def qkv(self, x: Tensor, backend: Backend) -> Tensor:
         """x: [T, hidden] -> [T, (Hq + 2 Hkv) D]."""
         if self.qkv_proj is not None:
             return linear(self.qkv_proj, x, backend)
@@ -128,7 +128,7 @@ class Attention(nn.Module):
         k_cache: Tensor,
         v_cache: Tensor,
         context_len: Tensor,
-        backend: TorchBackend,
+        backend: Backend,
     ) -> Tensor:
         """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
         q = backend.qk_rope(
@@ -137,7 +137,7 @@ class Attention(nn.Module):
         )  # [T, Hq, D]
         return q.transpose(0, 1)
 
-    def output(self, attn: Tensor, backend: TorchBackend) -> Tensor:
+    def output(self, attn: Tensor, backend: Backend) -> Tensor:
         """attn [Hq, T, D] -> [T, hidden]."""
         return linear(self.o_proj, attn.transpose(0, 1).reshape(attn.shape[1], -1), backend)
 
@@ -217,7 +217,7 @@ class Qwen3(nn.Module):
         input_pos: Tensor,
         context_len: int | Tensor,
         visibility: object | None,
-        backend: TorchBackend,
+        backend: Backend,
         capture: bool = True,
         *,
         key_bound: int | None = None,
@@ -261,7 +261,7 @@ class Qwen3(nn.Module):
         return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
 
     def commit(
-        self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
+        self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: Backend, chain: bool
     ) -> None:
         """After a verify pass: the accepted K/V rows into place (a chain's already are)."""
         if not chain:

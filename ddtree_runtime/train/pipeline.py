@@ -185,8 +185,8 @@ def _sample_source(spec: RunSpec, out: Path):
 
 def lint_stage(target_dir: Path, drafter_dir: Path, out: Path) -> dict[str, object]:
     """`specops config lint` against the target; errors stop the run."""
-    from ops.drafter_config.findings import format_findings
-    from ops.drafter_config.lint import lint
+    from drafter_config.findings import format_findings
+    from drafter_config.lint import lint
 
     report = lint(str(drafter_dir), str(target_dir))
     extract.write_json(out / "lint.json", report.as_json())

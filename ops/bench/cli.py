@@ -1,6 +1,6 @@
 """``specops bench report|import``: the command-line face of the benchmark results tools.
 
-Why: DESIGN.md fixes these two commands as contracts (CI jobs and users script against them); this
+Why: docs/architecture.md fixes these two commands as contracts (CI jobs and users script against them); this
 module only parses arguments, calls the library and maps failures to one-line errors and exit codes:
 0 done, 2 unusable input (a bad or missing file, an invalid field).
 """

@@ -39,13 +39,10 @@ from urllib.parse import urlsplit
 from ops.bench.prompts import load_prompts
 from ops.bench.schema import SYSTEMS, BenchResult, Latency, acceptance_from_counters
 from ops.errors import SpecopsError
+from ops.service.metrics import label, samples
+from specops_contract import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS
 
-COUNTERS = {
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-}
-PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+COUNTERS = {SPEC_DRAFTS: "drafts", SPEC_DRAFT_TOKENS: "draft_tokens", SPEC_ACCEPTED: "accepted"}
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -58,33 +55,16 @@ def parse_spec_counters(text: str) -> dict[str, Any]:
     """Pure: the spec-decode counters summed over labels, ``per_pos`` by position; absent ones missing."""
     found: dict[str, Any] = {}
     per_pos: dict[int, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, labels = head.partition("{")
-        name = name.strip().removesuffix("_total")
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        if name == PER_POS:
-            position = _label(labels, "position")
+    for sample in samples(text):
+        if sample.name == SPEC_ACCEPTED_PER_POS:
+            position = label(sample.labels, "position")
             if position is not None and position.isdigit():
-                per_pos[int(position)] = per_pos.get(int(position), 0.0) + number
-        elif name in COUNTERS:
-            found[COUNTERS[name]] = found.get(COUNTERS[name], 0.0) + number
+                per_pos[int(position)] = per_pos.get(int(position), 0.0) + sample.value
+        elif sample.name in COUNTERS:
+            found[COUNTERS[sample.name]] = found.get(COUNTERS[sample.name], 0.0) + sample.value
     if per_pos:
         found["per_pos"] = per_pos
     return found
-
-
-def _label(labels: str, key: str) -> str | None:
-    for part in labels.rstrip("}").split(","):
-        k, _, v = part.partition("=")
-        if k.strip() == key:
-            return v.strip().strip('"')
-    return None
 
 
 @dataclass

@@ -46,8 +46,9 @@ from ops.bench.prompts import HF_PREFIX, HF_SYNTAX, parse_hf_spec, prompt_set_na
 from ops.bench.schema import SYSTEMS, BenchResult, cell_id_for, slug
 from ops.errors import InputFileError
 from ops.yamlfile import line_of, load_yaml, plain
+from specops_contract import MODES
 
-OUR_MODES = ("ar", "dflash", "ddtree")
+OUR_MODES = MODES
 FOREIGN_MODES = {"vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
                  "sglang": ("ar", "mtp", "eagle", "eagle3", "ngram", "dflash")}
 DEFAULT_TEMPLATES = {"vllm": "bench-vllm.argv.j2", "sglang": "bench-sglang.argv.j2"}

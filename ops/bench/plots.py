@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from drafter_config.store import LocalStore
 from ops.bench.schema import SYSTEMS, BenchResult
-from ops.drafter_config.store import LocalStore
 from ops.errors import SpecopsError
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from rich.table import Table
 
+from drafter_config.store import LocalStore
 from ops.bench.plots import write_plots
 from ops.bench.schema import SYSTEMS, BenchResult
 from ops.bench.store import find_results
-from ops.drafter_config.store import LocalStore
 from ops.errors import SpecopsError
 
 MODE_ORDER = ("ar", "dflash", "ddtree")

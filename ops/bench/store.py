@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from drafter_config.jsonpos import JsonSyntaxError, parse
+from drafter_config.store import LocalStore
 from ops.bench.schema import SCHEMA_ID, BenchResult, SchemaError, slug
-from ops.drafter_config.jsonpos import JsonSyntaxError, parse
-from ops.drafter_config.store import LocalStore
 from ops.errors import InputFileError, SpecopsError
 
 

@@ -16,6 +16,7 @@ import shlex
 from importlib import resources
 from typing import Any
 
+from ops.layout import HostLayout
 from ops.shell import quote
 
 QUERY_FIELDS = ("name", "compute_cap", "driver_version", "memory.total")
@@ -31,7 +32,7 @@ class FactError(ValueError):
 def host_command(base: str, python: str = "python3", venv: str | None = None) -> str:
     """Everything about the host in one round trip; each section ends with its exit code."""
     b = quote(base)
-    venv_python = quote(f"{venv or base + '/venv'}/bin/python")
+    venv_python = quote(f"{venv}/bin/python" if venv else HostLayout(base).python)
     sections = {
         "query": f"command -v nvidia-smi >/dev/null || exit {NOT_FOUND}; {QUERY}",
         "version": f"command -v nvidia-smi >/dev/null || exit {NOT_FOUND}; nvidia-smi --version",

@@ -13,12 +13,14 @@ Three phases, kept apart so that ``--check`` is honest and plans are testable as
    Facts are plain JSON-able data: they appear in the step-case test files.
 2. ``plan(facts, args, ctx) -> Plan`` is **pure** (no connection; it may read controller-side
    files such as a template source). It compares the facts with the wanted state and returns
-   either the changes to make -- :class:`Run` (a command) and :class:`Write` (a file, with its
-   unified diff) -- or ``Plan.noop("directory exists with mode 0755")``: a reason, never silence.
+   either the changes to make -- :class:`Run` (a command), :class:`Write` (a file, with its
+   unified diff) and :class:`Action` (work the controller drives, such as a benchmark session) --
+   or ``Plan.noop("directory exists with mode 0755")``: a reason, never silence.
    This is what ``--check`` prints, and what ``tests/ops/step_cases/<step>/*.yaml`` exercise.
-3. ``apply(conn, plan, ctx) -> Applied`` makes the changes. The default runs each ``Run`` in
-   order (a non-zero exit raises :class:`StepFailed` with the command and its stderr) and writes
-   each ``Write`` atomically; override it only when applying needs feedback (polling).
+3. ``apply(conn, plan, ctx) -> Applied`` makes the changes. Each change applies itself
+   (``change.apply(conn)``: a ``Run`` whose command exits non-zero raises :class:`StepFailed` with
+   the command and its stderr, a ``Write`` writes atomically); the default applies them in order.
+   Override it only when applying needs feedback (what a change returned, a rollback).
 
 "Changed" is mechanical: the runner reports ``changed`` iff apply executed at least one change
 (``Applied.changed``); at plan time, ``Plan.will_change`` is what ``--check`` reports.
@@ -46,8 +48,10 @@ Rules for step authors:
 - ``Plan.data`` / ``Applied.data`` (JSON-able dicts) are what ``register: NAME`` exposes to
   later steps as ``NAME.<key>``, next to ``NAME.status``, ``NAME.changed`` and ``NAME.message``.
 - Secrets never go on a command line: write them into a 0600 file with a :class:`Write`.
-- ``ctx.vars`` holds what templates see: the host's ``template_vars()``, ``secrets`` (the host's
-  resolved secrets, registered with the run's Redactor), ``check`` (bool) and registered results.
+- ``ctx.vars`` holds what templates see: the host's ``template_vars()``, ``layout`` (the host's
+  :class:`ops.layout.HostLayout`), ``secrets`` (the host's resolved secrets, registered with the
+  run's Redactor), ``check`` (bool) and registered results. Run-wide objects (``ctx.run_dir``,
+  ``ctx.reporter``, ``ctx.progress``) are attributes of the context, never variables.
   ``ctx.find_source(src)`` finds a controller file (absolute, beside the playbook, ``templates/``).
 - Raise :class:`StepFailed` (message, ``command=``, ``stderr=``) for anything the user must fix;
   the runner shows it with host and step, redacted. Helpers: :func:`check_result`,
@@ -66,8 +70,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from ops.errors import SpecopsError
 
 if TYPE_CHECKING:
+    from ops.bench.progress import BenchProgress
     from ops.connection import CommandResult, Connection
     from ops.inventory import Host
+    from ops.output import Reporter
 
 T = TypeVar("T")
 
@@ -130,6 +136,14 @@ def arguments(**specs: Arg) -> Mapping[str, Arg]:
     return MappingProxyType(specs)
 
 
+def check_args(specs: Mapping[str, Arg], raw: dict[str, Any]) -> dict[str, Any]:
+    """Rendered arguments -> typed values with the declared defaults; unknown names refused."""
+    unknown = sorted(set(raw) - set(specs))
+    if unknown:
+        raise ArgError(f"unknown argument '{unknown[0]}' (known: {', '.join(sorted(specs))})")
+    return {name: spec.check(name, raw.get(name)) for name, spec in specs.items()}
+
+
 def mode_arg(value: Any) -> str:
     """A file mode as four octal digits: "0755", "755", YAML ``0755`` and ``755`` all mean 0o755.
 
@@ -188,6 +202,10 @@ class Run:
     def describe(self) -> str:
         return f"run: {self.command}" + (f"  # {self.why}" if self.why else "")
 
+    def apply(self, conn: Connection) -> Any:
+        """Run the command; a non-zero exit raises StepFailed with the command and its stderr."""
+        check_result(conn.run(self.command, sudo=self.sudo, timeout=self.timeout))
+
 
 @dataclass(frozen=True)
 class Write:
@@ -203,8 +221,31 @@ class Write:
         mode = f" (mode {self.mode})" if self.mode else ""
         return f"write: {self.path}{mode}" + (f"  # {self.why}" if self.why else "")
 
+    def apply(self, conn: Connection) -> Any:
+        """Write the file atomically with its mode."""
+        try:
+            conn.write_bytes(self.path, self.data, int(self.mode, 8) if self.mode else None)
+        except OSError as exc:
+            raise StepFailed(f"cannot write {self.path}: {exc.strerror or exc} (does its directory "
+                             "exist? create it with a directory step first)") from None
 
-Change = Run | Write
+
+@dataclass(frozen=True)
+class Action:
+    """Work the controller drives on the host (a benchmark session, a sweep), which is no single
+    command: ``fn(conn)`` does it and returns what the step reports; ``summary`` is what --check shows."""
+
+    fn: Callable[[Connection], Any] = field(repr=False)
+    summary: str
+
+    def describe(self) -> str:
+        return self.summary
+
+    def apply(self, conn: Connection) -> Any:
+        return self.fn(conn)
+
+
+Change = Run | Write | Action
 
 
 @dataclass(frozen=True)
@@ -229,7 +270,7 @@ class Plan:
 
     @property
     def diff(self) -> str:
-        return "".join(c.diff for c in self.changes if isinstance(c, Write) and c.diff)
+        return "".join(getattr(c, "diff", "") for c in self.changes)
 
 
 @dataclass(frozen=True)
@@ -243,13 +284,22 @@ class Applied:
 
 @dataclass
 class StepContext:
-    """Per host and step: where the step looks for controller files, and the template variables."""
+    """Per host and step: where the step looks for controller files, the template variables, and
+    the run-wide objects (never host variables: playbooks stay plain data).
+
+    ``run_dir`` is where the run's results go on the controller (``results/<run-id>``; for
+    ``fab bench --resume`` the resumed run's), ``reporter`` the run's output, and ``progress`` the
+    benchmark display that ``fab bench``/``fab tune`` open (None otherwise).
+    """
 
     host: Host
     playbook_dir: Path
     templates_dir: Path
     vars: dict[str, Any]
     check: bool = False
+    run_dir: Path | None = None
+    reporter: Reporter | None = None
+    progress: BenchProgress | None = None
 
     def find_source(self, src: str) -> Path:
         """A controller-side file: absolute, else beside the playbook, else in ``templates/``."""
@@ -274,10 +324,7 @@ class Step:
 
     def check_args(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Rendered playbook arguments -> typed values (unknown names were refused at load)."""
-        unknown = sorted(set(raw) - set(self.args))
-        if unknown:
-            raise ArgError(f"unknown argument '{unknown[0]}' (known: {', '.join(sorted(self.args))})")
-        return {name: spec.check(name, raw.get(name)) for name, spec in self.args.items()}
+        return check_args(self.args, raw)
 
     def is_idempotent(self, args: dict[str, Any]) -> bool:
         """Whether a second run with these arguments is guaranteed to change nothing."""
@@ -290,17 +337,9 @@ class Step:
         raise NotImplementedError
 
     def apply(self, conn: Connection, plan: Plan, ctx: StepContext) -> Applied:
-        """Run every change in order; the first failing command stops the step."""
+        """Apply every change in order; the first failure stops the step."""
         for change in plan.changes:
-            if isinstance(change, Run):
-                result = conn.run(change.command, sudo=change.sudo, timeout=change.timeout)
-                check_result(result)
-            else:
-                try:
-                    conn.write_bytes(change.path, change.data, int(change.mode, 8) if change.mode else None)
-                except OSError as exc:
-                    raise StepFailed(f"cannot write {change.path}: {exc.strerror or exc} (does its directory "
-                                     "exist? create it with a directory step first)") from None
+            change.apply(conn)
         return Applied(bool(plan.changes), plan.reason, dict(plan.data))
 
 

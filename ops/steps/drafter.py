@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ops.drafter_config.findings import format_findings
-from ops.drafter_config.lint import lint, load_inputs
-from ops.drafter_config.patch import PatchRefused, backup_path, plan_patch
-from ops.drafter_config.serve import serve_from_vars
-from ops.drafter_config.source import InvalidJson
-from ops.drafter_config.spec import Spec, load_spec, shipped_specs
+from drafter_config.findings import format_findings
+from drafter_config.lint import lint, load_inputs
+from drafter_config.patch import PatchRefused, backup_path, plan_patch
+from drafter_config.serve import serve_from_vars
+from drafter_config.source import InvalidJson
+from drafter_config.spec import Spec, load_spec, shipped_specs
 from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, Write, arguments, register
 
 if TYPE_CHECKING:

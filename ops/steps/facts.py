@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ops.gpu.facts import FactError, parse_gpu_query
+from ops.layout import HostLayout
 from ops.shell import quote
 from ops.steps.base import Fact, Plan, Step, StepFailed, arguments, register
 
@@ -22,7 +23,7 @@ MARK = "=== specops:"
 
 def facts_command(base: str) -> str:
     """Everything in one round trip; every probe tolerates a missing tool."""
-    b = quote(base)
+    b, layout = quote(base), HostLayout(base)
     sections = {
         "os": "cat /etc/os-release 2>/dev/null; echo kernel=$(uname -r) arch=$(uname -m)",
         "cpu": "nproc 2>/dev/null; grep -m1 -E '^(model name|Model|Hardware)' /proc/cpuinfo 2>/dev/null",
@@ -36,8 +37,8 @@ def facts_command(base: str) -> str:
         ),
         "gpu": "nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total "
                "--format=csv,noheader 2>/dev/null || true",
-        "release": f"readlink {quote(base + '/current')} 2>/dev/null || true",
-        "venv": f"{quote(base + '/venv/bin/python')} -c 'import sys; print(sys.version.split()[0])' "
+        "release": f"readlink {quote(layout.link('current'))} 2>/dev/null || true",
+        "venv": f"{quote(layout.python)} -c 'import sys; print(sys.version.split()[0])' "
                 "2>/dev/null || true",
     }
     return "; ".join(f"echo '{MARK}{name}'; {{ {cmd}; }}" for name, cmd in sections.items())

@@ -16,6 +16,7 @@ from ops.gpu import facts as gpu_facts
 from ops.gpu.gather import gather_env, gather_host
 from ops.gpu.pins import ProfilePins, load_pins
 from ops.gpu.policy import PROFILES, check, profile_named, sm
+from ops.layout import HostLayout
 from ops.shell import join
 from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, arguments, register
 
@@ -36,7 +37,7 @@ def smoke_test_arg(value: Any) -> str:
 
 
 def venv_path(args: dict[str, Any], ctx: StepContext) -> str:
-    return args.get("venv") or f"{ctx.host.base}/venv"
+    return args.get("venv") or HostLayout(ctx.host.base).venv
 
 
 def pins_for(args: dict[str, Any], ctx: StepContext, profile: str) -> ProfilePins:
@@ -87,7 +88,7 @@ def model_bytes_needed(conn: Connection, base: str, models: list[dict[str, Any]]
     for model in models:
         if not isinstance(model, dict) or not isinstance(model.get("name"), str):
             continue
-        if conn.stat(f"{base}/models/{model['name']}/config.json") is None:
+        if conn.stat(f"{HostLayout(base).model(model['name'])}/config.json") is None:
             need += float(model.get("size_gb") or 0)
             names.append(model["name"])
     return need, names

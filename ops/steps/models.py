@@ -17,6 +17,7 @@ import posixpath
 import re
 from typing import Any
 
+from ops.layout import HostLayout
 from ops.shell import join, quote
 from ops.steps.base import Applied, Arg, Plan, Run, Step, StepFailed, Write, arguments, register
 from ops.steps.gpu import venv_path
@@ -107,9 +108,9 @@ class Models(Step):
     )
 
     def probe(self, conn, args, ctx):
-        base = ctx.host.base
-        checkpoints = {m["name"]: probe_checkpoint(conn, f"{base}/models/{m['name']}") for m in args["models"]}
-        token_file = args["token_file"] or f"{base}/run/hf.env"
+        layout = HostLayout(ctx.host.base)
+        checkpoints = {m["name"]: probe_checkpoint(conn, layout.model(m["name"])) for m in args["models"]}
+        token_file = args["token_file"] or layout.hf_env
         token_stat = conn.stat(token_file)
         token = None
         if token_stat is not None:
@@ -127,13 +128,13 @@ class Models(Step):
     def plan(self, facts, args, ctx):
         if not args["models"]:
             return Plan.noop("no models listed for this host")
-        base = ctx.host.base
+        layout = HostLayout(ctx.host.base)
         todo = [(m, missing) for m in args["models"]
                 if (missing := missing_files(**facts["checkpoints"][m["name"]]))]
         if not todo:
             return Plan.noop(f"{len(args['models'])} checkpoint(s) complete: "
                              + ", ".join(m["name"] for m in args["models"]))
-        token_file = args["token_file"] or f"{base}/run/hf.env"
+        token_file = args["token_file"] or layout.hf_env
         changes: list[Write | Run] = []
         token = ctx.vars.get("secrets", {}).get(args["token_env"]) or os.environ.get(args["token_env"])
         have = facts["token_file"]
@@ -153,7 +154,7 @@ class Models(Step):
                                  f"(fix: chmod 600 {token_file})")
             source = token_file
         for model, missing in todo:
-            directory = f"{base}/models/{model['name']}"
+            directory = layout.model(model["name"])
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
             changes.append(Run(download_command(facts["hf"], model, directory, source),
                                timeout=DOWNLOAD_TIMEOUT_S, why=f"{model['name']} lacks {shown}"))
@@ -165,7 +166,7 @@ class Models(Step):
         """Download, then check completeness again: an exit 0 with files missing is a failure."""
         super().apply(conn, plan, ctx)
         for name in plan.data["models"]:
-            missing = missing_files(**probe_checkpoint(conn, f"{ctx.host.base}/models/{name}"))
+            missing = missing_files(**probe_checkpoint(conn, HostLayout(ctx.host.base).model(name)))
             if missing:
                 raise StepFailed(f"model {name}: hf download finished but {', '.join(missing[:3])} is missing "
                                  "(fix: check the repo id, revision and include patterns)")

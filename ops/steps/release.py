@@ -26,6 +26,8 @@ import sys
 import sysconfig
 from typing import TYPE_CHECKING, Any
 
+from ops.layout import HostLayout
+from ops.service.releases import COMPLETE, layout_fact
 from ops.shell import join, quote
 from ops.steps.base import Arg, Fact, Plan, Run, Step, StepFailed, Write, arguments, register, str_list
 from ops.wheel import build_wheel
@@ -33,64 +35,14 @@ from ops.wheel import build_wheel
 if TYPE_CHECKING:
     from ops.connection import CommandResult
 
-COMPLETE = "COMPLETE"
 PTH_NAME = "specops.pth"
 CONTROLLER = "controller"
 
 
-def release_dir(base: str, release: str) -> str:
-    return f"{base}/releases/{release}"
-
-
-# ---------------------------------------------------------------- the layout fact
-def layout_fact(base: str) -> Fact[dict[str, Any]]:
-    """Complete releases (id -> mtime), and where ``current`` and ``previous`` point."""
-    command = (
-        f"b={quote(base)}; "
-        'echo "current=$(readlink "$b/current" 2>/dev/null)"; '
-        'echo "previous=$(readlink "$b/previous" 2>/dev/null)"; '
-        'for d in "$b"/releases/*/; do '
-        f'if [ -f "${{d}}{COMPLETE}" ]; then echo "release=$(stat -c %Y "$d") $(basename "$d")"; fi; '
-        "done; true"
-    )
-    return Fact(command, parse_layout)
-
-
-def parse_layout(result: CommandResult) -> dict[str, Any]:
-    """Pure parser of :func:`layout_fact`; a link's target ``releases/<id>`` becomes ``<id>``."""
-    if not result.ok:
-        raise StepFailed("cannot read the release layout", command=result.command, stderr=result.stderr)
-    layout: dict[str, Any] = {"current": None, "previous": None, "releases": {}}
-    for line in result.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key in ("current", "previous"):
-            layout[key] = value.strip().rstrip("/").rsplit("/", 1)[-1] or None
-        elif key == "release":
-            mtime, _, name = value.partition(" ")
-            layout["releases"][name] = int(mtime)
-    return layout
-
-
-def link_command(base: str, name: str, release: str | None) -> str:
-    """Point ``<base>/<name>`` at ``releases/<release>`` atomically (None removes the link)."""
-    link = f"{base}/{name}"
-    if release is None:
-        return join(["rm", "-f", "--", link])
-    tmp = f"{base}/.{name}.tmp"
-    return f"ln -sfn {quote('releases/' + release)} {quote(tmp)} && mv -T {quote(tmp)} {quote(link)}"
-
-
-def switch_commands(base: str, release: str, previous: str | None) -> list[Run]:
-    """``previous`` first: cut in between, both links still name complete releases."""
-    return [
-        Run(link_command(base, "previous", previous), why=f"previous -> {previous or 'none'}"),
-        Run(link_command(base, "current", release), why=f"current -> {release}"),
-    ]
-
-
 # ---------------------------------------------------------------- release
 def _release_state(base: str, release: str, wheel: str) -> Fact[dict[str, Any]]:
-    final, partial = quote(release_dir(base, release)), quote(f"{base}/releases/.partial-{release}")
+    layout = HostLayout(base)
+    final, partial = quote(layout.release(release)), quote(layout.partial(release))
     command = (
         f"if [ -f {final}/{COMPLETE} ]; then echo complete; cat {final}/{COMPLETE}; "
         f"elif [ -e {final} ]; then echo incomplete; else echo missing; fi; "
@@ -131,14 +83,14 @@ class Release(Step):
 
     def plan(self, facts, args, ctx):
         base, release, sha = args["base"], facts["release"], facts["sha256"]
-        final = release_dir(base, release)
+        final = HostLayout(base).release(release)
         data = {"release": release, "dir": final, "sha256": sha}
         if facts["state"] == "complete":
             return Plan.noop(
                 f"release {release} is installed (wheel sha256 {(facts['installed_sha256'] or '?')[:12]})",
                 **data,
             )
-        partial = f"{base}/releases/.partial-{release}"
+        partial = HostLayout(base).partial(release)
         wheel_name = facts["wheel"].rsplit("/", 1)[-1]
         changes: list[Run | Write] = [
             Run(join(["mkdir", "-p", "--", partial]), why="assemble the release here")
@@ -306,6 +258,6 @@ class ReleasePrune(Step):
         if not doomed:
             return Plan.noop(f"{len(facts['releases'])} release(s), keeping up to {args['keep']}")
         changes = [
-            Run(join(["rm", "-rf", "--", release_dir(args["base"], r)]), why="old release") for r in doomed
+            Run(join(["rm", "-rf", "--", HostLayout(args["base"]).release(r)]), why="old release") for r in doomed
         ]
         return Plan.of(changes, f"remove {len(doomed)} old release(s): {', '.join(doomed)}", removed=doomed)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.drafter_config.store import LocalStore
+from drafter_config.store import LocalStore
 from ops.shell import join, quote
 from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, Write, arguments, register
 from ops.steps.bench import progress_arg

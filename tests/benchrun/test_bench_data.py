@@ -10,14 +10,17 @@ from pathlib import Path
 import pytest
 
 from ops.bench.client import parse_spec_counters, spec_delta
+from ops.bench.hardware import parse_hardware
 from ops.bench.matrix import load_matrix
+from ops.bench.session import render_argv
+from ops.bench.tune import peaked
 from ops.connection import CommandResult
 from ops.errors import InputFileError
 from ops.inventory import parse_inventory
 from ops.runner import TEMPLATES_DIR
 from ops.steps import get_step
 from ops.steps.base import StepContext, StepFailed
-from ops.steps.bench import parse_hardware, parse_tuned, peaked, render_argv
+from ops.steps.bench import parse_tuned
 from ops.wheel import REPO_ROOT
 
 METRICS_BEFORE = """# TYPE vllm:spec_decode_num_drafts counter

@@ -1,10 +1,11 @@
 """The bench step on a real sshd host, without a deploy: a Hugging Face prompt set fetched on the
 host (once), and a vLLM-system entry reusing a server that already runs on its port.
 
-The release is the repository's own ``ops`` linked into ``<base>/releases/r1/site``. The already
-running server is our DDTree server on the tiny pair, started outside specops; it speaks the same
-API as vLLM. ``datasets`` is a stand-in for the third-party library (this machine has no internet):
-a module on the host python's path that serves rows from a local file and logs each call.
+The release is the repository's own ``ops`` (and ``specops_contract.py``) linked into
+``<base>/releases/r1/site``. The already running server is our DDTree server on the tiny pair,
+started outside specops; it speaks the same API as vLLM. ``datasets`` is a stand-in for the
+third-party library (this machine has no internet): a module on the host python's path that
+serves rows from a local file and logs each call.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def test_hf_prompts_fetched_once_and_a_running_server_reused(sshd_hosts, make_in
     site = h1.base / "releases" / "r1" / "site"
     site.mkdir(parents=True)
     (site / "ops").symlink_to(REPO_ROOT / "ops")
+    (site / "specops_contract.py").symlink_to(REPO_ROOT / "specops_contract.py")  # in every wheel beside ops
     (h1.base / "current").symlink_to("releases/r1")
     (tmp_path / "rows.json").write_text(json.dumps(ROWS))
     calls = tmp_path / "calls.jsonl"

@@ -14,10 +14,12 @@ import pytest
 
 from ops.connection import CommandResult
 from ops.inventory import Host
+from ops.service.backends import Preflight, Wait
+from ops.service.metrics import status_metrics as parse_metrics
+from ops.service.releases import parse_layout
 from ops.steps import get_step
 from ops.steps.base import ArgError, Plan, Run, StepContext, StepFailed, Write
-from ops.steps.release import parse_layout, releases_to_prune
-from ops.steps.service import Preflight, Wait, parse_metrics
+from ops.steps.release import releases_to_prune
 from ops.wheel import REPO_ROOT
 
 BASE = "/opt/specops"

@@ -15,7 +15,7 @@ import pytest
 from ops.wheel import base_version, build_wheel
 from tests.deploy.helpers import is_running, stop_servers
 
-SUPERVISOR = Path(__file__).resolve().parents[2] / "ops" / "supervisor.py"
+SUPERVISOR = Path(__file__).resolve().parents[2] / "ops" / "service" / "remote" / "supervisor.py"
 
 
 def test_wheel_is_named_by_commit_cached_and_marks_local_edits(checkout):
@@ -29,7 +29,7 @@ def test_wheel_is_named_by_commit_cached_and_marks_local_edits(checkout):
     assert wheel.version == f"{base_version(checkout.path)}+g{sha}" == wheel.release_id
     assert wheel.path.name == f"specops-{wheel.version}-py3-none-any.whl"
     names = zipfile.ZipFile(wheel.path).namelist()
-    assert "ddtree_runtime/tiny.py" in names and "ops/supervisor.py" in names
+    assert "ddtree_runtime/tiny.py" in names and "ops/service/remote/supervisor.py" in names
     again = build_wheel(checkout.path)
     assert again == wheel  # the cache: same file, same checksum
 

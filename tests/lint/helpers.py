@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ops.drafter_config import LintReport, lint, load_spec
-from ops.drafter_config.serve import load_serve_config
+from drafter_config import LintReport, lint, load_spec
+from drafter_config.serve import load_serve_config
 from tests.lint import corpus
 
 

@@ -1,6 +1,6 @@
 """The story's pair at its real shapes: Qwen/Qwen3.6-27B and z-lab/Qwen3.6-27B-DFlash.
 
-Configs carry the published values (see `ops/drafter_config/specs/qwen3.6-27b-dflash.yaml` for the
+Configs carry the published values (see `drafter_config/specs/qwen3.6-27b-dflash.yaml` for the
 sources); the drafter's ~3.5 GB of weights are a real safetensors header over a sparse hole, so
 the lint reads real shapes without anything being written to disk.
 """

@@ -106,7 +106,7 @@ def test_patch_refusal_exits_1(tmp_path):
 
 def test_the_runtime_api_imports_no_torch(tmp_path):
     d, t = _pair(tmp_path, mutated(Q3, dflash_config__mask_token_id=151645))
-    code = ("import sys; from ops.drafter_config import format_findings, lint_pair; "
+    code = ("import sys; from drafter_config import format_findings, lint_pair; "
             f"report = lint_pair({d!r}, {t!r}); print(len(report.errors), 'torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.stdout.split() == ["1", "False"], run.stderr

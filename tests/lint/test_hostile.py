@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from drafter_config import LintInputError, lint, load_spec, patch
+from drafter_config.store import LocalStore
 from ops.connection import connect
-from ops.drafter_config import LintInputError, lint, load_spec, patch
-from ops.drafter_config.store import LocalStore
 from ops.inventory import load_inventory
 from ops.runner import REPO_ROOT
 from ops.tasks import run_file

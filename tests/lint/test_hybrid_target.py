@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.drafter_config import CODES
+from drafter_config import CODES
 from tests.lint import corpus
 from tests.lint.corpus import DELETE, mutated
 from tests.lint.helpers import by_code, lint_case

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from ops.drafter_config import LintInputError, load_spec
-from ops.drafter_config.jsonpos import JsonSyntaxError, format_path, parse
-from ops.drafter_config.safetensors_header import read_weights
-from ops.drafter_config.serve import load_serve_config
-from ops.drafter_config.store import LocalStore
-from ops.drafter_config.target import load_target
-from ops.drafter_config.tokenizer import read_tokenizer
+from drafter_config import LintInputError, load_spec
+from drafter_config.jsonpos import JsonSyntaxError, format_path, parse
+from drafter_config.safetensors_header import read_weights
+from drafter_config.serve import load_serve_config
+from drafter_config.store import LocalStore
+from drafter_config.target import load_target
+from drafter_config.tokenizer import read_tokenizer
 from tests.lint import corpus
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.drafter_config import PatchRefused, lint, load_spec, patch
-from ops.drafter_config.store import LocalStore
+from drafter_config import PatchRefused, lint, load_spec, patch
+from drafter_config.store import LocalStore
 from tests.lint import corpus
 from tests.lint.corpus import DELETE, mutated
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ops.drafter_config import CODES
+from drafter_config import CODES
 from tests.lint import corpus
 from tests.lint.corpus import DELETE, mutated
 from tests.lint.helpers import by_code, lint_case
@@ -26,7 +26,7 @@ def test_good_corpus_is_clean(tmp_path):
 def test_sharded_checkpoint_with_index_is_clean(tmp_path):
     corpus.write_drafter(tmp_path / "drafter", Q3, shards=3)
     corpus.write_target(tmp_path / "target", corpus.qwen3_target())
-    from ops.drafter_config import lint
+    from drafter_config import lint
     report = lint(str(tmp_path / "drafter"), str(tmp_path / "target"))
     assert report.findings == []
 
@@ -111,7 +111,7 @@ def test_every_code_has_a_faulty_case():
 def test_invalid_json_reports_line_and_column(tmp_path):
     corpus.write_drafter(tmp_path / "drafter", Q3)
     (tmp_path / "drafter" / "config.json").write_text('{\n  "architectures": ["DFlashDraftModel"],\n}\n')
-    from ops.drafter_config import lint
+    from drafter_config import lint
     report = lint(str(tmp_path / "drafter"))
     (finding,) = report.findings
     assert (finding.code, finding.line, finding.col) == ("DFL001", 3, 1)
@@ -122,7 +122,7 @@ def test_invalid_target_json_is_dfl001_on_the_target(tmp_path):
     corpus.write_drafter(tmp_path / "drafter", Q3)
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text('{"num_hidden_layers": 8 "x": 1}')
-    from ops.drafter_config import lint
+    from drafter_config import lint
     report = lint(str(tmp_path / "drafter"), str(tmp_path / "target"))
     assert report.codes() == ["DFL001"] and report.findings[0].file.endswith("target/config.json")
 
@@ -146,7 +146,7 @@ def test_findings_point_at_the_offending_value(tmp_path):
 def test_corrupt_header_and_empty_directory(tmp_path):
     d = corpus.write_drafter(tmp_path / "drafter", Q3)
     (d / "model.safetensors").write_bytes((10**6).to_bytes(8, "little") + b"{}")
-    from ops.drafter_config import lint
+    from drafter_config import lint
     assert "truncated" in by_code(lint(str(d)), "DFL061")[0].message
     (d / "model.safetensors").unlink()
     assert "no *.safetensors" in by_code(lint(str(d)), "DFL061")[0].message
@@ -155,7 +155,7 @@ def test_corrupt_header_and_empty_directory(tmp_path):
 def test_index_naming_a_missing_shard(tmp_path):
     d = corpus.write_drafter(tmp_path / "drafter", Q3, shards=2)
     (d / "model-00002-of-00002.safetensors").unlink()
-    from ops.drafter_config import lint
+    from drafter_config import lint
     messages = [f.message for f in by_code(lint(str(d)), "DFL061")]
     assert any("listed in model.safetensors.index.json but missing" in m for m in messages)
     assert any("missing:" in m for m in messages)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from ops.drafter_config import lint
-from ops.drafter_config.store import LocalStore
+from drafter_config import lint
+from drafter_config.store import LocalStore
 from tests.lint import corpus
 
 SIZE = 50 * 1024**3

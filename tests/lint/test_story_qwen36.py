@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from ops.drafter_config import lint, load_spec, patch
-from ops.drafter_config.store import LocalStore
+from drafter_config import lint, load_spec, patch
+from drafter_config.store import LocalStore
 from tests.lint import qwen36
 from tests.lint.corpus import mutated
 
