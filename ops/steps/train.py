@@ -22,8 +22,19 @@ from typing import Any
 
 from drafter_config.store import LocalStore
 from ops.shell import join, quote
-from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, Write, arguments, register
-from ops.steps.bench import progress_arg
+from ops.steps.base import (
+    Applied,
+    Arg,
+    Fact,
+    Plan,
+    Run,
+    Step,
+    StepContext,
+    StepFailed,
+    Write,
+    arguments,
+    register,
+)
 from ops.steps.command import tail
 
 HOME_FILES = (
@@ -117,8 +128,6 @@ class TrainDrafter(Step):
         nproc=Arg(int, default=1, help="processes (GPUs) for torchrun"),
         timeout=Arg(float, default=7 * 24 * 3600.0, help="seconds before the step gives up waiting"),
         poll=Arg(float, default=5.0, help="seconds between log polls"),
-        results=Arg(str, help="controller folder for the results (fab train-drafter sets it)"),
-        progress=Arg(progress_arg, help="the run's progress display (fab train-drafter sets it)"),
     )
 
     def probe(self, conn, args, ctx):
@@ -173,8 +182,8 @@ class TrainDrafter(Step):
                         command=result.command,
                         stderr=result.stderr,
                     )
-        home = Path(args["results"]) / ctx.host.name if args["results"] else None
-        exit_code, log = self._watch(conn, args, ctx.host.name, home)
+        home = ctx.run_dir / ctx.host.name if ctx.run_dir is not None else None
+        exit_code, log = self._watch(conn, args, ctx, home)
         if exit_code != 0:
             raise StepFailed(
                 f"training run exited {exit_code} (the log is {args['out']}/train.log; rerun to resume)",
@@ -191,7 +200,7 @@ class TrainDrafter(Step):
         data = {"drafter": plan.data["drafter"], "summary": summary}
         return Applied(True, f"drafter in {plan.data['drafter']} (tau {tau})", data)
 
-    def _watch(self, conn, args: dict[str, Any], host: str, home: Path | None) -> tuple[int, str]:
+    def _watch(self, conn, args: dict[str, Any], ctx: StepContext, home: Path | None) -> tuple[int, str]:
         """Poll the log until exit_code appears; new lines go to the progress display and home."""
         log_path, code_path = (
             posixpath.join(args["out"], "train.log"),
@@ -206,9 +215,9 @@ class TrainDrafter(Step):
                 offset += len(raw_chunk)
                 chunk = raw_chunk.decode("utf-8", errors="replace")
                 text += chunk
-                if args["progress"] is not None:
+                if ctx.progress is not None:
                     for line in chunk.splitlines()[-3:]:
-                        args["progress"].note(host, line.strip())
+                        ctx.progress.note(ctx.host.name, line.strip())
                 if home is not None:
                     home.mkdir(parents=True, exist_ok=True)
                     with (home / "train.log").open("a", encoding="utf-8") as fh:
