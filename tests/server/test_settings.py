@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_runtime.server_settings import SettingsError, add_arguments, settings_from
+from ddtree_runtime.server.settings import SettingsError, add_arguments, settings_from
 from tests.server.client import SECRET, Server
 from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
 
