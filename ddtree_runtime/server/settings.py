@@ -188,4 +188,5 @@ def _budgets(raw: str | None, default: int) -> tuple[int, ...]:
     if not budgets:
         raise SettingsError(
             f"--budgets: {raw!r} is not a comma-separated list of integers (fix: e.g. --budgets 16,64,256)"
-        ) from None
+        )
+    return budgets
