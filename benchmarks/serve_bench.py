@@ -11,7 +11,8 @@ Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`),
 3. a non-streamed request dropped mid-generation: the time until `/metrics` shows the engine free,
    in rounds (the mean inter-round time from `vllm:inter_token_latency_seconds`); goal: one round.
 
-Both sides use their defaults for CPU threads (the CLI: torch's; the server: every core but one).
+Direct runs twice per turn: with torch's default CPU threads (what the `generate` CLI uses) and with
+the server's default (every core but one, `--threads`).
 
     PYTHONPATH=. .venv/bin/python benchmarks/serve_bench.py [--pair DIR] [--runs 15] [--clients 16]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -38,6 +40,21 @@ from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
 PROMPT, TOKENS, BUDGET, MAX_CONTEXT = "the city", 64, 16, 4096
+PROBE = """
+import http.client, json, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+time.sleep(1.0)  # let the queue fill
+conn, out, end = http.client.HTTPConnection("127.0.0.1", port, timeout=60), [], time.monotonic() + seconds
+while time.monotonic() < end:
+    began = time.perf_counter()
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200, resp.status
+    out.append(time.perf_counter() - began)
+    time.sleep(0.02)
+print(json.dumps(out))
+"""
 
 
 def free_port() -> int:
@@ -80,17 +97,24 @@ def served_tokens_per_s(client: httpx.Client, mode: str) -> float:
 
 
 def compare(engine: Engine, ids: list[int], client: httpx.Client, runs: int) -> None:
-    print(f"{'mode':8} {'direct tok/s':>13} {'served tok/s':>13} {'served/direct':>14}")
+    """Direct with torch's default threads (what `generate` uses) and with the server's count."""
+    default, served_threads = torch.get_num_threads(), max(1, len(os.sched_getaffinity(0)) - 1)
+    print(f"{'mode':8} {f'direct {default} thr':>14} {f'direct {served_threads} thr':>14} "
+          f"{'served':>8} {'served/direct':>14} {'served/direct same thr':>23}")  # fmt: skip
     for mode in MODES:
-        direct, served = [], []
-        engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())  # warm
-        served_tokens_per_s(client, mode)
-        for _ in range(runs):  # alternate, so both sides see the same machine load
-            r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
-            direct.append(r.tokens_per_s)
+        direct: dict[int, list[float]] = {default: [], served_threads: []}
+        served = []
+        served_tokens_per_s(client, mode)  # warm
+        for _ in range(runs):  # alternate, so every side sees the same machine load
+            for threads, tps in direct.items():
+                torch.set_num_threads(threads)
+                engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=8, eos_ids=())
+                r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
+                tps.append(r.tokens_per_s)
             served.append(served_tokens_per_s(client, mode))
-        d, s = statistics.median(direct), statistics.median(served)
-        print(f"{mode:8} {d:13.0f} {s:13.0f} {s / d:13.2f}x", flush=True)
+        d, d1, s = (statistics.median(x) for x in (direct[default], direct[served_threads], served))
+        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {s / d:13.2f}x {s / d1:22.2f}x", flush=True)
+    torch.set_num_threads(default)
 
 
 def metric(text: str, name: str) -> float:
@@ -110,19 +134,15 @@ async def health_under_load(base: str, clients: int, seconds: float) -> None:
                     pass
             streamed += 1
 
-    latencies: list[float] = []
-
-    async def prober(client: httpx.AsyncClient) -> None:
-        await asyncio.sleep(1.0)  # let the queue fill
-        while time.monotonic() < stop:
-            began = time.perf_counter()
-            assert (await client.get("/health")).status_code == 200
-            latencies.append(time.perf_counter() - began)
-            await asyncio.sleep(0.02)
-
-    limits = httpx.Limits(max_connections=clients + 2)
+    # the prober is a process of its own: in this one it would wait on this loop and its GIL
+    port = int(base.rsplit(":", 1)[1])
+    prober = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PROBE, str(port), str(seconds - 1.0), stdout=asyncio.subprocess.PIPE
+    )
+    limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
-        await asyncio.gather(prober(client), *(streamer(client) for _ in range(clients)))
+        await asyncio.gather(*(streamer(client) for _ in range(clients)))
+    latencies = json.loads((await prober.communicate())[0])
     q = statistics.quantiles(latencies, n=100)
     print(
         f"/health under {clients} streaming clients for {seconds:.0f} s ({streamed} streams done): "

@@ -44,6 +44,7 @@ from ddtree_runtime.tokenizer import Tokenizer
 # generation_config.json keys vLLM applies as request defaults, and their no-op values
 GENERATION_KEYS = {"temperature": None, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 APPLIED = ("temperature", "top_p")
+SWITCH_S = 0.001
 
 
 class _Server(uvicorn.Server):
@@ -215,6 +216,10 @@ def run(args: argparse.Namespace) -> int:
     st = State(settings, log, _version())
     try:
         sock = socket.create_server((settings.host, settings.port), backlog=1024)
+        # accepted connections inherit it: a response's head and body go out without waiting for
+        # the client's delayed ACK (40 ms per keep-alive request otherwise; asyncio only sets it on
+        # sockets it created itself)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as e:
         print(
             f"error: cannot listen on {settings.host}:{settings.port}: {e.strerror} "
@@ -240,4 +245,7 @@ def run(args: argparse.Namespace) -> int:
         max_context=settings.max_context,
         queue_size=settings.queue_size,
     )
+    # the engine thread runs Python between torch ops; hand the GIL to the HTTP loop within 1 ms
+    # (not Python's 5 ms), or every /health under load waits several switch intervals
+    sys.setswitchinterval(SWITCH_S)
     return asyncio.run(serve(st, sock))
