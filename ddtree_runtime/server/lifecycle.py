@@ -163,6 +163,7 @@ async def serve(st: State, sock: socket.socket) -> int:
         log_config=None,
         access_log=False,
         lifespan="off",
+        http="h11",  # uvicorn's httptools protocol frames streams to HTTP/1.0 clients as chunked
         timeout_keep_alive=60,
         timeout_graceful_shutdown=5,
         server_header=False,
