@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import socket
@@ -152,27 +153,42 @@ async def health_under_load(base: str, clients: int, seconds: float) -> None:
     )
 
 
-async def drop_frees(base: str) -> None:
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": "ar"}
-    async with httpx.AsyncClient(base_url=base, timeout=120) as probe:
-        dropper = httpx.AsyncClient(base_url=base, timeout=120)
-        task = asyncio.create_task(dropper.post("/v1/completions", json=body))
-        while metric((await probe.get("/metrics")).text, "vllm:num_requests_running") != 1:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.2)  # tokens are flowing
-        task.cancel()
-        await dropper.aclose()  # the connection closes: the server sees the client gone
-        dropped = time.perf_counter()
-        while metric((await probe.get("/metrics")).text, "vllm:num_requests_running") != 0:
-            await asyncio.sleep(0.001)
-        freed = time.perf_counter() - dropped
-        text = (await probe.get("/metrics")).text
-    itl = metric(text, "vllm:inter_token_latency_seconds_sum") / metric(
-        text, "vllm:inter_token_latency_seconds_count"
+def drop_frees(port: int, mode: str, log: Path) -> None:
+    """A raw socket sends a long non-streamed ar request and closes mid-generation; a keep-alive
+    connection polls /metrics until the engine is free; the rounds' own gaps give the round time."""
+    body = json.dumps(
+        {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": "ar"}
     )
+    probe = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def scrape() -> str:
+        probe.request("GET", "/metrics")
+        return probe.getresponse().read().decode()
+
+    itl = "vllm:inter_token_latency_seconds"
+    before = scrape()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        while metric(scrape(), "vllm:num_requests_running") != 1:
+            pass
+        time.sleep(0.2)  # tokens are flowing
+    dropped = time.perf_counter()  # the socket is closed
+    polls = 0
+    while metric(text := scrape(), "vllm:num_requests_running") != 0:
+        polls += 1
+    freed = time.perf_counter() - dropped
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    cancelled = [e for e in events if e["event"] == "cancelled"]
+    engine_s = cancelled[-1]["engine_freed_after_s"]
+    rounds = metric(text, f"{itl}_count") - metric(before, f"{itl}_count")
+    round_s = (metric(text, f"{itl}_sum") - metric(before, f"{itl}_sum")) / rounds
     print(
-        f"dropped non-streamed request: engine free {freed * 1e3:.1f} ms after the client closed "
-        f"(mean round {itl * 1e3:.1f} ms incl. other modes; the probe's own scrape takes part of it)",
+        f"dropped non-streamed {mode} request: engine free {freed * 1e3:.1f} ms after the close "
+        f"({polls} scrapes in between); server log: engine free {engine_s * 1e3:.2f} ms after it saw the "
+        f"client gone; its rounds took {round_s * 1e3:.2f} ms each: {engine_s / round_s:.2f} rounds",
         flush=True,
     )
 
@@ -199,7 +215,8 @@ def main() -> None:
             wait_ready(client, proc, log)
             compare(engine, ids, client, args.runs)
         asyncio.run(health_under_load(base, args.clients, args.seconds))
-        asyncio.run(drop_frees(base))
+        for mode in ("ar", "ddtree"):
+            drop_frees(port, mode, log)
     finally:
         proc.terminate()
         proc.wait(60)

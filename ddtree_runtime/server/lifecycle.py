@@ -187,6 +187,7 @@ async def serve(st: State, sock: socket.socket) -> int:
         st.metrics,
         st.tokenizer.decode,
         lambda mode, budget: budget if mode == "ddtree" else limits.block_size - 1,
+        st.log,
     )
     worker.start()
     if not stopping.is_set():

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol import APIError, Request
 
@@ -39,6 +40,7 @@ class Job:
     started: float | None = None
     first_token: float | None = None
     tokens: int = 0  # generated so far (the engine thread counts them)
+    cancelled_at: float | None = None  # when its client was found gone (or the drain ran out)
 
     def put(self, event: tuple[str, Any]) -> None:
         """From any thread: hand an event to the handler on the event loop."""
@@ -72,6 +74,7 @@ class Scheduler:
         """Cancel a job (its client left): out of the queue at once, or, if it is running, stopped at
         the end of its current round. False if it had already started."""
         with self.cond:
+            job.cancelled_at = job.cancelled_at or time.perf_counter()
             job.cancelled.set()
             try:
                 self.waiting.remove(job)
@@ -118,10 +121,12 @@ class Worker(threading.Thread):
         metrics: Metrics,
         decode: Callable[[list[int]], str],
         draft_tokens: Callable[[str, int], int],
+        log: EventLog,
     ) -> None:
         super().__init__(name="engine", daemon=True)
         self.engine, self.scheduler, self.metrics, self.decode = engine, scheduler, metrics, decode
         self.draft_tokens = draft_tokens  # (mode, budget) -> draft tokens verified per round
+        self.log = log
         self.eos = tuple(engine.target.config.eos_token_ids)
         self.stop = threading.Event()
 
@@ -135,7 +140,16 @@ class Worker(threading.Thread):
             finally:
                 self.metrics.kv_usage.set(0)
                 self.scheduler.finish()
+                freed = time.perf_counter()
             job.put(outcome)  # after finish(): whoever sees "done" sees the engine free
+            if job.cancelled_at is not None and job.started is not None and job.started < job.cancelled_at:
+                # a running job was cancelled: how long its last round kept the engine after that
+                self.log.write(
+                    "cancelled",
+                    job=job.number,
+                    tokens=job.tokens,
+                    engine_freed_after_s=round(freed - job.cancelled_at, 6),
+                )
 
     def serve(self, job: Job) -> tuple[str, Any]:
         """Run one job; ("done", GenerationResult) or ("error", APIError)."""

@@ -116,6 +116,9 @@ def test_dropped_non_streamed_request_frees_the_engine(small_server: Server) -> 
     log = [json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{")]
     record = next(e for e in reversed(log) if e.get("max_tokens") == LONG)
     assert record["status"] == 499 and record["finish_reason"] == "abort" and record["disconnected"]
+    cancelled = next(e for e in log if e["event"] == "cancelled" and e["job"] == record["job"])
+    # the engine stops at the end of the round it was in: at most one round's tokens after the abort
+    assert 0 <= cancelled["tokens"] - record["completion_tokens"] <= 1  # ar: one token per round
 
 
 def test_sigterm_drains_in_flight_requests_then_exits(small_server: Server) -> None:
