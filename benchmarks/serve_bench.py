@@ -167,6 +167,7 @@ def drop_frees(port: int, mode: str, log: Path) -> None:
 
     itl = "vllm:inter_token_latency_seconds"
     before = scrape()
+    seen = log.read_text().count('"event": "cancelled"')
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -180,8 +181,11 @@ def drop_frees(port: int, mode: str, log: Path) -> None:
     while metric(text := scrape(), "vllm:num_requests_running") != 0:
         polls += 1
     freed = time.perf_counter() - dropped
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    cancelled = [e for e in events if e["event"] == "cancelled"]
+    cancelled: list[dict[str, float]] = []
+    while len(cancelled) < seen + 1:  # the worker logs just after it frees the engine
+        lines = log.read_text().splitlines()
+        cancelled = [e for e in map(json.loads, filter(None, lines)) if e["event"] == "cancelled"]
+        time.sleep(0.01)
     engine_s = cancelled[-1]["engine_freed_after_s"]
     rounds = metric(text, f"{itl}_count") - metric(before, f"{itl}_count")
     round_s = (metric(text, f"{itl}_sum") - metric(before, f"{itl}_sum")) / rounds
