@@ -147,7 +147,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"),
         modes=_modes(modes, s.mode),
         budgets=_budgets(budgets, s.budget),
-        threads=s.threads or max(1, len(os.sched_getaffinity(0)) - 1),
+        threads=max(1, len(os.sched_getaffinity(0)) - 1) if s.threads is None else s.threads,
     )
     checks = [
         (s.mode in MODES, "mode", f"one of {', '.join(MODES)}"),
