@@ -69,7 +69,13 @@ def test_stop_token_ids_end_generation_at_that_token(main_server: Server, launch
     stop_id = ids[4]
     cut = ids.index(stop_id) + 1  # the first time it comes
     for stream in (False, True):
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "stop_token_ids": [stop_id], "stream": stream}
+        body = {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "stop_token_ids": [stop_id],
+            "stream": stream,
+        }
         status, _, raw = main_server.request("POST", C, body)
         assert status == 200
         if stream:
@@ -171,7 +177,9 @@ def test_http_details(main_server: Server) -> None:
     assert chunked.startswith(b"HTTP/1.1 200"), chunked[:200]
     assert json.loads(chunked.split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"] == 3
     for method in (b"HEAD", b"OPTIONS", b"DELETE", b"PUT"):
-        reply = _raw(main_server, method + b" /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = _raw(
+            main_server, method + b" /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
         assert reply.startswith(b"HTTP/1.1 405"), (method, reply[:100])
         assert b"allow: post" in reply.lower()
     stream = json.dumps({"model": MODEL, "prompt": "the city", "max_tokens": 3, "stream": True}).encode()
@@ -199,7 +207,10 @@ def test_every_mode_and_budget_per_request_gives_the_ar_text(main_server: Server
     for extra in ({"mode": "dflash"}, {"mode": "ddtree", "budget": 8}, {"ddtree": {"budget": 16}}, {}):
         status, out = main_server.post(C, {**base, **extra})
         assert status == 200 and out["choices"][0]["text"] == want, extra
-    assert main_server.metrics()["vllm:spec_decode_num_drafts_total"] > before["vllm:spec_decode_num_drafts_total"]
+    assert (
+        main_server.metrics()["vllm:spec_decode_num_drafts_total"]
+        > before["vllm:spec_decode_num_drafts_total"]
+    )
     records = [e for e in _log(main_server) if e.get("path") == C and e.get("status") == 200][-4:]
     assert [(r["mode"], r.get("budget")) for r in records] == [
         ("dflash", None), ("ddtree", 8), ("ddtree", 16), ("ddtree", BUDGET)
