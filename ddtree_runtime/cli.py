@@ -1,5 +1,5 @@
 """`python -m ddtree_runtime generate|bench|serve|tiny`: one generation, an offline decode benchmark,
-the HTTP server (whose flags and loop live in `server.py`), or the tiny demo pair's writer.
+the HTTP server (whose flags and loop live in `server/`), or the tiny demo pair's writer.
 
 Both load the pair once (refusing a drafter that does not fit, with the lint's findings), size the
 caches for the request, and print the engine's statistics; `bench` prints one JSON object per run.
@@ -64,7 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     tiny = sub.add_parser("tiny", help="write the tiny fitted demo pair (no download) and print its paths")
     tiny.add_argument("--out", required=True, help="directory for target/ and drafter/ (kept if complete)")
     tiny.add_argument("--seed", type=int, default=0)
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server.py)")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server/)")
     server.add_arguments(serve)
     return parser.parse_args(argv)
 

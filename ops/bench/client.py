@@ -1,8 +1,8 @@
 """Our load generator: streamed ``/v1/completions`` against any OpenAI-compatible server.
 
-Why our own: the same client must measure our DDTree server, vLLM and SGLang identically, run on a
-bare GPU host with nothing but the standard library (asyncio streams speak HTTP/1.1 here, so a
-host venv needs no aiohttp), and read speculation where it is counted: the server's ``/metrics``
+Why our own: the same client must measure our DDTree server, vLLM and SGLang identically (over
+httpx, pooled keep-alive connections, as vLLM's own benchmark uses aiohttp), and read speculation
+where it is counted: the server's ``/metrics``
 (vLLM's ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
 ``..._per_pos``, with or without Prometheus' ``_total``), scraped before and after the measured
 phase. The deltas give tau = 1 + accepted / drafts and the acceptance rate; warm-up requests run
@@ -30,11 +30,13 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 from ops.bench.prompts import load_prompts
 from ops.bench.schema import SYSTEMS, BenchResult, Latency, acceptance_from_counters
@@ -100,69 +102,28 @@ def spec_delta(before: dict[str, Any], after: dict[str, Any]) -> SpecDelta:
     return delta
 
 
-# ---------------------------------------------------------------- HTTP/1.1 over asyncio streams
+# ---------------------------------------------------------------- HTTP through httpx
 @dataclass(frozen=True)
 class Endpoint:
-    host: str
-    port: int
-    prefix: str
+    base: str  # http://HOST:PORT[/prefix]
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise BenchError(f"--url {url!r}: expected http://HOST:PORT (the server on this host)")
-        return cls(parts.hostname, parts.port or 80, parts.path.rstrip("/"))
+        return cls(url.rstrip("/"))
+
+    def client(self, connections: int = 4) -> httpx.AsyncClient:
+        """One pooled client for a whole measurement (keep-alive, as vLLM's benchmark uses aiohttp)."""
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(base_url=self.base, timeout=REQUEST_TIMEOUT_S, limits=limits)
 
 
-async def _open(ep: Endpoint, method: str, path: str, body: bytes | None
-                ) -> tuple[int, AsyncIterator[bytes], asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection(ep.host, ep.port)
-    head = [f"{method} {ep.prefix}{path} HTTP/1.1", f"Host: {ep.host}:{ep.port}", "Connection: close",
-            "Accept: */*"]
-    if body is not None:
-        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + (body or b""))
-    await writer.drain()
-    status_line = await reader.readline()
-    try:
-        status = int(status_line.split()[1])
-    except (IndexError, ValueError):
-        writer.close()
-        raise BenchError(f"{method} {path}: not an HTTP answer: {status_line[:80]!r}") from None
-    headers: dict[str, str] = {}
-    while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-        key, _, value = line.decode("latin-1").partition(":")
-        headers[key.strip().lower()] = value.strip()
-
-    async def pieces() -> AsyncIterator[bytes]:
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            while True:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    return
-                yield await reader.readexactly(size)
-                await reader.readexactly(2)
-        left = int(headers["content-length"]) if "content-length" in headers else None
-        while left is None or left > 0:
-            data = await reader.read(1 << 16 if left is None else min(left, 1 << 16))
-            if not data:
-                return
-            if left is not None:
-                left -= len(data)
-            yield data
-
-    return status, pieces(), writer
-
-
-async def fetch(ep: Endpoint, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
+async def fetch(client: httpx.AsyncClient, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
     """One whole request; returns (status, body text)."""
-    data = None if body is None else json.dumps(body).encode()
-    status, pieces, writer = await _open(ep, "GET" if body is None else "POST", path, data)
-    try:
-        return status, b"".join([p async for p in pieces]).decode("utf-8", "replace")
-    finally:
-        writer.close()
+    resp = await (client.get(path) if body is None else client.post(path, json=body))
+    return resp.status_code, resp.text
 
 
 # ---------------------------------------------------------------- one streamed request
@@ -179,17 +140,17 @@ class Sample:
     error: str | None = None
 
 
-async def stream_completion(ep: Endpoint, payload: dict[str, Any]) -> Sample:
+async def stream_completion(client: httpx.AsyncClient, payload: dict[str, Any]) -> Sample:
     """POST a streamed completion; time every text chunk; read ``usage`` from the last event."""
     sample = Sample()
     start = time.perf_counter()
     last = None
-    status, pieces, writer = await _open(ep, "POST", "/v1/completions", json.dumps(payload).encode())
-    try:
-        if status != 200:
-            text = b"".join([p async for p in pieces]).decode("utf-8", "replace")
-            sample.error = f"status {status}: {text[:300]}"
+    async with client.stream("POST", "/v1/completions", json=payload) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode("utf-8", "replace")
+            sample.error = f"status {resp.status_code}: {text[:300]}"
             return sample
+        pieces = resp.aiter_bytes()
         buffer = b""
         async for piece in pieces:
             buffer += piece
@@ -217,8 +178,6 @@ async def stream_completion(ep: Endpoint, payload: dict[str, Any]) -> Sample:
                     else:
                         sample.itl_s.append(now - last)
                     last = now
-    finally:
-        writer.close()
     sample.e2el_s = time.perf_counter() - start
     if sample.output_tokens is None and sample.error is None:
         sample.output_tokens = sample.chunks  # a server without include_usage: one token per chunk
@@ -248,16 +207,16 @@ class Measured:
     finished_at: str
 
 
-async def model_id(ep: Endpoint) -> str:
-    status, text = await fetch(ep, "/v1/models")
+async def model_id(client: httpx.AsyncClient) -> str:
+    status, text = await fetch(client, "/v1/models")
     try:
         return json.loads(text)["data"][0]["id"]
     except (ValueError, KeyError, IndexError, TypeError):
         raise BenchError(f"/v1/models answered {status} without a model id: {text[:200]}") from None
 
 
-async def scrape(ep: Endpoint) -> dict[str, Any]:
-    status, text = await fetch(ep, "/metrics")
+async def scrape(client: httpx.AsyncClient) -> dict[str, Any]:
+    status, text = await fetch(client, "/metrics")
     return parse_spec_counters(text) if status == 200 else {}
 
 
@@ -265,7 +224,12 @@ async def measure(ep: Endpoint, work: Workload) -> Measured:
     """Warm up, scrape, run ``num_prompts`` requests ``concurrency`` at a time, scrape again."""
     if work.num_prompts < 1 or work.concurrency < 1 or work.output_len < 1 or work.warmup < 0:
         raise BenchError("num_prompts, concurrency and output_len must be >= 1, warmup >= 0")
-    model = await model_id(ep)
+    async with ep.client(work.concurrency + 2) as client:
+        return await _measure(client, work)
+
+
+async def _measure(client: httpx.AsyncClient, work: Workload) -> Measured:
+    model = await model_id(client)
 
     def payload(i: int) -> dict[str, Any]:
         return {"model": model, "prompt": work.prompts[i % len(work.prompts)], "max_tokens": work.output_len,
@@ -273,17 +237,17 @@ async def measure(ep: Endpoint, work: Workload) -> Measured:
                 "stream_options": {"include_usage": True}, **({"ignore_eos": True} if work.ignore_eos else {})}
 
     for i in range(work.warmup):
-        warm = await stream_completion(ep, payload(i))
+        warm = await stream_completion(client, payload(i))
         if warm.error:
             raise BenchError(f"warm-up request failed: {warm.error}")
-    before = await scrape(ep)
+    before = await scrape(client)
     gate = asyncio.Semaphore(work.concurrency)
 
     async def one(i: int) -> Sample:
         async with gate:
             try:
-                return await asyncio.wait_for(stream_completion(ep, payload(i)), REQUEST_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                return await asyncio.wait_for(stream_completion(client, payload(i)), REQUEST_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError, httpx.HTTPError, ValueError) as exc:
                 return Sample(error=f"{type(exc).__name__}: {exc}")
 
     started = datetime.now(timezone.utc)
@@ -291,7 +255,7 @@ async def measure(ep: Endpoint, work: Workload) -> Measured:
     samples = await asyncio.gather(*(one(i) for i in range(work.num_prompts)))
     duration = time.perf_counter() - t0
     finished = datetime.now(timezone.utc)
-    after = await scrape(ep)
+    after = await scrape(client)
     return Measured(list(samples), duration, model, spec_delta(before, after),
                     started.isoformat(timespec="milliseconds"), finished.isoformat(timespec="milliseconds"))
 

@@ -1,7 +1,8 @@
 """Package fixtures (gone when tests/server ends): one tiny pair, two real servers, one `generate`.
 
 Both servers and the oracle load torch and the pair at the same time, so their start-up costs
-overlap on the two CI cores. `main` (ddtree, budget 16, big queue) takes its settings from an env
+overlap on the two CI cores. `main` (ddtree by default, budget 16, every mode and budgets 8 and 16 per
+request, big queue) takes its settings from an env
 file that also holds a fake HF token; `small` (ar, queue of 2) is for queueing and SIGTERM.
 """
 
@@ -22,6 +23,8 @@ from tests.server.client import REPO, SECRET, Server, child_env
 
 MODEL = "tiny-ddtree"
 BUDGET = 16
+MODES = ("ar", "dflash", "ddtree")  # `main` serves every mode per request ...
+BUDGETS = (8, BUDGET)  # ... and these ddtree budgets; BUDGET is the default
 PROMPT = "the city of"
 ORACLE_TOKENS = 24
 
@@ -45,6 +48,8 @@ def launched(tmp_path_factory: pytest.TempPathFactory, tiny_pair: TinyPair) -> I
         f"HF_TOKEN={SECRET}\n"
         "SPECOPS_SERVE_MODE=ddtree\n"
         f"SPECOPS_SERVE_BUDGET={BUDGET}\n"
+        f"SPECOPS_SERVE_MODES={','.join(MODES)}\n"
+        f"SPECOPS_SERVE_BUDGETS={','.join(map(str, BUDGETS))}\n"
         "SPECOPS_SERVE_DTYPE=float32\n"
         "SPECOPS_SERVE_MAX_CONTEXT=1024\n"
         "SPECOPS_SERVE_QUEUE_SIZE=256\n"

@@ -33,7 +33,7 @@ CASES = [
     ("max_tokens zero", C, {**OK, "max_tokens": 0}, 400, "max_tokens", None),
     ("max_tokens fraction", C, {**OK, "max_tokens": 2.5}, 400, "max_tokens", None),
     ("max_tokens text", CHAT, {**MSG, "max_tokens": "10"}, 400, "max_tokens", None),
-    ("seed negative", C, {**OK, "seed": -1}, 400, "seed", None),
+    ("seed over 64 bits", C, {**OK, "seed": 2**64}, 400, "seed", None),
     ("seed text", C, {**OK, "seed": "abc"}, 400, "seed", None),
     ("empty prompt", C, {**OK, "prompt": ""}, 400, "prompt", None),
     ("empty token list", C, {**OK, "prompt": []}, 400, "prompt", None),
@@ -95,12 +95,9 @@ def test_transport_level_errors(main_server: Server) -> None:
     _error(no_length.split(b"\r\n\r\n", 1)[1])
     huge = _raw(main_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
     assert huge.startswith(b"HTTP/1.1 413")
-    status, _, data = main_server.request("GET", "/v1/completions")
+    status, _, data = main_server.request("GET", "/nowhere")
     assert status == 404
     _error(data)
-    method = _raw(main_server, b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert method.startswith(b"HTTP/1.1 501")
-    _error(method.split(b"\r\n\r\n", 1)[1])
 
 
 def test_still_serving_after_bad_input(main_server: Server) -> None:

@@ -96,6 +96,31 @@ def test_queue_full_then_leaving_clients_free_their_places(small_server: Server)
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < LONG
 
 
+def test_dropped_non_streamed_request_frees_the_engine(small_server: Server) -> None:
+    """Tokens flowing or not, a client that hangs up is noticed, its generation is cancelled at the
+    next round, and it counts as aborted (issue 17, defect 1)."""
+    s = small_server
+    key = 'vllm:request_success_total{finished_reason="abort"}'
+    before = s.metrics()
+    dropped = Pending(s, {"prompt": "the city of", "max_tokens": LONG, "ignore_eos": True})
+    _until(s, lambda m: m["vllm:num_requests_running"] == 1)
+    dropped.leave()
+    after = _until(s, lambda m: m["vllm:num_requests_running"] == 0 and m[key] - before[key] == 1)
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert 0 < generated < LONG / 2
+    assert after['vllm:request_success_total{finished_reason="length"}'] == before[
+        'vllm:request_success_total{finished_reason="length"}'
+    ]
+    status, body = s.post("/v1/completions", {"prompt": "the city of", "max_tokens": 3})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+    log = [json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{")]
+    record = next(e for e in reversed(log) if e.get("max_tokens") == LONG)
+    assert record["status"] == 499 and record["finish_reason"] == "abort" and record["disconnected"]
+    cancelled = next(e for e in log if e["event"] == "cancelled" and e["job"] == record["job"])
+    # the engine stops at the end of the round it was in: at most one round's tokens after the abort
+    assert 0 <= cancelled["tokens"] - record["completion_tokens"] <= 1  # ar: one token per round
+
+
 def test_sigterm_drains_in_flight_requests_then_exits(small_server: Server) -> None:
     s = small_server
     first = Pending(s, {"prompt": "the city of", "max_tokens": 1000, "stream": True, "ignore_eos": True})

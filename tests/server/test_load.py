@@ -121,3 +121,24 @@ def test_200_concurrent_clients_with_20_percent_leaving(main_server: Server) -> 
         "/v1/completions", {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS}
     )
     assert status == 200 and body["choices"][0]["text"] == refs[PROMPTS[0]]
+
+
+def test_big_prompt_is_refused_without_stalling_health(main_server: Server) -> None:
+    """8 MB of prompt is refused by its size before any tokenizing; /health answers meanwhile
+    (issue 17, defect 2: a 15 MB prompt used to hold every request, /health included, for 12 s)."""
+    huge = {"model": MODEL, "prompt": "the " * 2_000_000, "max_tokens": 2}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "the " * 2_000_000}], "max_tokens": 2}
+    for path, body, param in (("/v1/completions", huge, "prompt"), ("/v1/chat/completions", chat, "messages")):
+        answer: list[tuple[int, dict[str, object]]] = []
+        sender = threading.Thread(target=lambda p=path, b=body, a=answer: a.append(main_server.post(p, b)))
+        sender.start()
+        seconds = []
+        while sender.is_alive():
+            began = time.perf_counter()
+            assert main_server.request("GET", "/health")[0] == 200
+            seconds.append(time.perf_counter() - began)
+        sender.join()
+        status, out = answer[0]
+        assert status == 400 and out["error"]["code"] == "context_length_exceeded"
+        assert out["error"]["param"] == param
+        assert max(seconds) < 2.0, seconds  # liveness, not a speed goal: it was 13 s

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_runtime.server_settings import SettingsError, add_arguments, settings_from
+from ddtree_runtime.server.settings import SettingsError, add_arguments, settings_from
 from tests.server.client import SECRET, Server
 from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
 
@@ -95,3 +95,21 @@ def test_log_is_one_json_line_per_request_without_prompt_text(main_server: Serve
     assert {"prompt_tokens", "e2e_s", "ttft_s", "queue_s", "rounds", "tau", "finish_reason"} <= set(done)
     assert records[before + 1]["status"] == 404
     assert PROMPT not in "\n".join(lines)
+
+
+def test_modes_and_budgets_default_to_mode_and_budget_and_must_hold_them() -> None:
+    s = _settings("--target", "t", "--drafter", "d", "--budget", "8")
+    assert (s.modes, s.budgets) == (("ddtree",), (8,))
+    s = _settings("--target", "t", "--drafter", "d", "--modes", "ar, ddtree", "--budgets", "64,16,16")
+    assert (s.modes, s.budgets, s.budget) == (("ar", "ddtree"), (16, 64), 64)
+    assert _settings("--target", "t", "--mode", "ar").modes == ("ar",)  # no drafter needed
+    for argv, flag in (
+        (("--modes", "ar,dflash"), "--mode"),  # the default mode ddtree is not among them
+        (("--modes", "ddtree,beam"), "--modes"),
+        (("--budgets", "16,32"), "--budget"),  # the default 64 is not among them
+        (("--budgets", "16,x"), "--budgets"),
+        (("--budgets", "0", "--budget", "0"), "--budgets"),
+        (("--threads", "0"), "--threads"),
+    ):
+        with pytest.raises(SettingsError, match=flag):
+            _settings("--target", "t", "--drafter", "d", *argv)

@@ -10,6 +10,7 @@ from it: errors name the file, the line and the key.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,14 +34,17 @@ class Settings:
 
     target: str
     drafter: str | None = None
-    mode: str = SERVE_DEFAULTS["mode"]
-    budget: int = SERVE_DEFAULTS["budget"]
+    mode: str = SERVE_DEFAULTS["mode"]  # for requests that name none
+    budget: int = SERVE_DEFAULTS["budget"]  # ddtree budget for requests that name none
+    modes: tuple[str, ...] = ()  # what requests may pick (all warmed at start); () = (mode,)
+    budgets: tuple[int, ...] = ()  # ddtree budgets requests may pick; () = (budget,)
     host: str = SERVE_DEFAULTS["host"]
     port: int = SERVE_DEFAULTS["port"]
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     dtype: str | None = None  # resolved by settings_from: bfloat16 on cuda, float32 on cpu
     max_context: int | None = None  # None: the target's max_position_embeddings, capped
-    temperature: float = 0.0  # for requests that send none
+    temperature: float | None = None  # for requests that send none; None: generation_config.json, else 0
+    threads: int | None = None  # torch CPU threads; None: every core but one (the HTTP loop's)
     queue_size: int = 64
     drain_timeout: float = 20.0  # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     served_model_name: str | None = None  # None: --target as given (vLLM's convention)
@@ -51,6 +55,8 @@ FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
     "drafter": (str, "DFlash drafter checkpoint directory (needed by dflash and ddtree)"),
     "mode": (str, f"decoding mode: {' | '.join(MODES)} (default ddtree)"),
     "budget": (int, "ddtree: tree nodes verified per round (default 64)"),
+    "modes": (str, "comma-separated modes requests may pick with the `mode` field (default: --mode)"),
+    "budgets": (str, "comma-separated ddtree budgets requests may pick with `budget` (default: --budget)"),
     "host": (str, "address to bind (default 127.0.0.1)"),
     "port": (int, "port to bind (default 8000; 0 picks a free one)"),
     "device": (str, "cpu | cuda (default cuda when available)"),
@@ -60,7 +66,11 @@ FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
         f"cache size in tokens: prompt + output + verify rows (default: the model's, "
         f"at most {DEFAULT_MAX_CONTEXT})",
     ),
-    "temperature": (float, "temperature for requests that send none (default 0: greedy)"),
+    "temperature": (
+        float,
+        "temperature for requests that send none (default: the model's generation_config.json, else 0)",
+    ),
+    "threads": (int, "torch CPU threads (default: all cores but one, which the HTTP loop keeps)"),
     "queue_size": (int, "requests that may wait for the engine; more get 503 (default 64)"),
     "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 20)"),
     "served_model_name": (str, "model id clients send (default: --target as given)"),
@@ -130,17 +140,28 @@ def settings_from(args: argparse.Namespace) -> Settings:
             ) from None
     if "target" not in given:
         raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
+    modes, budgets = given.pop("modes", None), given.pop("budgets", None)
     s = Settings(**given)
-    s = replace(s, dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"))
+    s = replace(
+        s,
+        dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"),
+        modes=_modes(modes, s.mode),
+        budgets=_budgets(budgets, s.budget),
+        threads=max(1, len(os.sched_getaffinity(0)) - 1) if s.threads is None else s.threads,
+    )
     checks = [
         (s.mode in MODES, "mode", f"one of {', '.join(MODES)}"),
-        (s.mode == "ar" or s.drafter is not None, "drafter", "pass --drafter DIR, or use --mode ar"),
-        (s.budget >= 1, "budget", "at least 1"),
+        (set(s.modes) <= set(MODES), "modes", f"a comma-separated subset of {','.join(MODES)}"),
+        (s.mode in s.modes, "mode", f"one of --modes {','.join(s.modes)}"),
+        (s.modes == ("ar",) or s.drafter is not None, "drafter", "pass --drafter DIR, or use --mode ar"),
+        (min(s.budgets) >= 1, "budgets", "positive integers"),
+        (s.budget in s.budgets, "budget", f"one of --budgets {','.join(map(str, s.budgets))}"),
         (0 <= s.port <= 65535, "port", "0 to 65535"),
         (s.device in DEVICES, "device", f"one of {', '.join(DEVICES)}"),
         (s.dtype is None or s.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
         (s.max_context is None or s.max_context >= 2, "max-context", "at least 2"),
-        (0 <= s.temperature <= 2, "temperature", "0 to 2"),
+        (s.temperature is None or 0 <= s.temperature <= 2, "temperature", "0 to 2"),
+        (s.threads is not None and s.threads >= 1, "threads", "at least 1"),
         (s.queue_size >= 1, "queue-size", "at least 1"),
         (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
     ]
@@ -148,3 +169,24 @@ def settings_from(args: argparse.Namespace) -> Settings:
         if not ok:
             raise SettingsError(f"--{flag}: {getattr(s, flag.replace('-', '_'))!r} is not valid (fix: {fix})")
     return s
+
+
+def _modes(raw: str | None, default: str) -> tuple[str, ...]:
+    """`--modes ar,ddtree` as a tuple (--mode must be one of them)."""
+    if raw is None:
+        return (default,)
+    return tuple(dict.fromkeys(m.strip() for m in raw.split(",") if m.strip()))
+
+
+def _budgets(raw: str | None, default: int) -> tuple[int, ...]:
+    if raw is None:
+        return (default,)
+    try:
+        budgets = tuple(sorted({int(b) for b in raw.split(",") if b.strip()}))
+    except ValueError:
+        budgets = ()
+    if not budgets:
+        raise SettingsError(
+            f"--budgets: {raw!r} is not a comma-separated list of integers (fix: e.g. --budgets 16,64,256)"
+        )
+    return budgets

@@ -1,0 +1,231 @@
+"""Served vs direct generation on the demo pair, /health under load, and how fast a drop frees the engine.
+
+Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`), T=0, EOS ignored:
+
+1. tokens/s of `Engine.generate` in this process (what `python -m ddtree_runtime generate` reports)
+   against one warmed, non-streamed `/v1/chat/completions` per request through a real server
+   (`python -m ddtree_runtime serve --modes ar,dflash,ddtree`), per mode, measured alternately,
+   median of `--runs`; the goal is served within 10% of direct;
+2. `/health` latency (p50, p99, max) while `--clients` streaming clients keep the engine busy; the
+   goal is p99 under 50 ms with 16 clients;
+3. a non-streamed request dropped mid-generation: the time until `/metrics` shows the engine free,
+   in rounds (the mean inter-round time from `vllm:inter_token_latency_seconds`); goal: one round.
+
+Direct runs twice per turn: with torch's default CPU threads (what the `generate` CLI uses) and with
+the server's default (every core but one, `--threads`).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/serve_bench.py [--pair DIR] [--runs 15] [--clients 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from ddtree_runtime.engine import Engine
+from ddtree_runtime.loader import load_pair
+from ddtree_runtime.tiny import write_tiny_pair
+from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import MODES
+
+PROMPT, TOKENS, BUDGET, MAX_CONTEXT = "the city", 64, 16, 4096
+PROBE = """
+import http.client, json, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+time.sleep(1.0)  # let the queue fill
+conn, out, end = http.client.HTTPConnection("127.0.0.1", port, timeout=60), [], time.monotonic() + seconds
+while time.monotonic() < end:
+    began = time.perf_counter()
+    conn.request("GET", "/health")
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 200, resp.status
+    out.append(time.perf_counter() - began)
+    time.sleep(0.02)
+print(json.dumps(out))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(target: Path, drafter: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "ddtree_runtime", "serve", "--target", str(target), "--drafter",
+            str(drafter), "--device", "cpu", "--dtype", "float32", "--port", str(port), "--modes",
+            ",".join(MODES), "--mode", "ddtree", "--budget", str(BUDGET), "--max-context", str(MAX_CONTEXT),
+            "--served-model-name", "tiny"]  # fmt: skip
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(client: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -> None:
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            if client.get("/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("server not ready after 300 s")
+
+
+def served_tokens_per_s(client: httpx.Client, mode: str) -> float:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
+            "ignore_eos": True, "temperature": 0, "mode": mode}  # fmt: skip
+    began = time.perf_counter()
+    out = client.post("/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - began
+    out.raise_for_status()
+    return out.json()["usage"]["completion_tokens"] / seconds
+
+
+def compare(engine: Engine, ids: list[int], client: httpx.Client, runs: int) -> None:
+    """Direct with torch's default threads (what `generate` uses) and with the server's count."""
+    default, served_threads = torch.get_num_threads(), max(1, len(os.sched_getaffinity(0)) - 1)
+    print(f"{'mode':8} {f'direct {default} thr':>14} {f'direct {served_threads} thr':>14} "
+          f"{'served':>8} {'served/direct':>14} {'served/direct same thr':>23}")  # fmt: skip
+    for mode in MODES:
+        direct: dict[int, list[float]] = {default: [], served_threads: []}
+        served = []
+        served_tokens_per_s(client, mode)  # warm
+        for _ in range(runs):  # alternate, so every side sees the same machine load
+            for threads, tps in direct.items():
+                torch.set_num_threads(threads)
+                engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=8, eos_ids=())
+                r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
+                tps.append(r.tokens_per_s)
+            served.append(served_tokens_per_s(client, mode))
+        d, d1, s = (statistics.median(x) for x in (direct[default], direct[served_threads], served))
+        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {s / d:13.2f}x {s / d1:22.2f}x", flush=True)
+    torch.set_num_threads(default)
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+async def health_under_load(base: str, clients: int, seconds: float) -> None:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": TOKENS, "ignore_eos": True, "stream": True}
+    stop = time.monotonic() + seconds
+    streamed = 0
+
+    async def streamer(client: httpx.AsyncClient) -> None:
+        nonlocal streamed
+        while time.monotonic() < stop:
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                async for _ in resp.aiter_lines():
+                    pass
+            streamed += 1
+
+    # the prober is a process of its own: in this one it would wait on this loop and its GIL
+    port = int(base.rsplit(":", 1)[1])
+    prober = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", PROBE, str(port), str(seconds - 1.0), stdout=asyncio.subprocess.PIPE
+    )
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        await asyncio.gather(*(streamer(client) for _ in range(clients)))
+    latencies = json.loads((await prober.communicate())[0])
+    q = statistics.quantiles(latencies, n=100)
+    print(
+        f"/health under {clients} streaming clients for {seconds:.0f} s ({streamed} streams done): "
+        f"{len(latencies)} probes, p50 {q[49] * 1e3:.1f} ms, p99 {q[98] * 1e3:.1f} ms, "
+        f"max {max(latencies) * 1e3:.1f} ms",
+        flush=True,
+    )
+
+
+def drop_frees(port: int, mode: str, log: Path) -> None:
+    """A raw socket sends a long non-streamed ar request and closes mid-generation; a keep-alive
+    connection polls /metrics until the engine is free; the rounds' own gaps give the round time."""
+    body = json.dumps(
+        {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": "ar"}
+    )
+    probe = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def scrape() -> str:
+        probe.request("GET", "/metrics")
+        return probe.getresponse().read().decode()
+
+    itl = "vllm:inter_token_latency_seconds"
+    before = scrape()
+    seen = log.read_text().count('"event": "cancelled"')
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        while metric(scrape(), "vllm:num_requests_running") != 1:
+            pass
+        time.sleep(0.2)  # tokens are flowing
+    dropped = time.perf_counter()  # the socket is closed
+    polls = 0
+    while metric(text := scrape(), "vllm:num_requests_running") != 0:
+        polls += 1
+    freed = time.perf_counter() - dropped
+    cancelled: list[dict[str, float]] = []
+    while len(cancelled) < seen + 1:  # the worker logs just after it frees the engine
+        lines = log.read_text().splitlines()
+        cancelled = [e for e in map(json.loads, filter(None, lines)) if e["event"] == "cancelled"]
+        time.sleep(0.01)
+    engine_s = cancelled[-1]["engine_freed_after_s"]
+    rounds = metric(text, f"{itl}_count") - metric(before, f"{itl}_count")
+    round_s = (metric(text, f"{itl}_sum") - metric(before, f"{itl}_sum")) / rounds
+    print(
+        f"dropped non-streamed {mode} request: engine free {freed * 1e3:.1f} ms after the close "
+        f"({polls} scrapes in between); server log: engine free {engine_s * 1e3:.2f} ms after it saw the "
+        f"client gone; its rounds took {round_s * 1e3:.2f} ms each: {engine_s / round_s:.2f} rounds",
+        flush=True,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", help="tiny pair directory (written if missing; default: a temp dir)")
+    p.add_argument("--runs", type=int, default=15)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=20.0)
+    args = p.parse_args()
+    pair = write_tiny_pair(Path(args.pair or tempfile.mkdtemp(prefix="serve-bench-")) / "pair")
+    print(f"serve_bench: {os.cpu_count()} CPUs, torch {torch.__version__}, pair {pair.target.parent}, "
+          f"prompt {PROMPT!r}, {TOKENS} tokens, T=0, EOS ignored, ddtree budget {BUDGET}")  # fmt: skip
+    target, drafter = load_pair(pair.target, pair.drafter, torch.device("cpu"), torch.float32)
+    engine = Engine(target, drafter, MAX_CONTEXT)
+    ids = Tokenizer(pair.target).prompt_ids(PROMPT)
+    port = free_port()
+    log = Path(tempfile.mkdtemp(prefix="serve-bench-log-")) / "server.log"
+    proc = start_server(pair.target, pair.drafter, port, log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=base, timeout=120) as client:
+            wait_ready(client, proc, log)
+            compare(engine, ids, client, args.runs)
+        asyncio.run(health_under_load(base, args.clients, args.seconds))
+        for mode in ("ar", "ddtree"):
+            drop_frees(port, mode, log)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
