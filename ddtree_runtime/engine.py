@@ -340,9 +340,9 @@ class Engine:
         if block != full_block:  # a test's other block size: buffers of its own, never graphed
             buf = RoundBuffers.allocate(block, self.buffers.feats.shape[1], self.device, self.buffers.feats.dtype)
         buf.start(root, n)
-        clock.lap("prefill")
         accepted: list[int] = []
-        done = out.emit([int(root)])
+        done = out.emit([int(root)])  # a sync: the prefill's GPU time stays in its own phase
+        clock.lap("prefill")
         budget = budget if mode == "ddtree" else 0
         rows = self._rows(mode, budget, block)
         graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
@@ -355,7 +355,6 @@ class Engine:
                 if (mode, budget, bound) not in self.graphs:
                     self._capture(mode, budget, bound)
                 self.graphs.replay((mode, budget, bound))
-                clock.lap("round")
             else:
                 if bound not in phases:
                     phases[bound] = self._phases(mode, budget, bound, sampling, buf)
@@ -363,6 +362,8 @@ class Engine:
                     run()
                     clock.lap(name)
             result = buf.out.tolist()  # the round's one host sync
+            if graphed:
+                clock.lap("round")
             accepted_rows = result[0]
             n += accepted_rows
             accepted.append(accepted_rows - 1)
