@@ -35,8 +35,10 @@ test: venv
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .

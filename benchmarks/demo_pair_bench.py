@@ -41,8 +41,10 @@ def main() -> None:
     budgets = [int(b) for b in a.budgets.split(",")]
     engine = Engine(target, drafter, max_context=128 + a.max_new_tokens + max(budgets) + 1)
     runs = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
-    print(f"demo pair, {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens, T=0, float32, "
-          f"{a.threads} thread(s), {platform.machine()} x{torch.get_num_threads()} torch {torch.__version__}")
+    print(
+        f"demo pair, {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens, T=0, float32, "
+        f"{a.threads} thread(s), {platform.machine()} x{torch.get_num_threads()} torch {torch.__version__}"
+    )
     print(f"{'mode':>7} {'budget':>6} {'tok/s':>8} {'tau':>6} {'vs ar':>7}")
     base = None
     for mode, budget in runs:
@@ -50,7 +52,9 @@ def main() -> None:
         tokens = seconds = 0.0
         accepted: list[int] = []
         for ids in prompts:
-            r = engine.generate(ids, mode=mode, budget=budget or 1, max_new_tokens=a.max_new_tokens, eos_ids=())
+            r = engine.generate(
+                ids, mode=mode, budget=budget or 1, max_new_tokens=a.max_new_tokens, eos_ids=()
+            )
             tokens, seconds = tokens + len(r.output_ids), seconds + r.total_s
             accepted += r.accepted_per_round
         rate = tokens / seconds

@@ -94,6 +94,7 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
         def run():
             for layer in range(LAYERS_ROT):
                 tree_attention(q, k[layer], v[layer], ctx, visibility, scale, cfg)
+
         return run
 
     row["tree_us"] = graph_us(ours(vis), LAYERS_ROT)
@@ -124,9 +125,14 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
             def run():
                 for layer in range(LAYERS_ROT):
                     F.scaled_dot_product_attention(
-                        qs, k[layer, None, :, :total], v[layer, None, :, :total],
-                        attn_mask=mask if masked else None, scale=scale, enable_gqa=True,
+                        qs,
+                        k[layer, None, :, :total],
+                        v[layer, None, :, :total],
+                        attn_mask=mask if masked else None,
+                        scale=scale,
+                        enable_gqa=True,
                     )
+
             return run
 
         row["sdpa_mask_us"] = graph_us(sdpa(True), LAYERS_ROT)
@@ -163,12 +169,18 @@ def tree_build_case(budget: int, depth: int, vocab: int, peak: float, gen: torch
     ok = torch.allclose(scores(tokens, parents, dep), scores(h_tokens, h_parents, h_dep), atol=1e-3)
     vals, toks = marginal_topk(logits, min(budget, vocab))
     return {
-        "budget": budget, "depth": depth, "vocab": vocab, "peak": peak, "same_scores_as_heap": bool(ok),
+        "budget": budget,
+        "depth": depth,
+        "vocab": vocab,
+        "peak": peak,
+        "same_scores_as_heap": bool(ok),
         "tree_depth": int(dep.max()),
         "build_graph_us": graph_us(lambda: build_tree(logits, budget, root, pairs)),
         "marginal_topk_graph_us": graph_us(lambda: marginal_topk(logits, min(budget, vocab))),
         "tree_from_topk_graph_us": graph_us(lambda: tree_from_topk(vals, toks, budget, root, pairs)),
-        "torch_log_softmax_topk_graph_us": graph_us(lambda: torch.log_softmax(logits.float(), -1).topk(budget, dim=-1)),
+        "torch_log_softmax_topk_graph_us": graph_us(
+            lambda: torch.log_softmax(logits.float(), -1).topk(budget, dim=-1)
+        ),
         "build_eager_us": eager_us(lambda: build_tree(logits, budget, root, pairs)),
         "heap_torchbackend_us": eager_us(lambda: TorchBackend().build_tree(logits, budget, root)),
     }
@@ -192,7 +204,10 @@ def walk_case(n: int, vocab: int, layers: int, ctx: int, gen: torch.Generator) -
 
     choice = node_choices(logits, 0.0)
     return {
-        "nodes": n, "vocab": vocab, "layers": layers, "path_len": int(path_len),
+        "nodes": n,
+        "vocab": vocab,
+        "layers": layers,
+        "path_len": int(path_len),
         "walk_plus_compact_graph_us": graph_us(walk_and_compact),
         "choices_only_us": graph_us(lambda: node_choices(logits, 0.0)),
         "walk_only_us": graph_us(lambda: walk_choices(tokens, parents, choice)),
@@ -212,16 +227,32 @@ def sass_excerpt(out_dir: Path) -> dict:
         for key, compiled in entry[0].items():
             cubin = out_dir / "attn.cubin"
             cubin.write_bytes(compiled.asm["cubin"])
-            sass = subprocess.run(["cuobjdump", "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
+            sass = subprocess.run(
+                ["cuobjdump", "--dump-sass", str(cubin)], capture_output=True, text=True
+            ).stdout
             cubin.unlink()
-            counts = {op: sass.count(op) for op in ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG.E.128", "MUFU.EX2")}
-            report.append({"key": str(key)[-160:], "n_regs": compiled.n_regs, "n_spills": compiled.n_spills,
-                           "counts": counts})
+            counts = {
+                op: sass.count(op) for op in ("HGMMA", "HMMA", "LDGSTS", "UTMALDG", "LDG.E.128", "MUFU.EX2")
+            }
+            report.append(
+                {
+                    "key": str(key)[-160:],
+                    "n_regs": compiled.n_regs,
+                    "n_spills": compiled.n_spills,
+                    "counts": counts,
+                }
+            )
             if not excerpt:
-                excerpt = [f"variant: {str(key)[-300:]}", f"registers {compiled.n_regs}, spills {compiled.n_spills}",
-                           f"counts {counts}", ""]
+                excerpt = [
+                    f"variant: {str(key)[-300:]}",
+                    f"registers {compiled.n_regs}, spills {compiled.n_spills}",
+                    f"counts {counts}",
+                    "",
+                ]
                 excerpt += [ln.strip() for ln in sass.splitlines() if "GMMA" in ln or "HMMA" in ln][:60]
-    (out_dir / "tree_attention_sass.txt").write_text("\n".join(excerpt) + "\n\n" + json.dumps(report, indent=1))
+    (out_dir / "tree_attention_sass.txt").write_text(
+        "\n".join(excerpt) + "\n\n" + json.dumps(report, indent=1)
+    )
     return {"variants": len(report), "first": report[0] if report else None}
 
 
@@ -242,8 +273,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     props = torch.cuda.get_device_properties(DEV)
-    result = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-              "triton": triton.__version__}
+    result = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
     bw = copy_bandwidth()
     result["copy_bw_TBps"] = bw / 1e12
     print(f"{props.name}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
@@ -270,7 +305,11 @@ def main() -> None:
 
     section(result, "attention_4k", attention_4k)
     section(result, "attention_scaling", scaling)
-    section(result, "tree_build", lambda: [tree_build_case(b, 15, 151936, peak, gen) for b in (512, 256) for peak in (0.0, 14.0)])
+    section(
+        result,
+        "tree_build",
+        lambda: [tree_build_case(b, 15, 151936, peak, gen) for b in (512, 256) for peak in (0.0, 14.0)],
+    )
     section(result, "walk", lambda: [walk_case(n, 151936, 36, 4096, gen) for n in (257, 513)])
     section(result, "sass", lambda: sass_excerpt(args.out))
     (args.out / "kernels_bench.json").write_text(json.dumps(result, indent=1))
@@ -288,22 +327,30 @@ def summary(result: dict, bw: float) -> None:
     for row in rows:
         n = row["nodes"]
         goal = goals.get(n, "(no goal)").format(1.3 * row["kv_bytes"] / bw * 1e6)
-        print(f"| attn N={n} ctx=4096 | {row['tree_us']:.1f} | {row['chain_us']:.1f} | {row['sdpa_mask_us']:.1f} | "
-              f"{row['sdpa_nomask_us']:.1f} | {goal} | {row['rel_err_tree']:.1e} |")
+        print(
+            f"| attn N={n} ctx=4096 | {row['tree_us']:.1f} | {row['chain_us']:.1f} | {row['sdpa_mask_us']:.1f} | "
+            f"{row['sdpa_nomask_us']:.1f} | {goal} | {row['rel_err_tree']:.1e} |"
+        )
     for row in scaling:
-        print(f"| scaling N={row['nodes']} ctx={row['context']} | {row['tree_us']:.1f} | {row['chain_us']:.1f} | "
-              f"{row.get('sdpa_mask_us', float('nan')):.1f} | {row.get('sdpa_nomask_us', float('nan')):.1f} | "
-              f"KV floor {row['kv_read_floor_us']:.1f} | {row['rel_err_tree']:.1e} |")
+        print(
+            f"| scaling N={row['nodes']} ctx={row['context']} | {row['tree_us']:.1f} | {row['chain_us']:.1f} | "
+            f"{row.get('sdpa_mask_us', float('nan')):.1f} | {row.get('sdpa_nomask_us', float('nan')):.1f} | "
+            f"KV floor {row['kv_read_floor_us']:.1f} | {row['rel_err_tree']:.1e} |"
+        )
     for tb in result["tree_build"] if isinstance(result["tree_build"], list) else []:
-        print(f"tree build B={tb['budget']} depth {tb['depth']} peak {tb['peak']} (tree depth {tb['tree_depth']}): graph "
-              f"{tb['build_graph_us']:.1f} µs = top-k {tb['marginal_topk_graph_us']:.1f} + tree {tb['tree_from_topk_graph_us']:.1f}; "
-              f"eager {tb['build_eager_us']:.1f} µs; torch log_softmax+topk {tb['torch_log_softmax_topk_graph_us']:.1f}; heap "
-              f"(TorchBackend) {tb['heap_torchbackend_us']:.1f} µs; same scores {tb['same_scores_as_heap']} (goal ≤ 100 µs)")
+        print(
+            f"tree build B={tb['budget']} depth {tb['depth']} peak {tb['peak']} (tree depth {tb['tree_depth']}): graph "
+            f"{tb['build_graph_us']:.1f} µs = top-k {tb['marginal_topk_graph_us']:.1f} + tree {tb['tree_from_topk_graph_us']:.1f}; "
+            f"eager {tb['build_eager_us']:.1f} µs; torch log_softmax+topk {tb['torch_log_softmax_topk_graph_us']:.1f}; heap "
+            f"(TorchBackend) {tb['heap_torchbackend_us']:.1f} µs; same scores {tb['same_scores_as_heap']} (goal ≤ 100 µs)"
+        )
     for w in result["walk"] if isinstance(result["walk"], list) else []:
-        print(f"walk+compact N={w['nodes']} 36 layers: {w['walk_plus_compact_graph_us']:.1f} µs (choices "
-              f"{w['choices_only_us']:.1f}, walk {w['walk_only_us']:.1f}, compact {w['compact_only_us']:.1f}; "
-              f"logits read floor {w['logits_read_floor_us']:.1f}; sampled walk {w['sampled_walk_graph_us']:.1f}) "
-              f"path_len {w['path_len']} (goal ≤ 50 µs)")
+        print(
+            f"walk+compact N={w['nodes']} 36 layers: {w['walk_plus_compact_graph_us']:.1f} µs (choices "
+            f"{w['choices_only_us']:.1f}, walk {w['walk_only_us']:.1f}, compact {w['compact_only_us']:.1f}; "
+            f"logits read floor {w['logits_read_floor_us']:.1f}; sampled walk {w['sampled_walk_graph_us']:.1f}) "
+            f"path_len {w['path_len']} (goal ≤ 50 µs)"
+        )
     print(f"SASS: {result['sass']}")
 
 

@@ -39,27 +39,74 @@ TEMPLATE = "# {{ name }} shard {{ shard }}\n{% for i in range(200) %}key{{ i }}=
 
 def write_playbook(folder: Path) -> Path:
     """20 steps: 6 directories, 5 file copies, 5 templates, 2 line edits, 2 guarded commands."""
-    steps = [{"name": f"dir {i}", "step": "directory", "args": {"path": f"{{{{ base }}}}/bench/d{i}", "mode": "0755"}}
-             for i in range(6)]
+    steps = [
+        {
+            "name": f"dir {i}",
+            "step": "directory",
+            "args": {"path": f"{{{{ base }}}}/bench/d{i}", "mode": "0755"},
+        }
+        for i in range(6)
+    ]
     for i in range(5):
         (folder / f"blob{i}.bin").write_bytes(os.urandom(1024 * 1024))
-        steps.append({"name": f"copy {i}", "step": "file_copy",
-                      "args": {"src": f"blob{i}.bin", "dest": f"{{{{ base }}}}/bench/d{i}/blob.bin", "mode": "0644"}})
+        steps.append(
+            {
+                "name": f"copy {i}",
+                "step": "file_copy",
+                "args": {
+                    "src": f"blob{i}.bin",
+                    "dest": f"{{{{ base }}}}/bench/d{i}/blob.bin",
+                    "mode": "0644",
+                },
+            }
+        )
     (folder / "shard.j2").write_text(TEMPLATE)
     for i in range(5):
-        steps.append({"name": f"template {i}", "step": "template",
-                      "args": {"src": "shard.j2", "dest": f"{{{{ base }}}}/bench/d{i}/shard.conf", "mode": "0600",
-                               "vars": {"shard": i}}})
+        steps.append(
+            {
+                "name": f"template {i}",
+                "step": "template",
+                "args": {
+                    "src": "shard.j2",
+                    "dest": f"{{{{ base }}}}/bench/d{i}/shard.conf",
+                    "mode": "0600",
+                    "vars": {"shard": i},
+                },
+            }
+        )
     for i in range(2):
-        steps.append({"name": f"line {i}", "step": "line_in_file",
-                      "args": {"path": f"{{{{ base }}}}/bench/app{i}.conf", "line": "workers={{ name }}",
-                               "regexp": "^workers="}})
+        steps.append(
+            {
+                "name": f"line {i}",
+                "step": "line_in_file",
+                "args": {
+                    "path": f"{{{{ base }}}}/bench/app{i}.conf",
+                    "line": "workers={{ name }}",
+                    "regexp": "^workers=",
+                },
+            }
+        )
     out = "{{ base }}/bench/data.sha"
-    steps.append({"name": "generate data", "step": "command",
-                  "args": {"cmd": f"head -c 4194304 /dev/urandom > {out}.bin && sha256sum {out}.bin > {out}",
-                           "creates": out}})
-    steps.append({"name": "modelled install", "step": "command",
-                  "args": {"cmd": "sleep 2 && touch {{ base }}/bench/installed", "creates": "{{ base }}/bench/installed"}})
+    steps.append(
+        {
+            "name": "generate data",
+            "step": "command",
+            "args": {
+                "cmd": f"head -c 4194304 /dev/urandom > {out}.bin && sha256sum {out}.bin > {out}",
+                "creates": out,
+            },
+        }
+    )
+    steps.append(
+        {
+            "name": "modelled install",
+            "step": "command",
+            "args": {
+                "cmd": "sleep 2 && touch {{ base }}/bench/installed",
+                "creates": "{{ base }}/bench/installed",
+            },
+        }
+    )
     path = folder / "bench.yaml"
     path.write_text(yaml.safe_dump({"name": "ops-parallel-bench", "steps": steps}, sort_keys=False))
     return path
@@ -87,7 +134,9 @@ def main() -> None:
         root = Path(tmp)
         key = root / "client_key"
         keygen(key)
-        daemons = [SshdHost(f"h{i + 1}", f"127.0.0.{i + 2}", root / f"h{i + 1}", key) for i in range(options.hosts)]
+        daemons = [
+            SshdHost(f"h{i + 1}", f"127.0.0.{i + 2}", root / f"h{i + 1}", key) for i in range(options.hosts)
+        ]
         start_all(daemons)
         try:
             playbook = write_playbook(root)
@@ -97,11 +146,14 @@ def main() -> None:
             for count in (1, options.hosts):
                 best_first = best_second = float("inf")
                 for attempt in range(options.repeat):
-                    entries = {d.name: {**d.host_entry(), "base": str(d.base / f"n{count}-{attempt}")}
-                               for d in daemons[:count]}
+                    entries = {
+                        d.name: {**d.host_entry(), "base": str(d.base / f"n{count}-{attempt}")}
+                        for d in daemons[:count]
+                    }
                     inventory = root / f"inventory-{count}-{attempt}.yaml"
-                    inventory.write_text(yaml.safe_dump({"defaults": {"known_hosts": [str(known)]},
-                                                         "hosts": entries}))
+                    inventory.write_text(
+                        yaml.safe_dump({"defaults": {"known_hosts": [str(known)]}, "hosts": entries})
+                    )
                     first, changed_first = timed_run(playbook, inventory)
                     second, changed_second = timed_run(playbook, inventory)
                     if changed_second:
@@ -112,17 +164,25 @@ def main() -> None:
             for daemon in daemons:
                 daemon.stop()
     one, many = figures[1], figures[options.hosts]
-    print(f"ops_parallel: 20-step playbook, forks=8, best of {options.repeat}, "
-          f"{platform.processor() or platform.machine()} x{os.cpu_count()} CPUs, python {platform.python_version()}")
-    print(f"{'hosts':>5} {'first run s':>12} {'second run s':>13} {'changed 1st':>12} {'changed 2nd':>12} {'2nd/1st':>8}")
+    print(
+        f"ops_parallel: 20-step playbook, forks=8, best of {options.repeat}, "
+        f"{platform.processor() or platform.machine()} x{os.cpu_count()} CPUs, python {platform.python_version()}"
+    )
+    print(
+        f"{'hosts':>5} {'first run s':>12} {'second run s':>13} {'changed 1st':>12} {'changed 2nd':>12} {'2nd/1st':>8}"
+    )
     for count, (first, second, c1, c2) in figures.items():
         print(f"{count:>5} {first:>12.2f} {second:>13.2f} {c1:>12} {c2:>12} {second / first:>8.0%}")
     scale_first, scale_second = many[0] / one[0], many[1] / one[1]
     per_step = many[1] / (options.hosts * 20) * 1000
-    print(f"no-op cost: {one[1] / 20 * 1000:.0f} ms per step on 1 host, {per_step:.0f} ms per host-step on "
-          f"{options.hosts} hosts (connect included)")
-    print(f"{options.hosts}-host / 1-host: first run {scale_first:.2f}x, second run {scale_second:.2f}x "
-          f"(goal <= 1.5x: {'met' if max(scale_first, scale_second) <= 1.5 else 'NOT met'})")
+    print(
+        f"no-op cost: {one[1] / 20 * 1000:.0f} ms per step on 1 host, {per_step:.0f} ms per host-step on "
+        f"{options.hosts} hosts (connect included)"
+    )
+    print(
+        f"{options.hosts}-host / 1-host: first run {scale_first:.2f}x, second run {scale_second:.2f}x "
+        f"(goal <= 1.5x: {'met' if max(scale_first, scale_second) <= 1.5 else 'NOT met'})"
+    )
     ratio = max(one[1] / one[0], many[1] / many[0])
     print(f"second / first: worst {ratio:.0%} (goal <= 25%: {'met' if ratio <= 0.25 else 'NOT met'})")
 

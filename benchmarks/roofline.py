@@ -35,13 +35,25 @@ from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.roofline import Ceilings, measure_ceilings, pass_cost, phase_times_s, round_floor_s
 
 TARGET = {
-    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
-    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 40960,
 }
 DRAFTER = {
-    **TARGET, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5, "block_size": 16,
-    "num_target_layers": 36, "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+    **TARGET,
+    "architectures": ["DFlashDraftModel"],
+    "num_hidden_layers": 5,
+    "block_size": 16,
+    "num_target_layers": 36,
+    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
     "layer_types": ["full_attention"] * 5,
 }
 
@@ -101,10 +113,14 @@ def verify_pass_ms(engine: Engine, context: int, nodes: int) -> float:
     return median_ms(graph.replay)
 
 
-def measure_context(engine: Engine, ceil: Ceilings, context: int, budgets: list[int], new_tokens: int) -> list[dict]:
+def measure_context(
+    engine: Engine, ceil: Ceilings, context: int, budgets: list[int], new_tokens: int
+) -> list[dict]:
     """Every mode at one context: wall and GPU time per round, floors, ratios, peak memory."""
     tcfg, dcfg = engine.target.config, engine.drafter.config
-    prompt = torch.randint(0, tcfg.vocab_size, (context,), generator=torch.Generator().manual_seed(context)).tolist()
+    prompt = torch.randint(
+        0, tcfg.vocab_size, (context,), generator=torch.Generator().manual_seed(context)
+    ).tolist()
     rows = []
     ar_ms = None
     for mode, budget in [("ar", 0), ("dflash", 0), *(("ddtree", b) for b in budgets)]:
@@ -115,9 +131,14 @@ def measure_context(engine: Engine, ceil: Ceilings, context: int, budgets: list[
         floor = round_floor_s(ceil, tcfg, dcfg, mode, budget, context)
         floor_ms = 1e3 * (floor["target"] + floor["drafter"])
         row = {
-            "context": context, "mode": mode, "budget": budget or None, "rounds": res.rounds,
-            "tau": round(res.mean_accepted, 2), "round_ms": round(wall_ms, 3),
-            "floor_ms": round(floor_ms, 3), "ratio": round(wall_ms / floor_ms, 2),
+            "context": context,
+            "mode": mode,
+            "budget": budget or None,
+            "rounds": res.rounds,
+            "tau": round(res.mean_accepted, 2),
+            "round_ms": round(wall_ms, 3),
+            "floor_ms": round(floor_ms, 3),
+            "ratio": round(wall_ms / floor_ms, 2),
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
         }
         if mode == "ar":
@@ -142,7 +163,9 @@ def main() -> None:
     name = torch.cuda.get_device_name(device)
 
     ceil = measure_ceilings(device)
-    print(f"{name}: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s")
+    print(
+        f"{name}: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s"
+    )
     target, drafter = random_pair(device, dtype)
     weights = sum(t.numel() * t.element_size() for m in (target, drafter) for t in m.parameters())
     max_context = max(contexts) + 1024
@@ -151,8 +174,10 @@ def main() -> None:
     t0 = time.perf_counter()
     engine.warmup(["ar", "dflash", "ddtree"], budgets, max_prompt=64)
     warm_s = time.perf_counter() - t0
-    print(f"weights {weights / 2**30:.2f} GiB, KV at {max_context} {kv / 2**30:.2f} GiB, warm-up {warm_s:.1f} s "
-          f"({len(engine.graphs.graphs)} graphs), allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB")
+    print(
+        f"weights {weights / 2**30:.2f} GiB, KV at {max_context} {kv / 2**30:.2f} GiB, warm-up {warm_s:.1f} s "
+        f"({len(engine.graphs.graphs)} graphs), allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB"
+    )
 
     rows = []
     for context in contexts:
@@ -169,38 +194,58 @@ def main() -> None:
     floor = round_floor_s(ceil, tcfg, drafter.config, "ddtree", 256, context)
     outside = sum(v for k, v in phases.items() if k in ("tree", "walk", "compact"))
     summary = {
-        "device": name, "copy_tb_s": round(ceil.copy_bytes_per_s / 1e12, 2),
+        "device": name,
+        "copy_tb_s": round(ceil.copy_bytes_per_s / 1e12, 2),
         "matmul_tflop_s": round(ceil.matmul_flops_per_s / 1e12, 0),
-        "verify_257_ms": round(verify_ms, 3), "verify_257_floor_ms": round(verify_floor, 3),
+        "verify_257_ms": round(verify_ms, 3),
+        "verify_257_floor_ms": round(verify_floor, 3),
         "verify_257_ratio": round(verify_ms / verify_floor, 2),
         "ddtree256_phases_ms": {k: round(v, 3) for k, v in phases.items()},
         "ddtree256_floor_ms": {k: round(1e3 * v, 3) for k, v in floor.items()},
         "outside_model_passes_share": round(outside / sum(phases.values()), 3),
-        "weights_gib": round(weights / 2**30, 2), "kv_gib": round(kv / 2**30, 2), "warmup_s": round(warm_s, 1),
+        "weights_gib": round(weights / 2**30, 2),
+        "kv_gib": round(kv / 2**30, 2),
+        "warmup_s": round(warm_s, 1),
         "graphs": len(engine.graphs.graphs),
     }
     print(json.dumps(summary), flush=True)
 
-    print(f"\n{'context':>7} {'mode':7} {'B':>4} {'round ms':>9} {'floor ms':>9} {'ratio':>6} {'x ar':>6} {'tau':>5} {'peak GiB':>8}")
+    print(
+        f"\n{'context':>7} {'mode':7} {'B':>4} {'round ms':>9} {'floor ms':>9} {'ratio':>6} {'x ar':>6} {'tau':>5} {'peak GiB':>8}"
+    )
     for r in rows:
-        print(f"{r['context']:>7} {r['mode']:7} {r['budget'] or '':>4} {r['round_ms']:>9.3f} {r['floor_ms']:>9.3f} "
-              f"{r['ratio']:>6.2f} {r['x_ar_step'] or 0:>6.2f} {r['tau']:>5.2f} {r['peak_gib']:>8.2f}")
-    print(f"verify 257 @ {context}: {verify_ms:.3f} ms, floor {verify_floor:.3f} ms, ratio {verify_ms / verify_floor:.2f}")
-    print(f"ddtree B=256 phases (ms): {summary['ddtree256_phases_ms']}; floor {summary['ddtree256_floor_ms']}; "
-          f"outside the model passes {100 * summary['outside_model_passes_share']:.1f}%")
+        print(
+            f"{r['context']:>7} {r['mode']:7} {r['budget'] or '':>4} {r['round_ms']:>9.3f} {r['floor_ms']:>9.3f} "
+            f"{r['ratio']:>6.2f} {r['x_ar_step'] or 0:>6.2f} {r['tau']:>5.2f} {r['peak_gib']:>8.2f}"
+        )
+    print(
+        f"verify 257 @ {context}: {verify_ms:.3f} ms, floor {verify_floor:.3f} ms, ratio {verify_ms / verify_floor:.2f}"
+    )
+    print(
+        f"ddtree B=256 phases (ms): {summary['ddtree256_phases_ms']}; floor {summary['ddtree256_floor_ms']}; "
+        f"outside the model passes {100 * summary['outside_model_passes_share']:.1f}%"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     if args.results:
         day = datetime.date.today().isoformat()
-        lines = [f"\n### Roofline, {day}, {name}, bf16, Qwen3-8B shapes (random weights)\n",
-                 f"`python benchmarks/roofline.py --contexts {args.contexts} --budgets {args.budgets}`; "
-                 f"ceilings copy {summary['copy_tb_s']} TB/s, matmul {summary['matmul_tflop_s']:.0f} TFLOP/s.\n",
-                 "| context | mode | B | round ms | floor ms | ratio | × ar step | peak GiB |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['context']} | {r['mode']} | {r['budget'] or ''} | {r['round_ms']} | {r['floor_ms']} | "
-                  f"{r['ratio']} | {r['x_ar_step']} | {r['peak_gib']} |" for r in rows]
-        lines.append(f"\nVerify pass, 257 nodes at {context}: {summary['verify_257_ms']} ms against a floor of "
-                     f"{summary['verify_257_floor_ms']} ms ({summary['verify_257_ratio']}×). ddtree B=256 phases (ms): "
-                     f"{summary['ddtree256_phases_ms']}, floors {summary['ddtree256_floor_ms']}.\n")
+        lines = [
+            f"\n### Roofline, {day}, {name}, bf16, Qwen3-8B shapes (random weights)\n",
+            f"`python benchmarks/roofline.py --contexts {args.contexts} --budgets {args.budgets}`; "
+            f"ceilings copy {summary['copy_tb_s']} TB/s, matmul {summary['matmul_tflop_s']:.0f} TFLOP/s.\n",
+            "| context | mode | B | round ms | floor ms | ratio | × ar step | peak GiB |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['context']} | {r['mode']} | {r['budget'] or ''} | {r['round_ms']} | {r['floor_ms']} | "
+            f"{r['ratio']} | {r['x_ar_step']} | {r['peak_gib']} |"
+            for r in rows
+        ]
+        lines.append(
+            f"\nVerify pass, 257 nodes at {context}: {summary['verify_257_ms']} ms against a floor of "
+            f"{summary['verify_257_floor_ms']} ms ({summary['verify_257_ratio']}×). ddtree B=256 phases (ms): "
+            f"{summary['ddtree256_phases_ms']}, floors {summary['ddtree256_floor_ms']}.\n"
+        )
         with open(args.results, "a") as f:
             f.write("\n".join(lines) + "\n")
 

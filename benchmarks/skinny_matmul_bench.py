@@ -19,7 +19,10 @@ from kernels.host import num_sms
 from kernels.skinny_matmul import SkinnyConfig, default_config, skinny_matmul
 
 SHAPES = {  # name: (N, K)
-    "qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+    "qkv": (6144, 4096),
+    "o_proj": (4096, 4096),
+    "gate_up": (24576, 4096),
+    "down": (4096, 12288),
     "drafter_fc": (4096, 20480),
 }
 
@@ -53,10 +56,16 @@ def measure(name: str, n: int, k: int, t: int, grid: list[SkinnyConfig], bw: flo
         return round(n * k * 2 / (ms * 1e-3) / bw, 2)
 
     return {
-        "shape": name, "T": t, "rel_err": round(err, 5),
-        "cublas_us": round(cublas * 1e3, 1), "cublas_of_copy": of_copy(cublas),
-        "skinny_us": round(ours * 1e3, 1), "skinny_of_copy": of_copy(ours),
-        "best_us": round(best[0] * 1e3, 1), "best_of_copy": of_copy(best[0]), "best_config": best[1].__dict__,
+        "shape": name,
+        "T": t,
+        "rel_err": round(err, 5),
+        "cublas_us": round(cublas * 1e3, 1),
+        "cublas_of_copy": of_copy(cublas),
+        "skinny_us": round(ours * 1e3, 1),
+        "skinny_of_copy": of_copy(ours),
+        "best_us": round(best[0] * 1e3, 1),
+        "best_of_copy": of_copy(best[0]),
+        "best_config": best[1].__dict__,
     }
 
 

@@ -42,8 +42,18 @@ class Backend(Protocol[Vis]):
     ) -> tuple[Tensor, Tensor]: ...
 
     def qk_rope(
-        self, qkv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor, sin: Tensor,
-        positions: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: Tensor, n_heads: int,
+        self,
+        qkv: Tensor,
+        q_weight: Tensor,
+        k_weight: Tensor,
+        eps: float,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: Tensor,
+        n_heads: int,
     ) -> Tensor: ...
 
     def silu_mul(self, gate_up: Tensor) -> Tensor: ...
@@ -51,14 +61,29 @@ class Backend(Protocol[Vis]):
     def tree_visibility(self, parents: Tensor, depth: Tensor) -> Vis: ...
 
     def attention(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, visibility: Vis | None,
-        scale: float, key_bound: int | None = None, all_visible: bool = False, window: int | None = None,
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: int | Tensor,
+        visibility: Vis | None,
+        scale: float,
+        key_bound: int | None = None,
+        all_visible: bool = False,
+        window: int | None = None,
     ) -> Tensor: ...
 
-    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+    def build_tree(
+        self, draft_logits: Tensor, budget: int, root_token: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
 
     def tree_walk(
-        self, tokens: Tensor, parents: Tensor, logits: Tensor, temperature: float, generator: torch.Generator | None
+        self,
+        tokens: Tensor,
+        parents: Tensor,
+        logits: Tensor,
+        temperature: float,
+        generator: torch.Generator | None,
     ) -> tuple[Tensor, Tensor, Tensor]: ...
 
     def compact(

@@ -179,8 +179,14 @@ def bench(args: argparse.Namespace) -> int:
             if ceilings is not None:
                 phases = phase_times_s(engine, mode, budget or 1)
                 context = len(ids) + args.max_new_tokens // 2
-                floor = round_floor_s(ceilings, engine.target.config, engine.drafter and engine.drafter.config,
-                                      mode, budget or 1, context)
+                floor = round_floor_s(
+                    ceilings,
+                    engine.target.config,
+                    engine.drafter and engine.drafter.config,
+                    mode,
+                    budget or 1,
+                    context,
+                )
                 row["phase_ms"] = {k: round(1e3 * v, 3) for k, v in phases.items()}
                 row["floor_ms"] = {k: round(1e3 * v, 3) for k, v in floor.items()}
                 row["round_over_floor"] = round(sum(phases.values()) / sum(floor.values()), 2)

@@ -170,7 +170,9 @@ class Qwen3_5Config:
         types = text.get("layer_types")
         if types is None:
             interval = int(text.get("full_attention_interval", 4))
-            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+            types = [
+                "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
+            ]
         if len(types) != layers or set(types) - set(LAYER_KINDS):
             raise ConfigError(
                 f"{path}: layer_types must list {layers} entries of {' or '.join(LAYER_KINDS)} "
@@ -179,8 +181,10 @@ class Qwen3_5Config:
         heads = int(_require(text, "num_attention_heads", path))
         kv_heads = int(text.get("num_key_value_heads") or heads)
         lin_k, lin_v = int(text.get("linear_num_key_heads", 16)), int(text.get("linear_num_value_heads", 32))
-        for a, b, what in ((heads, kv_heads, "num_attention_heads/num_key_value_heads"),
-                           (lin_v, lin_k, "linear_num_value_heads/linear_num_key_heads")):
+        for a, b, what in (
+            (heads, kv_heads, "num_attention_heads/num_key_value_heads"),
+            (lin_v, lin_k, "linear_num_value_heads/linear_num_key_heads"),
+        ):
             if a % b:
                 raise ConfigError(f"{path}: {what} = {a}/{b} is not a whole number (fix: check the config)")
         eos = text.get("eos_token_id", raw.get("eos_token_id"))

@@ -230,7 +230,8 @@ class Engine:
             served = sorted({(m, b) for m, b, _ in self.warmed})
             if (mode, budget if mode == "ddtree" else 0) not in served:
                 raise GenerationError(
-                    f"mode {mode!r}" + (f" with budget {budget}" if mode == "ddtree" else "")
+                    f"mode {mode!r}"
+                    + (f" with budget {budget}" if mode == "ddtree" else "")
                     + " was not warmed up at load (fix: one of "
                     + ", ".join(m if m != "ddtree" else f"ddtree/{b}" for m, b in served)
                     + ", or restart with it in the served set)"
@@ -252,7 +253,9 @@ class Engine:
         assert self.graphs is not None
         buf = self.buffers
         saved = [t.clone() for t in (buf.root, buf.ctx, buf.feats, buf.n_feats)]
-        if int(buf.ctx) + self._rows(mode, budget, buf.feats.shape[0]) > bound:  # a fresh engine: any valid length
+        if (
+            int(buf.ctx) + self._rows(mode, budget, buf.feats.shape[0]) > bound
+        ):  # a fresh engine: any valid length
             saved[1].fill_(bound - self._rows(mode, budget, buf.feats.shape[0]))
             saved[3].fill_(1)
 
@@ -281,8 +284,13 @@ class Engine:
             self.generate([0] * length, mode=first, budget=max(budgets), max_new_tokens=1, eos_ids=())
         for mode, budget in pairs:  # the sampling kernels (sampled rounds run eagerly)
             self.generate(
-                [0] * 8, mode=mode, budget=max(budget, 1), max_new_tokens=2 * block, eos_ids=(),
-                temperature=0.7, seed=0,
+                [0] * 8,
+                mode=mode,
+                budget=max(budget, 1),
+                max_new_tokens=2 * block,
+                eos_ids=(),
+                temperature=0.7,
+                seed=0,
             )
         self.warmed = set(self.graphs.graphs)
 
@@ -329,7 +337,12 @@ class Engine:
         prompt = torch.tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
         n = prompt.shape[0]
         logits, hidden = self.target(
-            prompt, torch.arange(n, device=self.device), 0, None, self.backend, capture=mode != "ar",
+            prompt,
+            torch.arange(n, device=self.device),
+            0,
+            None,
+            self.backend,
+            capture=mode != "ar",
             last_logits_only=True,
         )
         root = choose(logits[-1], sampling)
@@ -338,7 +351,9 @@ class Engine:
             self.drafter.ingest(hidden, 0, self.backend)
         buf = self.buffers
         if block != full_block:  # a test's other block size: buffers of its own, never graphed
-            buf = RoundBuffers.allocate(block, self.buffers.feats.shape[1], self.device, self.buffers.feats.dtype)
+            buf = RoundBuffers.allocate(
+                block, self.buffers.feats.shape[1], self.device, self.buffers.feats.dtype
+            )
         buf.start(root, n)
         accepted: list[int] = []
         done = out.emit([int(root)])  # a sync: the prefill's GPU time stays in its own phase

@@ -55,7 +55,9 @@ def matmul_params(cfg: Qwen3Config) -> int:
     return cfg.num_hidden_layers * (attn + 3 * h * cfg.intermediate_size)
 
 
-def pass_cost(cfg: Qwen3Config, rows: int, context: int, head_rows: int, elem: int = 2) -> tuple[float, float]:
+def pass_cost(
+    cfg: Qwen3Config, rows: int, context: int, head_rows: int, elem: int = 2
+) -> tuple[float, float]:
     """(bytes, flops) of one pass over `rows` new rows at `context`, `head_rows` of them through
     the LM head (the embedding lookup reads `rows` rows of it)."""
     head = cfg.vocab_size * cfg.hidden_size

@@ -46,7 +46,9 @@ class RoundBuffers:
         def ints(*shape: int) -> Tensor:
             return torch.zeros(shape, dtype=torch.int64, device=device)
 
-        return cls(ints(1), ints(), torch.zeros(block, features, device=device, dtype=dtype), ints(), ints(1 + block))
+        return cls(
+            ints(1), ints(), torch.zeros(block, features, device=device, dtype=dtype), ints(), ints(1 + block)
+        )
 
     def start(self, root: Tensor, ctx: int) -> None:
         """Set up for the first round after a prefill of `ctx` rows (the drafter has read them all)."""
@@ -91,13 +93,21 @@ def choose(logits: Tensor, sampling: Sampling) -> Tensor:
     return torch.multinomial(probs, 1, generator=sampling.generator)[0]
 
 
-def ar_phases(target: Qwen3 | Qwen3_5, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling) -> list[Phase]:
+def ar_phases(
+    target: Qwen3 | Qwen3_5, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling
+) -> list[Phase]:
     """Plain decoding: one target pass for one token."""
 
     def verify() -> None:
         logits, _ = target(
-            buf.root, buf.ctx.reshape(1), buf.ctx, None, backend, False,
-            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32,
+            buf.root,
+            buf.ctx.reshape(1),
+            buf.ctx,
+            None,
+            backend,
+            False,
+            key_bound=key_bound,
+            logits_dtype=None if sampling.greedy else torch.float32,
         )
         token = choose(logits[0], sampling)
         buf.out[:1].fill_(1)
@@ -128,7 +138,9 @@ def spec_phases(
     s: dict[str, Tensor] = {}
 
     def draft() -> None:
-        noise = target.embed_tokens(torch.cat([buf.root, masks])) * cfg.input_embedding_scale  # [block, hidden]
+        noise = (
+            target.embed_tokens(torch.cat([buf.root, masks])) * cfg.input_embedding_scale
+        )  # [block, hidden]
         drafter.ingest(buf.feats, buf.ctx - buf.n_feats, backend)
         hidden = drafter.draft(noise, buf.ctx, backend, key_bound)
         s["draft_logits"] = drafter.logits(hidden[1:], target.lm_head)  # [block - 1, V]
@@ -143,8 +155,14 @@ def spec_phases(
 
     def verify() -> None:
         s["logits"], s["hidden"] = target(
-            s["tokens"], buf.ctx + s["depth"], buf.ctx, s.get("visibility"), backend,
-            key_bound=key_bound, logits_dtype=None if sampling.greedy else torch.float32, parents=s["parents"],
+            s["tokens"],
+            buf.ctx + s["depth"],
+            buf.ctx,
+            s.get("visibility"),
+            backend,
+            key_bound=key_bound,
+            logits_dtype=None if sampling.greedy else torch.float32,
+            parents=s["parents"],
         )
 
     def walk() -> None:

@@ -33,5 +33,17 @@ from drafter_config.patch import PatchRefused, PatchResult, patch
 from drafter_config.source import LintInputError
 from drafter_config.spec import Spec, load_spec
 
-__all__ = ["CODES", "Finding", "LintInputError", "LintReport", "PatchRefused", "PatchResult", "Spec",
-           "format_findings", "lint", "lint_pair", "load_spec", "patch"]
+__all__ = [
+    "CODES",
+    "Finding",
+    "LintInputError",
+    "LintReport",
+    "PatchRefused",
+    "PatchResult",
+    "Spec",
+    "format_findings",
+    "lint",
+    "lint_pair",
+    "load_spec",
+    "patch",
+]

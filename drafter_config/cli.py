@@ -32,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lint_cmd.add_argument("drafter", metavar="DRAFTER", help="drafter config.json or checkpoint directory")
     lint_cmd.add_argument("--target", metavar="TARGET", help="target config.json or checkpoint directory")
     lint_cmd.add_argument("--spec", metavar="NAME_OR_FILE", help=spec_help)
-    lint_cmd.add_argument("--serve-config", metavar="FILE",
-                          help="YAML/JSON serve settings holding num_speculative_tokens")
+    lint_cmd.add_argument(
+        "--serve-config", metavar="FILE", help="YAML/JSON serve settings holding num_speculative_tokens"
+    )
     lint_cmd.add_argument("--format", choices=("text", "json"), default="text")
     lint_cmd.set_defaults(handler=run_lint)
 
@@ -64,8 +65,9 @@ def run_lint(args: argparse.Namespace) -> int:
 
 def run_patch(args: argparse.Namespace) -> int:
     try:
-        result = patch(LocalStore(), args.drafter, load_spec(args.spec), target_path=args.target,
-                       check=args.check)
+        result = patch(
+            LocalStore(), args.drafter, load_spec(args.spec), target_path=args.target, check=args.check
+        )
     except PatchRefused as exc:
         print(f"specops config patch: {exc}\n{format_findings(exc.report)}", file=sys.stderr)
         return EXIT_ERRORS
@@ -74,8 +76,11 @@ def run_patch(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     except OSError as exc:  # a full disk (ENOSPC), a read-only or foreign folder (EACCES, EROFS)
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"specops config patch: {where}cannot write: {exc.strerror or exc}; the config is unchanged "
-              "(fix: free space or get write access to that folder, then run again)", file=sys.stderr)
+        print(
+            f"specops config patch: {where}cannot write: {exc.strerror or exc}; the config is unchanged "
+            "(fix: free space or get write access to that folder, then run again)",
+            file=sys.stderr,
+        )
         return EXIT_ERRORS
     if not result.changed:
         print(f"{result.path}: already matches the spec; nothing to change")

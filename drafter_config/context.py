@@ -31,14 +31,39 @@ class LintContext:
     def at(self, code: str, path: JsonPath, message: str, hint: str, severity: str | None = None) -> Finding:
         """A finding anchored at a drafter config path (or its nearest existing parent)."""
         line, col = self.drafter.doc.locate(path)
-        return make_finding(code, path=format_path(path), file=self.drafter.file, line=line, col=col,
-                            message=message, hint=hint, severity=severity)
+        return make_finding(
+            code,
+            path=format_path(path),
+            file=self.drafter.file,
+            line=line,
+            col=col,
+            message=message,
+            hint=hint,
+            severity=severity,
+        )
 
-    def in_file(self, code: str, file: str, message: str, hint: str, *, path: str = "",
-                line: int | None = None, severity: str | None = None) -> Finding:
+    def in_file(
+        self,
+        code: str,
+        file: str,
+        message: str,
+        hint: str,
+        *,
+        path: str = "",
+        line: int | None = None,
+        severity: str | None = None,
+    ) -> Finding:
         """A finding about another file (a safetensors header, a serve config)."""
-        return make_finding(code, path=path, file=file, line=line, col=1 if line else None,
-                            message=message, hint=hint, severity=severity)
+        return make_finding(
+            code,
+            path=path,
+            file=file,
+            line=line,
+            col=1 if line else None,
+            message=message,
+            hint=hint,
+            severity=severity,
+        )
 
     def target_layer_count(self) -> tuple[int | None, str]:
         """The target's decoder layer count and where it came from, best source first."""

@@ -42,7 +42,10 @@ CODES: dict[str, tuple[str, str]] = {
     "DFL060": (WARNING, "config dtype disagrees with the stored weights"),
     "DFL061": (ERROR, "weights missing or unexplained by the config"),
     "DFL062": (ERROR, "the shard index names a file outside the checkpoint (never opened)"),
-    "DFL063": (ERROR, "safetensors data_offsets negative, overlapping, past the end or not the tensor's size"),
+    "DFL063": (
+        ERROR,
+        "safetensors data_offsets negative, overlapping, past the end or not the tensor's size",
+    ),
 }
 
 
@@ -69,8 +72,17 @@ class Finding:
         return asdict(self)
 
 
-def make_finding(code: str, *, path: str, file: str, line: int | None, col: int | None, message: str,
-                 hint: str, severity: str | None = None) -> Finding:
+def make_finding(
+    code: str,
+    *,
+    path: str,
+    file: str,
+    line: int | None,
+    col: int | None,
+    message: str,
+    hint: str,
+    severity: str | None = None,
+) -> Finding:
     """Build a finding with the code's default severity unless the rule knows better."""
     if code not in CODES:
         raise KeyError(f"unknown rule code {code}; add it to CODES in {__name__}")

@@ -17,7 +17,7 @@ from typing import Any
 JsonPath = tuple[str | int, ...]
 
 _WHITESPACE = " \t\n\r"
-MAX_DEPTH = 100   # real configs nest < 10 deep; a hostile file must not reach the recursion limit
+MAX_DEPTH = 100  # real configs nest < 10 deep; a hostile file must not reach the recursion limit
 _LITERALS = {"true": True, "false": False, "null": None}
 
 

@@ -50,8 +50,12 @@ def load_inputs(store: Store, drafter_path: str, target_path: str | None = None)
     return LintInputs(store, checkpoint, drafter, target, tokenizer, weights)
 
 
-def run_rules(inputs: LintInputs, spec: Spec | None = None, serve: ServeSetting | None = None,
-              drafter: DrafterConfig | None = None) -> LintReport:
+def run_rules(
+    inputs: LintInputs,
+    spec: Spec | None = None,
+    serve: ServeSetting | None = None,
+    drafter: DrafterConfig | None = None,
+) -> LintReport:
     """Run every rule group; ``drafter`` replaces the loaded config (patch re-lints its edit)."""
     ctx = LintContext(drafter or inputs.drafter, inputs.target, inputs.tokenizer, inputs.weights, spec, serve)
     report = LintReport(IDENTITY(ctx))
@@ -70,14 +74,26 @@ def run_rules(inputs: LintInputs, spec: Spec | None = None, serve: ServeSetting 
 
 def invalid_json_report(error: InvalidJson) -> LintReport:
     """DFL001 for a file that is not JSON, with its line and column."""
-    finding = make_finding("DFL001", path="$", file=error.path, line=error.error.line, col=error.error.col,
-                           message=f"invalid JSON: {error.error.reason}",
-                           hint="fix the syntax at this position (a trailing comma or a missing quote is typical)")
+    finding = make_finding(
+        "DFL001",
+        path="$",
+        file=error.path,
+        line=error.error.line,
+        col=error.error.col,
+        message=f"invalid JSON: {error.error.reason}",
+        hint="fix the syntax at this position (a trailing comma or a missing quote is typical)",
+    )
     return LintReport([finding])
 
 
-def lint(drafter_path: str, target_path: str | None = None, *, spec: Spec | None = None,
-         serve: ServeSetting | None = None, store: Store | None = None) -> LintReport:
+def lint(
+    drafter_path: str,
+    target_path: str | None = None,
+    *,
+    spec: Spec | None = None,
+    serve: ServeSetting | None = None,
+    store: Store | None = None,
+) -> LintReport:
     """Lint one drafter (file or directory), optionally against its target, a spec and a serve setting."""
     try:
         inputs = load_inputs(store or LocalStore(), drafter_path, target_path)
@@ -89,4 +105,3 @@ def lint(drafter_path: str, target_path: str | None = None, *, spec: Spec | None
 def lint_pair(drafter_dir: str, target_dir: str, *, spec: Spec | None = None) -> LintReport:
     """The runtime's load-time check: refuse to start when ``lint_pair(...).errors`` is not empty."""
     return lint(str(drafter_dir), str(target_dir), spec=spec)
-

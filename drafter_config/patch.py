@@ -33,16 +33,18 @@ class PatchRefused(LintInputError):
 
     def __init__(self, path: str, report: LintReport):
         codes = ", ".join(f"{f.code} {f.path or f.file}" for f in report.errors)
-        super().__init__(f"{path}: refusing to patch, the result would still fail lint with "
-                         f"{len(report.errors)} error(s): {codes} (fix: correct those first; "
-                         "`specops config lint` shows each one with its hint)")
+        super().__init__(
+            f"{path}: refusing to patch, the result would still fail lint with "
+            f"{len(report.errors)} error(s): {codes} (fix: correct those first; "
+            "`specops config lint` shows each one with its hint)"
+        )
         self.report = report
 
 
 @dataclass(frozen=True)
 class PatchResult:
     path: str
-    target: str      # the file written: ``path``, or the file it links to
+    target: str  # the file written: ``path``, or the file it links to
     changed: bool
     diff: str
     backup: str | None
@@ -84,7 +86,7 @@ def _indent_unit(text: str) -> str:
 
 def _replace(doc: JsonDocument, path: JsonPath, value: Any, unit: str) -> _Edit:
     span = doc.spans[path]
-    old = doc.text[span.start:span.end]
+    old = doc.text[span.start : span.end]
     indent = _line_indent(doc.text, span.key_start if span.key_start is not None else span.start)
     return _Edit(span.start, span.end, _render(value, old, indent, unit))
 
@@ -97,13 +99,16 @@ def _insert(doc: JsonDocument, path: JsonPath, value: Any, unit: str) -> _Edit:
         last = max((doc.spans[p] for p in members), key=lambda s: s.end)
         first = min((doc.spans[p] for p in members), key=lambda s: s.start)
         key_indent = _line_indent(doc.text, first.key_start or first.start)
-        newline = "\n" if "\n" in doc.text[span.start:first.key_start or first.start] else " "
+        newline = "\n" if "\n" in doc.text[span.start : first.key_start or first.start] else " "
         sep = f",{newline}{key_indent if newline == chr(10) else ''}"
-        return _Edit(last.end, last.end, f'{sep}{json.dumps(key)}: {_render(value, None, key_indent, unit)}')
+        return _Edit(last.end, last.end, f"{sep}{json.dumps(key)}: {_render(value, None, key_indent, unit)}")
     outer = _line_indent(doc.text, span.start)
     inner = outer + unit
-    return _Edit(span.start + 1, span.end - 1,
-                 f'\n{inner}{json.dumps(key)}: {_render(value, None, inner, unit)}\n{outer}')
+    return _Edit(
+        span.start + 1,
+        span.end - 1,
+        f"\n{inner}{json.dumps(key)}: {_render(value, None, inner, unit)}\n{outer}",
+    )
 
 
 def plan_edits(drafter: DrafterConfig, spec: Spec) -> list[_Edit]:
@@ -123,7 +128,7 @@ def plan_edits(drafter: DrafterConfig, spec: Spec) -> list[_Edit]:
 
 def apply_edits(text: str, edits: list[_Edit]) -> str:
     for edit in sorted(enumerate(edits), key=lambda e: (e[1].start, e[0]), reverse=True):
-        text = text[: edit[1].start] + edit[1].text + text[edit[1].end:]
+        text = text[: edit[1].start] + edit[1].text + text[edit[1].end :]
     return text
 
 
@@ -141,7 +146,7 @@ class PatchPlan:
     """The checked edit of one config: old and new text, their diff, and the re-lint of the new text."""
 
     path: str
-    target: str      # the file to write: ``path``, or the file it links to
+    target: str  # the file to write: ``path``, or the file it links to
     old: str
     new: str
     diff: str
@@ -160,8 +165,14 @@ def plan_patch(inputs: LintInputs, spec: Spec) -> PatchPlan:
     report = run_rules(inputs, spec, drafter=DrafterConfig(drafter.file, parse(new)))
     if report.errors:
         raise PatchRefused(drafter.file, report)
-    diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=drafter.file, tofile=f"{drafter.file} (spec {spec.name})"))
+    diff = "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=drafter.file,
+            tofile=f"{drafter.file} (spec {spec.name})",
+        )
+    )
     return PatchPlan(drafter.file, link_target(inputs.store, drafter.file), old, new, diff, report)
 
 
@@ -180,8 +191,9 @@ def write_patch(store: Store, plan: PatchPlan) -> str:
     return backup
 
 
-def patch(store: Store, drafter_path: str, spec: Spec, *, target_path: str | None = None,
-          check: bool = False) -> PatchResult:
+def patch(
+    store: Store, drafter_path: str, spec: Spec, *, target_path: str | None = None, check: bool = False
+) -> PatchResult:
     """Patch the drafter at ``drafter_path`` (file or directory) to match ``spec``."""
     try:
         inputs = load_inputs(store, drafter_path, target_path)

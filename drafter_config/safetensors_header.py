@@ -18,9 +18,24 @@ from drafter_config.source import LintInputError, loads, read_text
 from drafter_config.store import Store, join
 
 INDEX_FILE = "model.safetensors.index.json"
-MAX_HEADER_BYTES = 100 * 1024 * 1024   # the safetensors format's own limit
-ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
-              "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
+ITEM_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -28,7 +43,7 @@ class TensorInfo:
     """One tensor's header entry."""
 
     name: str
-    dtype: str            # safetensors spelling: BF16, F16, F32, ...
+    dtype: str  # safetensors spelling: BF16, F16, F32, ...
     shape: tuple[int, ...]
     file: str
 
@@ -39,16 +54,21 @@ class WeightSet:
 
     files: list[str] = field(default_factory=list)
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
-    problems: list[tuple[str, str]] = field(default_factory=list)     # (file, message): DFL061
-    escapes: list[tuple[str, str]] = field(default_factory=list)      # (index file, named path): DFL062
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (file, message): DFL061
+    escapes: list[tuple[str, str]] = field(default_factory=list)  # (index file, named path): DFL062
     bad_offsets: list[tuple[str, str]] = field(default_factory=list)  # (file, message): DFL063
 
 
 def inside(name: str) -> bool:
     """Whether a shard name from an index stays inside the checkpoint directory (never opened otherwise)."""
     normal = posixpath.normpath(name)
-    return bool(name) and "\0" not in name and not posixpath.isabs(name) and normal != ".." \
+    return (
+        bool(name)
+        and "\0" not in name
+        and not posixpath.isabs(name)
+        and normal != ".."
         and not normal.startswith("../")
+    )
 
 
 def _int(value: object) -> bool:
@@ -66,7 +86,9 @@ def read_header(store: Store, path: str, size: int) -> tuple[list[TensorInfo], l
     if length > MAX_HEADER_BYTES:
         raise ValueError(f"header length {length} exceeds {MAX_HEADER_BYTES} bytes")
     if 8 + length > size:
-        raise ValueError(f"header is truncated: its length {length} runs past the end of the {size}-byte file")
+        raise ValueError(
+            f"header is truncated: its length {length} runs past the end of the {size}-byte file"
+        )
     raw = store.read_bytes(path, 8, length)
     if len(raw) < length:
         raise ValueError(f"header is truncated ({len(raw)} of {length} bytes)")
@@ -80,8 +102,12 @@ def read_header(store: Store, path: str, size: int) -> tuple[list[TensorInfo], l
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        if not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
-                and isinstance(entry.get("shape"), list) and all(_int(d) and d >= 0 for d in entry["shape"])):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("dtype"), str)
+            and isinstance(entry.get("shape"), list)
+            and all(_int(d) and d >= 0 for d in entry["shape"])
+        ):
             raise ValueError(f"tensor {name!r} has no dtype/shape")
         tensors.append(TensorInfo(name, entry["dtype"], tuple(entry["shape"]), path))
         problem = _offsets_problem(name, entry, size - 8 - length)
@@ -90,8 +116,11 @@ def read_header(store: Store, path: str, size: int) -> tuple[list[TensorInfo], l
         else:
             spans.append((*entry["data_offsets"], name))
     spans.sort()
-    problems += [f"tensors {first!r} and {second!r} overlap (bytes {begin} to {end} of the data)"
-                 for (_, end, first), (begin, _, second) in itertools.pairwise(spans) if begin < end]
+    problems += [
+        f"tensors {first!r} and {second!r} overlap (bytes {begin} to {end} of the data)"
+        for (_, end, first), (begin, _, second) in itertools.pairwise(spans)
+        if begin < end
+    ]
     return tensors, problems
 
 
@@ -103,12 +132,16 @@ def _offsets_problem(name: str, entry: dict, data_size: int) -> str | None:
     if begin < 0 or end < begin:
         return f"tensor {name!r} has data_offsets [{begin}, {end}]: negative or reversed"
     if end > data_size:
-        return (f"tensor {name!r} has data_offsets [{begin}, {end}] past the end of the data "
-                f"({data_size} bytes after the header)")
+        return (
+            f"tensor {name!r} has data_offsets [{begin}, {end}] past the end of the data "
+            f"({data_size} bytes after the header)"
+        )
     item = ITEM_BYTES.get(entry["dtype"])
     if item is not None and end - begin != math.prod(entry["shape"]) * item:
-        return (f"tensor {name!r} has data_offsets [{begin}, {end}] ({end - begin} bytes) but "
-                f"{entry['dtype']} {entry['shape']} needs {math.prod(entry['shape']) * item}")
+        return (
+            f"tensor {name!r} has data_offsets [{begin}, {end}] ({end - begin} bytes) but "
+            f"{entry['dtype']} {entry['shape']} needs {math.prod(entry['shape']) * item}"
+        )
     return None
 
 
@@ -139,7 +172,9 @@ def read_weights(store: Store, directory: str) -> WeightSet:
             weights.problems.append((path, f"listed in {INDEX_FILE} but missing"))
             continue
         if not info.is_file:
-            weights.problems.append((path, "not a regular file (a device, FIFO or directory, or a link to one)"))
+            weights.problems.append(
+                (path, "not a regular file (a device, FIFO or directory, or a link to one)")
+            )
             continue
         weights.files.append(path)
         try:
@@ -154,5 +189,7 @@ def read_weights(store: Store, directory: str) -> WeightSet:
         if found is not None and found.file != join(directory, file):
             weights.problems.append((found.file, f"{tensor} is in {found.file}, index says {file}"))
         elif found is None and join(directory, file) in weights.files:
-            weights.problems.append((join(directory, file), f"{INDEX_FILE} lists {tensor} but the header lacks it"))
+            weights.problems.append(
+                (join(directory, file), f"{INDEX_FILE} lists {tensor} but the header lacks it")
+            )
     return weights

@@ -47,14 +47,17 @@ def locate_checkpoint(store: Store, path: str, role: str) -> Checkpoint:
     """Resolve DRAFTER/TARGET: a directory holding config.json, or a config.json file itself."""
     info = store.stat(path)
     if info is None:
-        raise LintInputError(f"{role} {path}: no such file or directory (fix: pass a checkpoint "
-                             "directory or its config.json)")
+        raise LintInputError(
+            f"{role} {path}: no such file or directory (fix: pass a checkpoint directory or its config.json)"
+        )
     if not info.is_dir:
         return Checkpoint(None, path)
     config = join(path, "config.json")
     if store.stat(config) is None:
-        raise LintInputError(f"{role} {path}: directory has no config.json (fix: point at the "
-                             "checkpoint directory that holds config.json)")
+        raise LintInputError(
+            f"{role} {path}: directory has no config.json (fix: point at the "
+            "checkpoint directory that holds config.json)"
+        )
     return Checkpoint(path, config)
 
 
@@ -64,10 +67,14 @@ def read_file(store: Store, path: str, limit: int) -> bytes:
     if info is None:
         raise LintInputError(f"{path}: no such file")
     if not info.is_file:
-        raise LintInputError(f"{path}: not a regular file (a device, FIFO or directory, or a link to one); "
-                             "not read (fix: point at the real file)")
+        raise LintInputError(
+            f"{path}: not a regular file (a device, FIFO or directory, or a link to one); "
+            "not read (fix: point at the real file)"
+        )
     if info.size > limit:
-        raise LintInputError(f"{path}: {info.size} bytes is too large (limit {limit}; fix: point at the real file)")
+        raise LintInputError(
+            f"{path}: {info.size} bytes is too large (limit {limit}; fix: point at the real file)"
+        )
     raw = store.read_bytes(path, 0, limit + 1)
     if len(raw) > limit:
         raise LintInputError(f"{path}: grew past {limit} bytes while read (fix: point at the real file)")

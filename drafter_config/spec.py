@@ -50,7 +50,7 @@ class Spec:
     name: str
     file: str
     values: dict[str, Any]
-    lines: dict[str, int]          # spec field -> line in the spec file, for messages
+    lines: dict[str, int]  # spec field -> line in the spec file, for messages
 
     def cite(self, key: str) -> str:
         return f"spec {self.name} ({self.file}:{self.lines.get(key, 1)})"
@@ -70,8 +70,10 @@ def load_spec(name_or_file: str) -> Spec:
     if not path.is_file():
         shipped = SPECS_DIR / f"{name_or_file}.yaml"
         if not shipped.is_file():
-            raise LintInputError(f"spec {name_or_file!r}: no such file or shipped spec "
-                                 f"(fix: {_suggest(name_or_file, shipped_specs())})")
+            raise LintInputError(
+                f"spec {name_or_file!r}: no such file or shipped spec "
+                f"(fix: {_suggest(name_or_file, shipped_specs())})"
+            )
         path = shipped
     try:
         root = yaml.compose(path.read_text(encoding="utf-8"))
@@ -79,21 +81,28 @@ def load_spec(name_or_file: str) -> Spec:
     except yaml.YAMLError as exc:
         raise LintInputError(f"{path}: invalid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not isinstance(data.get("values"), dict):
-        raise LintInputError(f"{path}:1: a spec is a mapping with a 'values' mapping "
-                             "(fix: see drafter_config/specs/README.md)")
+        raise LintInputError(
+            f"{path}:1: a spec is a mapping with a 'values' mapping (fix: see drafter_config/specs/README.md)"
+        )
     lines = {}
     for key_node, value_node in root.value:
         if key_node.value not in _TOP_KEYS:
-            raise LintInputError(f"{path}:{key_node.start_mark.line + 1}: unknown key "
-                                 f"'{key_node.value}' (fix: {_suggest(key_node.value, _TOP_KEYS)})")
+            raise LintInputError(
+                f"{path}:{key_node.start_mark.line + 1}: unknown key "
+                f"'{key_node.value}' (fix: {_suggest(key_node.value, _TOP_KEYS)})"
+            )
         if key_node.value == "values":
             lines = {k.value: k.start_mark.line + 1 for k, _ in value_node.value}
     for key, value in data["values"].items():
         if key not in SPEC_FIELDS:
-            raise LintInputError(f"{path}:{lines.get(key, 1)}: unknown spec field '{key}' "
-                                 f"(fix: {_suggest(key, list(SPEC_FIELDS))})")
+            raise LintInputError(
+                f"{path}:{lines.get(key, 1)}: unknown spec field '{key}' "
+                f"(fix: {_suggest(key, list(SPEC_FIELDS))})"
+            )
         types = SPEC_FIELDS[key][1]
         if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise LintInputError(f"{path}:{lines.get(key, 1)}: spec field '{key}' has the wrong type "
-                                 f"{type(value).__name__} (fix: use {'/'.join(t.__name__ for t in types)})")
+            raise LintInputError(
+                f"{path}:{lines.get(key, 1)}: spec field '{key}' has the wrong type "
+                f"{type(value).__name__} (fix: use {'/'.join(t.__name__ for t in types)})"
+            )
     return Spec(str(data.get("name") or path.stem), str(path), dict(data["values"]), lines)

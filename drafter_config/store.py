@@ -25,7 +25,7 @@ class FileStat:
     size: int
     mode: int
     is_dir: bool
-    is_file: bool   # a regular file (after following links): the only kind lint reads
+    is_file: bool  # a regular file (after following links): the only kind lint reads
 
 
 class Store(Protocol):
@@ -72,8 +72,12 @@ class LocalStore:
             result = os.stat(path)
         except FileNotFoundError:
             return None
-        return FileStat(result.st_size, result.st_mode, stat_module.S_ISDIR(result.st_mode),
-                        stat_module.S_ISREG(result.st_mode))
+        return FileStat(
+            result.st_size,
+            result.st_mode,
+            stat_module.S_ISDIR(result.st_mode),
+            stat_module.S_ISREG(result.st_mode),
+        )
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))

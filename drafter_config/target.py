@@ -43,7 +43,7 @@ class TargetConfig:
 
     file: str
     doc: JsonDocument
-    prefix: JsonPath                 # () for qwen3, ("text_config",) for qwen3_5
+    prefix: JsonPath  # () for qwen3, ("text_config",) for qwen3_5
     model_type: str | None
     num_layers: int | None
     hidden_size: int | None
@@ -54,7 +54,7 @@ class TargetConfig:
     rope_scaling: dict[str, Any] | None
     layer_types: list[str] | None
     layer_types_derived: bool
-    special_ids: dict[int, str]      # token id -> role from the config (bos/eos/pad)
+    special_ids: dict[int, str]  # token id -> role from the config (bos/eos/pad)
 
     def where(self, key: str) -> str:
         """``file:line`` of a text-config key, for messages that cite the target."""
@@ -82,8 +82,9 @@ def load_target(file: str, doc: JsonDocument) -> TargetConfig:
     derived = False
     if not isinstance(layer_types, list) and prefix and num_layers is not None:
         interval = _int(conf.get("full_attention_interval")) or 4
-        layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                       for i in range(num_layers)]
+        layer_types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
         derived = True
     theta, scaling = rope_settings(conf)
     special: dict[int, str] = {}

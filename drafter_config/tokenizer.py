@@ -24,7 +24,7 @@ class TokenUse:
     """One token id's meaning and which file said so."""
 
     content: str
-    kind: str      # "special", "added", "vocab", or a role such as "eos_token"
+    kind: str  # "special", "added", "vocab", or a role such as "eos_token"
     file: str
 
 

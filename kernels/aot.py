@@ -64,7 +64,8 @@ TARGETS = (90, 100, 120)
 ACCEPTED_SPILLS = {
     "tree_build.tree | B=1024 | - | sm_100": (
         "3 local-memory ops (16 B stack) with Triton 3.9; CHUNK=256 instead of 512 removes them, but "
-        "tree_from_topk's choice is unmeasured on hardware at B=1024, so it is left as it is"),
+        "tree_from_topk's choice is unmeasured on hardware at B=1024, so it is left as it is"
+    ),
 }
 ARCH_MD = Path(__file__).with_name("ARCH.md")
 
@@ -137,29 +138,61 @@ def _strides(names: str, tensor: torch.Tensor) -> dict[str, int]:
 # --- tree attention (kernels/tree_attention.py) -------------------------------------------------
 
 
-def _attention(case: str, row: ArchRow, cc: int, tiles: Tiles, nodes: int, row0: int, tree: bool, split: bool) -> Spec:
+def _attention(
+    case: str, row: ArchRow, cc: int, tiles: Tiles, nodes: int, row0: int, tree: bool, split: bool
+) -> Spec:
     """One ``_tree_attention_kernel`` launch over packed rows [row0, nodes * G) of a Qwen3-8B layer."""
     q = _empty(HQ, nodes, HEAD_DIM, dtype=torch.bfloat16)
     cache_rows = CONTEXT + BUDGET + 1
     k_cache = _empty(HKV, cache_rows, HEAD_DIM, dtype=torch.bfloat16)
-    desc = TensorDescriptor(k_cache, [HKV, cache_rows, HEAD_DIM], list(k_cache.stride()), [1, tiles.block_n, HEAD_DIM])
+    desc = TensorDescriptor(
+        k_cache, [HKV, cache_rows, HEAD_DIM], list(k_cache.stride()), [1, tiles.block_n, HEAD_DIM]
+    )
     node0 = row0 // (HQ // HKV)
     part = _empty(4, HQ, nodes - node0, HEAD_DIM) if split else q
     part_ml = _empty(4, HQ, nodes - node0, 2) if split else q
     bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32) if tree else q
     args = dict(
-        Q=q, K=desc, V=desc, BITS=bits, OUT=q, PART_ACC=part, PART_ML=part_ml,
-        **_strides("stride_qh stride_qn stride_qd", q), **_strides("stride_oh stride_on stride_od", q),
-        stride_bn=bits.stride(0), **_strides("stride_ps stride_ph stride_pn", part),
-        n_nodes=nodes, row0=row0, part_node0=node0, CTX=_empty((), dtype=torch.int64), qk_scale=0.127,
+        Q=q,
+        K=desc,
+        V=desc,
+        BITS=bits,
+        OUT=q,
+        PART_ACC=part,
+        PART_ML=part_ml,
+        **_strides("stride_qh stride_qn stride_qd", q),
+        **_strides("stride_oh stride_on stride_od", q),
+        stride_bn=bits.stride(0),
+        **_strides("stride_ps stride_ph stride_pn", part),
+        n_nodes=nodes,
+        row0=row0,
+        part_node0=node0,
+        CTX=_empty((), dtype=torch.int64),
+        qk_scale=0.127,
     )
     constexprs = dict(
-        GROUP=HQ // HKV, HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        TREE=tree, ALL=False, SPLIT=split, PRECISION=0,
+        GROUP=HQ // HKV,
+        HEAD_DIM=HEAD_DIM,
+        D_PAD=HEAD_DIM,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        TREE=tree,
+        ALL=False,
+        SPLIT=split,
+        PRECISION=0,
     )
-    return Spec("tree_attention", f"{case} {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}", cc,
-                tree_attention._tree_attention_kernel, args, constexprs, tiles.num_warps, tiles.num_stages,
-                row=row.family, limit=row.smem_per_block)
+    return Spec(
+        "tree_attention",
+        f"{case} {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}",
+        cc,
+        tree_attention._tree_attention_kernel,
+        args,
+        constexprs,
+        tiles.num_warps,
+        tiles.num_stages,
+        row=row.family,
+        limit=row.smem_per_block,
+    )
 
 
 def attention_specs(row: ArchRow, cc: int) -> list[Spec]:
@@ -170,7 +203,9 @@ def attention_specs(row: ArchRow, cc: int) -> list[Spec]:
         _attention("decode N=1", row, cc, row.decode, 1, 0, tree=False, split=True),
         _attention("tree B=16 N=17", row, cc, row.small, 17, 0, tree=True, split=True),
         _attention("tree B=256 N=257 main", row, cc, row.large, BUDGET // 4 + 1, 0, tree=True, split=True),
-        _attention("tree B=256 N=257 tail", row, cc, row.tail, BUDGET // 4 + 1, tail_row0, tree=True, split=True),
+        _attention(
+            "tree B=256 N=257 tail", row, cc, row.tail, BUDGET // 4 + 1, tail_row0, tree=True, split=True
+        ),
         _attention("tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False),
         _attention("chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False),
         _drafter_attention(row, cc),
@@ -180,30 +215,66 @@ def attention_specs(row: ArchRow, cc: int) -> list[Spec]:
 def _drafter_attention(row: ArchRow, cc: int) -> Spec:
     """The DFlash drafter's block of 16 queries, each seeing the context and the whole block."""
     spec = _attention("drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True)
-    return Spec(spec.kernel, spec.case, cc, spec.fn, spec.args, {**spec.constexprs, "ALL": True},
-                spec.num_warps, spec.num_stages, row=spec.row, limit=spec.limit)
+    return Spec(
+        spec.kernel,
+        spec.case,
+        cc,
+        spec.fn,
+        spec.args,
+        {**spec.constexprs, "ALL": True},
+        spec.num_warps,
+        spec.num_stages,
+        row=spec.row,
+        limit=spec.limit,
+    )
 
 
 def merge_spec(cc: int) -> Spec:
     acc = _empty(4, HQ, BUDGET + 1, HEAD_DIM)
     out = _empty(HQ, BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
     args = dict(
-        MAIN_ACC=acc, MAIN_ML=_empty(4, HQ, BUDGET + 1, 2), TAIL_ACC=acc, TAIL_ML=_empty(4, HQ, BUDGET + 1, 2), OUT=out,
-        **_strides("stride_ms stride_mh stride_mn", acc), **_strides("stride_ts stride_th stride_tn", acc),
+        MAIN_ACC=acc,
+        MAIN_ML=_empty(4, HQ, BUDGET + 1, 2),
+        TAIL_ACC=acc,
+        TAIL_ML=_empty(4, HQ, BUDGET + 1, 2),
+        OUT=out,
+        **_strides("stride_ms stride_mh stride_mn", acc),
+        **_strides("stride_ts stride_th stride_tn", acc),
         **_strides("stride_oh stride_on stride_od", out),
-        n_nodes=BUDGET + 1, main_splits=4, tail_splits=4, tail_node0=BUDGET,
+        n_nodes=BUDGET + 1,
+        main_splits=4,
+        tail_splits=4,
+        tail_node0=BUDGET,
     )
-    return Spec("merge_splits", "B=1024 16 rows", cc, tree_attention._merge_splits_kernel, args,
-                dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=16), 4)
+    return Spec(
+        "merge_splits",
+        "B=1024 16 rows",
+        cc,
+        tree_attention._merge_splits_kernel,
+        args,
+        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=16),
+        4,
+    )
 
 
 def visibility_spec(cc: int) -> Spec:
     nodes = BUDGET + 1
     bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32)
-    args = dict(PARENTS=_empty(nodes, dtype=torch.int64), DEPTH=_empty(nodes, dtype=torch.int64), BITS=bits,
-                stride_bn=bits.stride(0))
-    return Spec("tree_visibility", f"N={nodes}", cc, tree_attention._visibility_kernel, args,
-                dict(WORDS=bits.shape[1], WORDS_PAD=next_pow2(bits.shape[1])), 1)
+    args = dict(
+        PARENTS=_empty(nodes, dtype=torch.int64),
+        DEPTH=_empty(nodes, dtype=torch.int64),
+        BITS=bits,
+        stride_bn=bits.stride(0),
+    )
+    return Spec(
+        "tree_visibility",
+        f"N={nodes}",
+        cc,
+        tree_attention._visibility_kernel,
+        args,
+        dict(WORDS=bits.shape[1], WORDS_PAD=next_pow2(bits.shape[1])),
+        1,
+    )
 
 
 # --- tree build: marginal top-k and the tree kernel -----------------------------------------------
@@ -228,20 +299,89 @@ def topk_specs(cc: int) -> list[Spec]:
     case = f"k={k} M={m}"
     mod = marginal_topk
     return [
-        Spec("marginal_topk.partials", case, cc, mod._partials_kernel,
-             dict(X=x, PART_MAX=part_max, PART_M=part_m, PART_S=part_s, stride_row=stride, vocab=VOCAB,
-                  tiles_per_prog=tiles_per_prog, n_prog=n_prog), dict(M=m, T=t), warps),
-        Spec("marginal_topk.threshold", case, cc, mod._threshold_kernel,
-             dict(PART_MAX=part_max, PART_M=part_m, PART_S=part_s, TAU=tau, LSE=lse, COUNT=count, n_prog=n_prog, k=k),
-             dict(M=m, P_POW2=next_pow2(n_prog), P_BLOCK=min(8, next_pow2(n_prog)), ROUNDS=mod._THRESHOLD_ROUNDS), 8),
-        Spec("marginal_topk.collect", case, cc, mod._collect_kernel,
-             dict(X=x, TAU=tau, COUNT=count, CAND=cand, stride_row=stride, vocab=VOCAB, tiles_per_prog=tiles_per_prog,
-                  cap=cap), dict(M=m, T=t), 2 * warps),
-        Spec("marginal_topk.exact", case, cc, mod._exact_kernel,
-             dict(X=x, COUNT=count, CAND=cand, stride_row=stride, vocab=VOCAB, k=k, cap=cap,
-                  index_bits=VOCAB.bit_length()), dict(M=m), warps),
-        Spec("marginal_topk.rank", case, cc, mod._rank_kernel,
-             dict(CAND=cand, COUNT=count, LSE=lse, VALS=vals, TOKS=toks, k=k, cap=cap), dict(BLOCK_X=64, BLOCK_Y=256), 4),
+        Spec(
+            "marginal_topk.partials",
+            case,
+            cc,
+            mod._partials_kernel,
+            dict(
+                X=x,
+                PART_MAX=part_max,
+                PART_M=part_m,
+                PART_S=part_s,
+                stride_row=stride,
+                vocab=VOCAB,
+                tiles_per_prog=tiles_per_prog,
+                n_prog=n_prog,
+            ),
+            dict(M=m, T=t),
+            warps,
+        ),
+        Spec(
+            "marginal_topk.threshold",
+            case,
+            cc,
+            mod._threshold_kernel,
+            dict(
+                PART_MAX=part_max,
+                PART_M=part_m,
+                PART_S=part_s,
+                TAU=tau,
+                LSE=lse,
+                COUNT=count,
+                n_prog=n_prog,
+                k=k,
+            ),
+            dict(
+                M=m, P_POW2=next_pow2(n_prog), P_BLOCK=min(8, next_pow2(n_prog)), ROUNDS=mod._THRESHOLD_ROUNDS
+            ),
+            8,
+        ),
+        Spec(
+            "marginal_topk.collect",
+            case,
+            cc,
+            mod._collect_kernel,
+            dict(
+                X=x,
+                TAU=tau,
+                COUNT=count,
+                CAND=cand,
+                stride_row=stride,
+                vocab=VOCAB,
+                tiles_per_prog=tiles_per_prog,
+                cap=cap,
+            ),
+            dict(M=m, T=t),
+            2 * warps,
+        ),
+        Spec(
+            "marginal_topk.exact",
+            case,
+            cc,
+            mod._exact_kernel,
+            dict(
+                X=x,
+                COUNT=count,
+                CAND=cand,
+                stride_row=stride,
+                vocab=VOCAB,
+                k=k,
+                cap=cap,
+                index_bits=VOCAB.bit_length(),
+            ),
+            dict(M=m),
+            warps,
+        ),
+        Spec(
+            "marginal_topk.rank",
+            case,
+            cc,
+            mod._rank_kernel,
+            dict(CAND=cand, COUNT=count, LSE=lse, VALS=vals, TOKS=toks, k=k, cap=cap),
+            dict(BLOCK_X=64, BLOCK_Y=256),
+            4,
+        ),
     ]
 
 
@@ -255,15 +395,33 @@ def tree_spec(cc: int) -> Spec:
     i32, i64 = torch.int32, torch.int64
     tokens = _empty(budget + 1, dtype=i64)
     args = dict(
-        VALS=_empty(DRAFT_POSITIONS, k), TOKS=_empty(DRAFT_POSITIONS, k, dtype=i64), TAB_RHO=_empty(n_pairs, dtype=i32),
-        TAB_R=_empty(n_pairs, dtype=i32), ROOT=_empty(1, dtype=i64), LS=_empty(DRAFT_POSITIONS, bp),
-        LRHO=_empty(DRAFT_POSITIONS, bp, dtype=i32), LR=_empty(DRAFT_POSITIONS, bp, dtype=i32),
-        LEN=_empty(DRAFT_POSITIONS, dtype=i32), CK=_empty(n_pairs, dtype=i64),
-        TOKENS=tokens, PARENTS=tokens, DEPTH=tokens,
-        depth_max=DRAFT_POSITIONS, budget=budget, k=k, n_pairs=n_pairs,
+        VALS=_empty(DRAFT_POSITIONS, k),
+        TOKS=_empty(DRAFT_POSITIONS, k, dtype=i64),
+        TAB_RHO=_empty(n_pairs, dtype=i32),
+        TAB_R=_empty(n_pairs, dtype=i32),
+        ROOT=_empty(1, dtype=i64),
+        LS=_empty(DRAFT_POSITIONS, bp),
+        LRHO=_empty(DRAFT_POSITIONS, bp, dtype=i32),
+        LR=_empty(DRAFT_POSITIONS, bp, dtype=i32),
+        LEN=_empty(DRAFT_POSITIONS, dtype=i32),
+        CK=_empty(n_pairs, dtype=i64),
+        TOKENS=tokens,
+        PARENTS=tokens,
+        DEPTH=tokens,
+        depth_max=DRAFT_POSITIONS,
+        budget=budget,
+        k=k,
+        n_pairs=n_pairs,
     )
-    constexprs = dict(BP=bp, LOG_BP=bp.bit_length() - 1, SMALL=small, LOG_SMALL=small.bit_length() - 1, CHUNK=chunk,
-                      GROUP=4, FULL=bp == budget)
+    constexprs = dict(
+        BP=bp,
+        LOG_BP=bp.bit_length() - 1,
+        SMALL=small,
+        LOG_SMALL=small.bit_length() - 1,
+        CHUNK=chunk,
+        GROUP=4,
+        FULL=bp == budget,
+    )
     return Spec("tree_build.tree", f"B={budget}", cc, tree_build._tree_kernel, args, constexprs, warps)
 
 
@@ -281,28 +439,74 @@ def walk_specs(cc: int) -> list[Spec]:
     part_val, part_idx = _empty(n, splits), _empty(n, splits, dtype=torch.int32)
     specs = []
     for sample in (False, True):
-        args = dict(LOGITS=logits, SEED=_empty(1, dtype=torch.int64) if sample else part_idx, PART_VAL=part_val,
-                    PART_IDX=part_idx, **_strides("stride_ln stride_lv", logits), n_rows=n, vocab=VOCAB, chunk=chunk,
-                    inv_temperature=1.25)
-        specs.append(Spec("tree_walk.choice", f"N={n} {'sample' if sample else 'greedy'} {block_r}x{block_v}", cc,
-                          tree_walk._choice_kernel, args,
-                          dict(SAMPLE=sample, SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v),
-                          4 if block_v >= 1024 else 1))
+        args = dict(
+            LOGITS=logits,
+            SEED=_empty(1, dtype=torch.int64) if sample else part_idx,
+            PART_VAL=part_val,
+            PART_IDX=part_idx,
+            **_strides("stride_ln stride_lv", logits),
+            n_rows=n,
+            vocab=VOCAB,
+            chunk=chunk,
+            inv_temperature=1.25,
+        )
+        specs.append(
+            Spec(
+                "tree_walk.choice",
+                f"N={n} {'sample' if sample else 'greedy'} {block_r}x{block_v}",
+                cc,
+                tree_walk._choice_kernel,
+                args,
+                dict(SAMPLE=sample, SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v),
+                4 if block_v >= 1024 else 1,
+            )
+        )
     tokens, scalar = _empty(n, dtype=torch.int64), _empty((), dtype=torch.int64)
-    args = dict(TOKENS=tokens, PARENTS=tokens, PART_VAL=part_val, PART_IDX=part_idx, PATH=tokens, PATH_LEN=scalar,
-                BONUS=scalar, n_nodes=n)
-    specs.append(Spec("tree_walk.walk", f"N={n}", cc, tree_walk._walk_kernel, args,
-                      dict(SPLITS=splits, N_PAD=max(16, next_pow2(n))), 4))
+    args = dict(
+        TOKENS=tokens,
+        PARENTS=tokens,
+        PART_VAL=part_val,
+        PART_IDX=part_idx,
+        PATH=tokens,
+        PATH_LEN=scalar,
+        BONUS=scalar,
+        n_nodes=n,
+    )
+    specs.append(
+        Spec(
+            "tree_walk.walk",
+            f"N={n}",
+            cc,
+            tree_walk._walk_kernel,
+            args,
+            dict(SPLITS=splits, N_PAD=max(16, next_pow2(n))),
+            4,
+        )
+    )
     return specs
 
 
 def compact_spec(cc: int) -> Spec:
     cache = _empty(LAYERS * HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
     path = _empty(BUDGET + 1, dtype=torch.int64)
-    args = dict(K=cache, V=cache, PATH=path, PATH_LEN=_empty((), dtype=torch.int64), CTX=_empty((), dtype=torch.int64),
-                **_strides("stride_h stride_s stride_d", cache), n_path=BUDGET + 1)
-    return Spec("kv_compact", f"{LAYERS} layers", cc, kv_compact._compact_kernel, args,
-                dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16), 4)
+    args = dict(
+        K=cache,
+        V=cache,
+        PATH=path,
+        PATH_LEN=_empty((), dtype=torch.int64),
+        CTX=_empty((), dtype=torch.int64),
+        **_strides("stride_h stride_s stride_d", cache),
+        n_path=BUDGET + 1,
+    )
+    return Spec(
+        "kv_compact",
+        f"{LAYERS} layers",
+        cc,
+        kv_compact._compact_kernel,
+        args,
+        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16),
+        4,
+    )
 
 
 # --- the decoder layer's fused steps ----------------------------------------------------------------
@@ -315,37 +519,98 @@ def layer_specs(cc: int) -> list[Spec]:
     """RMSNorm (+ residual), q/k norm + RoPE + cache write, SwiGLU's gate and the skinny matmul."""
     bf16 = torch.bfloat16
     x = _empty(257, HIDDEN, dtype=bf16)
-    norm = Spec("rms_norm", f"H={HIDDEN} + residual", cc, rms_norm._rms_norm_kernel,
-                dict(X=x, RES=x, W=_empty(HIDDEN, dtype=bf16), OUT=x, RES_OUT=x, stride_x=HIDDEN, stride_r=HIDDEN,
-                     stride_o=HIDDEN, stride_ro=HIDDEN, n_cols=HIDDEN, eps=1e-6),
-                dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)), 8)
+    norm = Spec(
+        "rms_norm",
+        f"H={HIDDEN} + residual",
+        cc,
+        rms_norm._rms_norm_kernel,
+        dict(
+            X=x,
+            RES=x,
+            W=_empty(HIDDEN, dtype=bf16),
+            OUT=x,
+            RES_OUT=x,
+            stride_x=HIDDEN,
+            stride_r=HIDDEN,
+            stride_o=HIDDEN,
+            stride_ro=HIDDEN,
+            n_cols=HIDDEN,
+            eps=1e-6,
+        ),
+        dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)),
+        8,
+    )
     qkv = _empty(257, (HQ + 2 * HKV) * HEAD_DIM, dtype=bf16)
     cache_ = _empty(HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=bf16)
     table_ = _empty(CONTEXT + BUDGET + 1, HEAD_DIM)
     q = _empty(257, HQ, HEAD_DIM, dtype=bf16)
-    rope = Spec("qk_rope", f"{HQ}/{HKV} heads D={HEAD_DIM}", cc, qk_rope._qk_rope_kernel,
-                dict(QKV=qkv, QW=_empty(HEAD_DIM, dtype=bf16), KW=_empty(HEAD_DIM, dtype=bf16), COS=table_, SIN=table_,
-                     POS=_empty(257, dtype=torch.int64), K=cache_, V=cache_, Q_OUT=q, CTX=_empty((), dtype=torch.int64),
-                     stride_t=qkv.stride(0), stride_ct=table_.stride(0), stride_kh=cache_.stride(0),
-                     stride_ks=cache_.stride(1), stride_qt=q.stride(0), stride_qh=q.stride(1), eps=1e-6),
-                dict(HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM, HALF_PAD=HEAD_DIM // 2), 1)
+    rope = Spec(
+        "qk_rope",
+        f"{HQ}/{HKV} heads D={HEAD_DIM}",
+        cc,
+        qk_rope._qk_rope_kernel,
+        dict(
+            QKV=qkv,
+            QW=_empty(HEAD_DIM, dtype=bf16),
+            KW=_empty(HEAD_DIM, dtype=bf16),
+            COS=table_,
+            SIN=table_,
+            POS=_empty(257, dtype=torch.int64),
+            K=cache_,
+            V=cache_,
+            Q_OUT=q,
+            CTX=_empty((), dtype=torch.int64),
+            stride_t=qkv.stride(0),
+            stride_ct=table_.stride(0),
+            stride_kh=cache_.stride(0),
+            stride_ks=cache_.stride(1),
+            stride_qt=q.stride(0),
+            stride_qh=q.stride(1),
+            eps=1e-6,
+        ),
+        dict(HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM, HALF_PAD=HEAD_DIM // 2),
+        1,
+    )
     gate_up = _empty(257, 2 * INTER, dtype=bf16)
     act = _empty(257, INTER, dtype=bf16)
-    swiglu = Spec("silu_mul", f"I={INTER}", cc, silu_mul._silu_mul_kernel,
-                  dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
-                  dict(BLOCK=1024), 4)
+    swiglu = Spec(
+        "silu_mul",
+        f"I={INTER}",
+        cc,
+        silu_mul._silu_mul_kernel,
+        dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
+        dict(BLOCK=1024),
+        4,
+    )
     found = [norm, rope, swiglu]
     for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
         cfg = skinny_matmul.default_config(n, k, SMS[cc])
         w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
         part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
-        found.append(Spec(
-            "skinny_matmul", f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}", cc,
-            skinny_matmul._skinny_kernel,
-            dict(X=xs, W=w, OUT=out, PART=part, stride_xt=k, stride_wn=k, stride_ot=n, n_rows=1, n_cols=n,
-                 k_total=k, k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k),
-            dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
-            cfg.num_warps, cfg.num_stages))
+        found.append(
+            Spec(
+                "skinny_matmul",
+                f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}",
+                cc,
+                skinny_matmul._skinny_kernel,
+                dict(
+                    X=xs,
+                    W=w,
+                    OUT=out,
+                    PART=part,
+                    stride_xt=k,
+                    stride_wn=k,
+                    stride_ot=n,
+                    n_rows=1,
+                    n_cols=n,
+                    k_total=k,
+                    k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+                ),
+                dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
+                cfg.num_warps,
+                cfg.num_stages,
+            )
+        )
     return found
 
 
@@ -357,8 +622,15 @@ def specs() -> dict[str, Spec]:
         for cc in row.targets:
             found += attention_specs(row, cc)
     for cc in TARGETS:
-        found += [merge_spec(cc), visibility_spec(cc), *topk_specs(cc), tree_spec(cc), *walk_specs(cc), compact_spec(cc),
-                  *layer_specs(cc)]
+        found += [
+            merge_spec(cc),
+            visibility_spec(cc),
+            *topk_specs(cc),
+            tree_spec(cc),
+            *walk_specs(cc),
+            compact_spec(cc),
+            *layer_specs(cc),
+        ]
     return {spec.key: spec for spec in found}
 
 
@@ -380,7 +652,9 @@ def read_cubin(cubin: bytes) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run(
+            [tool, "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     return dict(
@@ -395,8 +669,11 @@ def compile_spec(key: str) -> Compiled:
     """Compile one spec (by key, so that worker processes can rebuild it) and read its cubin."""
     spec = specs()[key]
     with contextlib.redirect_stdout(io.StringIO()):  # TRITON_DUMP_PTXAS_LOG and friends
-        kernel = triton.compile(spec.source(), target=GPUTarget("cuda", spec.cc, 32),
-                                options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+        kernel = triton.compile(
+            spec.source(),
+            target=GPUTarget("cuda", spec.cc, 32),
+            options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
+        )
     return Compiled(shared=kernel.metadata.shared, **read_cubin(kernel.asm["cubin"]))
 
 
@@ -424,19 +701,25 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = interpret
-    return {key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]] for key, s in
-            ((key, specs()[key]) for key in keys)}
+    return {
+        key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]]
+        for key, s in ((key, specs()[key]) for key in keys)
+    }
 
 
 def problems(spec: Spec, result: Compiled) -> list[str]:
     """Why a compiled spec could not be launched as planned: too much shared memory, or spills."""
     found = []
     if result.shared > spec.smem_limit:
-        found.append(f"{spec.key}: needs {result.shared} bytes of shared memory, the limit is {spec.smem_limit} "
-                     f"(fix: smaller tiles or fewer stages in kernels/arch.py ROWS['{spec.row}'])")
+        found.append(
+            f"{spec.key}: needs {result.shared} bytes of shared memory, the limit is {spec.smem_limit} "
+            f"(fix: smaller tiles or fewer stages in kernels/arch.py ROWS['{spec.row}'])"
+        )
     if result.spill_ops and spec.key not in ACCEPTED_SPILLS:
-        found.append(f"{spec.key}: {result.spill_ops} local-memory ops (register spills, {result.registers} registers, "
-                     f"{result.stack} B stack) (fix: more warps or smaller tiles)")
+        found.append(
+            f"{spec.key}: {result.spill_ops} local-memory ops (register spills, {result.registers} registers, "
+            f"{result.stack} B stack) (fix: more warps or smaller tiles)"
+        )
     return found
 
 
@@ -452,7 +735,7 @@ def table(results: dict[str, Compiled]) -> str:
     lines = [
         "# Kernels per architecture (generated: `python -m kernels.aot --write`; checked by tests/kernels/test_aot.py)",
         "",
-        f"Compiled ahead of time with Triton {triton.__version__} for `GPUTarget(\"cuda\", cc, 32)`, no GPU involved, at "
+        f'Compiled ahead of time with Triton {triton.__version__} for `GPUTarget("cuda", cc, 32)`, no GPU involved, at '
         f"Qwen3-8B shapes ({HQ}/{HKV} heads, head_dim {HEAD_DIM}, bf16, vocabulary {VOCAB}, context {CONTEXT}, "
         f"budgets up to {BUDGET}). Shared memory is the compiler's figure for one block; registers, stack, "
         "spill ops (STL/LDL in the SASS) and matrix instructions come from `cuobjdump` (Triton's copy). Figures move "
@@ -464,9 +747,14 @@ def table(results: dict[str, Compiled]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in ROWS.values():
-        tiles = [f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}" for t in (row.decode, row.small, row.large, row.tail)]
-        lines.append(f"| {row.family} | {', '.join(f'sm_{cc}' for cc in row.targets)} | {row.smem_per_block} | "
-                     f"{' | '.join(tiles)} |")
+        tiles = [
+            f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
+            for t in (row.decode, row.small, row.large, row.tail)
+        ]
+        lines.append(
+            f"| {row.family} | {', '.join(f'sm_{cc}' for cc in row.targets)} | {row.smem_per_block} | "
+            f"{' | '.join(tiles)} |"
+        )
     lines += [
         "",
         "## Every compiled launch",
@@ -477,16 +765,20 @@ def table(results: dict[str, Compiled]) -> str:
     for key, spec in specs().items():
         r = results[key]
         matrix = ", ".join(f"{op} x{count}" for op, count in r.matrix.items()) or "-"
-        lines.append(f"| {spec.kernel} | {spec.case} | {spec.row} | sm_{spec.cc} | {spec.num_warps} | {spec.num_stages} | "
-                     f"{r.shared} | {spec.smem_limit} | {_cell(r.registers)} | {_cell(r.stack)} | {_cell(r.spill_ops)} | "
-                     f"{matrix} |")
+        lines.append(
+            f"| {spec.kernel} | {spec.case} | {spec.row} | sm_{spec.cc} | {spec.num_warps} | {spec.num_stages} | "
+            f"{r.shared} | {spec.smem_limit} | {_cell(r.registers)} | {_cell(r.stack)} | {_cell(r.spill_ops)} | "
+            f"{matrix} |"
+        )
     lines += ["", "Spills accepted (`ACCEPTED_SPILLS` in kernels/aot.py):", ""]
     lines += [f"- {key}: {reason}" for key, reason in ACCEPTED_SPILLS.items()]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Compile every kernel for sm_90/100/120 and check the planner's configs.")
+    parser = argparse.ArgumentParser(
+        description="Compile every kernel for sm_90/100/120 and check the planner's configs."
+    )
     parser.add_argument("--write", action="store_true", help=f"write the table to {ARCH_MD}")
     parser.add_argument("--workers", type=int, help="compile processes (default: cores, 4 at most)")
     args = parser.parse_args(argv)

@@ -53,7 +53,12 @@ class ArchRow:
         """One line for logs and the provision smoke step: the family and its tile choices."""
         tiles = ", ".join(
             f"{name} {t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
-            for name, t in (("decode", self.decode), ("small", self.small), ("large", self.large), ("tail", self.tail))
+            for name, t in (
+                ("decode", self.decode),
+                ("small", self.small),
+                ("large", self.large),
+                ("tail", self.tail),
+            )
         )
         return f"{self.family} row (<= {self.smem_per_block} B shared/block): {tiles}"
 
@@ -89,13 +94,21 @@ ROWS: dict[str, ArchRow] = {
     # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA); for the big trees a 64-key
     # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not; decode on 128-key
     # tiles spills once the context length is read on the device, 64-key tiles do not
-    "sm_100": ArchRow("sm_100", SMEM_SM100, targets=(100,),
-                      **{**_HOPPER, "decode": Tiles(16, 64, 4, 3), "large": Tiles(128, 32, 8, 4)}),
+    "sm_100": ArchRow(
+        "sm_100",
+        SMEM_SM100,
+        targets=(100,),
+        **{**_HOPPER, "decode": Tiles(16, 64, 4, 3), "large": Tiles(128, 32, 8, 4)},
+    ),
     "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
     # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
     # on 32-key tiles, which do not spill on sm_80 (mma.sync, no TMA) where 64-key tiles do
-    "generic": ArchRow("generic", SMEM_SM120, targets=(80, 120),
-                       **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)}),
+    "generic": ArchRow(
+        "generic",
+        SMEM_SM120,
+        targets=(80, 120),
+        **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)},
+    ),
 }
 _FAMILIES = {9: "sm_90", 10: "sm_100", 12: "sm_120"}
 

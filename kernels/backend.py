@@ -44,6 +44,7 @@ class TritonBackend:
         if x.shape[0] <= MAX_ROWS and weight.shape[0] <= SKINNY_MAX_N and x.stride(-1) == 1:
             return skinny_matmul(x, weight)
         return F.linear(x, weight)
+
     qk_rope = staticmethod(qk_rope)
     silu_mul = staticmethod(silu_mul)
 
@@ -70,7 +71,9 @@ class TritonBackend:
             q, k_cache, v_cache, context_len, visibility, scale, key_bound=key_bound, all_visible=all_visible
         )
 
-    def build_tree(self, draft_logits: Tensor, budget: int, root_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def build_tree(
+        self, draft_logits: Tensor, budget: int, root_token: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """tokens, parents, depth [budget + 1] of the top-budget prefixes (same set as the heap)."""
         key = (budget, min(budget, draft_logits.shape[1]), draft_logits.device)
         if key not in self._pairs:

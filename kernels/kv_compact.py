@@ -21,8 +21,14 @@ from kernels.host import next_pow2
 
 @triton.jit
 def _compact_kernel(
-    K, V, PATH, PATH_LEN, CTX,
-    stride_h, stride_s, stride_d,
+    K,
+    V,
+    PATH,
+    PATH_LEN,
+    CTX,
+    stride_h,
+    stride_s,
+    stride_d,
     n_path,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -46,7 +52,9 @@ def _compact_kernel(
         tl.store(V + dst_off, v_rows, mask=move)
 
 
-def compact(k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor) -> None:
+def compact(
+    k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
+) -> None:
     """In place: for a < path_len, row ``context_len + path[a]`` -> ``context_len + a`` in [L, Hkv, S_max, D].
 
     ``context_len``: an int, or a 0-d int64 device tensor (read by the kernel: graph-capturable)."""
@@ -58,17 +66,27 @@ def compact(k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: T
     layers, hkv, s_max, d = k_cache.shape
     if isinstance(context_len, int):
         if context_len + path.shape[0] > s_max:
-            raise RuntimeError(f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows")
+            raise RuntimeError(
+                f"context_len {context_len} + {path.shape[0]} path rows exceed the cache's {s_max} rows"
+            )
         context_len = torch.full((), context_len, dtype=torch.int64, device=path.device)
     k3 = k_cache.view(layers * hkv, s_max, d)  # view: needs the layer and head dims mergeable
     v3 = v_cache.view(layers * hkv, s_max, d)
     if k3.stride() != v3.stride():
-        raise RuntimeError(f"compact wants k and v caches with equal strides, got {k3.stride()} and {v3.stride()}")
+        raise RuntimeError(
+            f"compact wants k and v caches with equal strides, got {k3.stride()} and {v3.stride()}"
+        )
     _compact_kernel[(layers * hkv,)](
-        k3, v3, path, path_len, context_len,
+        k3,
+        v3,
+        path,
+        path_len,
+        context_len,
         *k3.stride(),
         path.shape[0],
-        HEAD_DIM=d, D_PAD=max(16, next_pow2(d)), BLOCK_P=16,
+        HEAD_DIM=d,
+        D_PAD=max(16, next_pow2(d)),
+        BLOCK_P=16,
         num_warps=4,
     )
 

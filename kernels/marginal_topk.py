@@ -67,8 +67,14 @@ def _key(mono, index):
 
 @triton.jit
 def _partials_kernel(
-    X, PART_MAX, PART_M, PART_S,
-    stride_row, vocab, tiles_per_prog, n_prog,
+    X,
+    PART_MAX,
+    PART_M,
+    PART_S,
+    stride_row,
+    vocab,
+    tiles_per_prog,
+    n_prog,
     M: tl.constexpr,
     T: tl.constexpr,
 ):
@@ -94,8 +100,14 @@ def _partials_kernel(
 
 @triton.jit
 def _threshold_kernel(
-    PART_MAX, PART_M, PART_S, TAU, LSE, COUNT,
-    n_prog, k,
+    PART_MAX,
+    PART_M,
+    PART_S,
+    TAU,
+    LSE,
+    COUNT,
+    n_prog,
+    k,
     M: tl.constexpr,
     P_POW2: tl.constexpr,
     P_BLOCK: tl.constexpr,
@@ -107,8 +119,11 @@ def _threshold_kernel(
     chunk_max = tl.full([M], float("-inf"), tl.float32)
     for p0 in range(0, n_prog, P_BLOCK):
         p = p0 + tl.arange(0, P_BLOCK)
-        part = tl.load(PART_MAX + (row * n_prog + p[:, None]) * M + lane[None, :], mask=(p < n_prog)[:, None],
-                       other=float("-inf"))
+        part = tl.load(
+            PART_MAX + (row * n_prog + p[:, None]) * M + lane[None, :],
+            mask=(p < n_prog)[:, None],
+            other=float("-inf"),
+        )
         chunk_max = tl.maximum(chunk_max, tl.max(part, 0))
     mono = _mono(chunk_max).to(tl.int64)
     # invariant: count(mono >= lo) >= k > count(mono >= lo + width); 16 probes a round cut the
@@ -133,8 +148,14 @@ def _threshold_kernel(
 
 @triton.jit
 def _collect_kernel(
-    X, TAU, COUNT, CAND,
-    stride_row, vocab, tiles_per_prog, cap,
+    X,
+    TAU,
+    COUNT,
+    CAND,
+    stride_row,
+    vocab,
+    tiles_per_prog,
+    cap,
     M: tl.constexpr,
     T: tl.constexpr,
 ):
@@ -175,8 +196,14 @@ def _count_ge(X, stride_row, vocab, lo_mono, lo_index, M: tl.constexpr):
 
 @triton.jit
 def _exact_kernel(
-    X, COUNT, CAND,
-    stride_row, vocab, k, cap, index_bits,
+    X,
+    COUNT,
+    CAND,
+    stride_row,
+    vocab,
+    k,
+    cap,
+    index_bits,
     M: tl.constexpr,
 ):
     """Only when the buffer overflowed: rewrite it with exactly the row's top k by bisection."""
@@ -211,8 +238,13 @@ def _exact_kernel(
 
 @triton.jit
 def _rank_kernel(
-    CAND, COUNT, LSE, VALS, TOKS,
-    k, cap,
+    CAND,
+    COUNT,
+    LSE,
+    VALS,
+    TOKS,
+    k,
+    cap,
     BLOCK_X: tl.constexpr,
     BLOCK_Y: tl.constexpr,
 ):
@@ -272,22 +304,61 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
     toks = torch.empty(rows, k, dtype=torch.int64, device=device)
     stride = x.stride(0)
     _partials_kernel[(rows, n_prog)](
-        x, part_max, part_m, part_s, stride, vocab, tiles_per_prog, n_prog, M=m, T=t, num_warps=warps,
+        x,
+        part_max,
+        part_m,
+        part_s,
+        stride,
+        vocab,
+        tiles_per_prog,
+        n_prog,
+        M=m,
+        T=t,
+        num_warps=warps,
     )
     _threshold_kernel[(rows,)](
-        part_max, part_m, part_s, tau, lse, count, n_prog, k,
-        M=m, P_POW2=next_pow2(n_prog), P_BLOCK=min(8, next_pow2(n_prog)),
-        ROUNDS=_THRESHOLD_ROUNDS, num_warps=8,
+        part_max,
+        part_m,
+        part_s,
+        tau,
+        lse,
+        count,
+        n_prog,
+        k,
+        M=m,
+        P_POW2=next_pow2(n_prog),
+        P_BLOCK=min(8, next_pow2(n_prog)),
+        ROUNDS=_THRESHOLD_ROUNDS,
+        num_warps=8,
     )
     _collect_kernel[(rows, n_prog)](
-        x, tau, count, cand, stride, vocab, tiles_per_prog, cap, M=m, T=t, num_warps=2 * warps,
+        x,
+        tau,
+        count,
+        cand,
+        stride,
+        vocab,
+        tiles_per_prog,
+        cap,
+        M=m,
+        T=t,
+        num_warps=2 * warps,
     )
     _exact_kernel[(rows,)](x, count, cand, stride, vocab, k, cap, vocab.bit_length(), M=m, num_warps=warps)
     # GPU: small x-blocks over many programs (those past the row's count exit at once); the CPU
     # interpreter runs programs one by one, so there few big ones are far faster
     block_x = 1024 if os.environ.get("TRITON_INTERPRET") == "1" else 64
     _rank_kernel[(rows, cdiv(cap, block_x))](
-        cand, count, lse, vals, toks, k, cap, BLOCK_X=block_x, BLOCK_Y=256, num_warps=4,
+        cand,
+        count,
+        lse,
+        vals,
+        toks,
+        k,
+        cap,
+        BLOCK_X=block_x,
+        BLOCK_Y=256,
+        num_warps=4,
     )
     return vals, toks
 

@@ -25,8 +25,22 @@ from kernels.host import next_pow2
 
 @triton.jit
 def _qk_rope_kernel(
-    QKV, QW, KW, COS, SIN, POS, K, V, Q_OUT, CTX,
-    stride_t, stride_ct, stride_kh, stride_ks, stride_qt, stride_qh,
+    QKV,
+    QW,
+    KW,
+    COS,
+    SIN,
+    POS,
+    K,
+    V,
+    Q_OUT,
+    CTX,
+    stride_t,
+    stride_ct,
+    stride_kh,
+    stride_ks,
+    stride_qt,
+    stride_qh,
     eps,
     HQ: tl.constexpr,
     HKV: tl.constexpr,
@@ -92,15 +106,34 @@ def qk_rope(
     t = qkv.shape[0]
     hkv, _, d = k_cache.shape
     if qkv.shape[1] != (n_heads + 2 * hkv) * d or qkv.stride(1) != 1 or d % 2:
-        raise RuntimeError(f"qk_rope wants qkv [T, (Hq + 2 Hkv) D] = [{t}, {(n_heads + 2 * hkv) * d}], got {tuple(qkv.shape)}")
+        raise RuntimeError(
+            f"qk_rope wants qkv [T, (Hq + 2 Hkv) D] = [{t}, {(n_heads + 2 * hkv) * d}], got {tuple(qkv.shape)}"
+        )
     if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1 or cos.stride(1) != 1:
         raise RuntimeError("qk_rope wants K/V caches of equal strides with a unit last stride")
     q = torch.empty(t, n_heads, d, device=qkv.device, dtype=qkv.dtype)
     _qk_rope_kernel[(t, n_heads + 2 * hkv)](
-        qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, q, context_len,
-        qkv.stride(0), cos.stride(0), k_cache.stride(0), k_cache.stride(1), q.stride(0), q.stride(1),
+        qkv,
+        q_weight,
+        k_weight,
+        cos,
+        sin,
+        positions,
+        k_cache,
+        v_cache,
+        q,
+        context_len,
+        qkv.stride(0),
+        cos.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        q.stride(0),
+        q.stride(1),
         eps,
-        HQ=n_heads, HKV=hkv, HEAD_DIM=d, HALF_PAD=next_pow2(d // 2),
+        HQ=n_heads,
+        HKV=hkv,
+        HEAD_DIM=d,
+        HALF_PAD=next_pow2(d // 2),
         num_warps=1,
     )
     return q

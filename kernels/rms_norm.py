@@ -24,9 +24,17 @@ from kernels.host import next_pow2
 
 @triton.jit
 def _rms_norm_kernel(
-    X, RES, W, OUT, RES_OUT,
-    stride_x, stride_r, stride_o, stride_ro,
-    n_cols, eps,
+    X,
+    RES,
+    W,
+    OUT,
+    RES_OUT,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    n_cols,
+    eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -35,35 +43,52 @@ def _rms_norm_kernel(
     ok = cols < n_cols
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0)
     if HAS_RES:
-        x = (x.to(tl.float32) + tl.load(RES + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32))
+        x = x.to(tl.float32) + tl.load(RES + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
         x = x.to(RES_OUT.dtype.element_ty)
         tl.store(RES_OUT + row * stride_ro + cols, x, mask=ok)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
     normed = (xf * inv).to(OUT.dtype.element_ty)
     w = tl.load(W + cols, mask=ok, other=0.0)
-    tl.store(OUT + row * stride_o + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty), mask=ok)
+    tl.store(
+        OUT + row * stride_o + cols,
+        (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty),
+        mask=ok,
+    )
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [T, H] (+ residual [T, H]) -> (norm(s) [T, H], s) with s = x + residual (s = x without one)."""
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
-        raise RuntimeError(f"rms_norm wants x [T, H] with unit last stride and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}")
+        raise RuntimeError(
+            f"rms_norm wants x [T, H] with unit last stride and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
     t, h = x.shape
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
     _rms_norm_kernel[(t,)](
-        x, res, weight, out, res_out,
-        x.stride(0), res.stride(0), out.stride(0), res_out.stride(0),
-        h, eps,
-        HAS_RES=residual is not None, BLOCK=next_pow2(h),
+        x,
+        res,
+        weight,
+        out,
+        res_out,
+        x.stride(0),
+        res.stride(0),
+        out.stride(0),
+        res_out.stride(0),
+        h,
+        eps,
+        HAS_RES=residual is not None,
+        BLOCK=next_pow2(h),
         num_warps=8 if h >= 2048 else 4,
     )
     return out, res_out
 
 
-def rms_norm_reference(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def rms_norm_reference(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """PyTorch: Qwen3's RMSNorm (fp32 inside, normalised value cast back before the scale)."""
     s = x if residual is None else x + residual
     sf = s.float()

@@ -33,7 +33,9 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     inner = two_i // 2
     out = torch.empty(t, inner, device=gate_up.device, dtype=gate_up.dtype)
     block = 1024
-    _silu_mul_kernel[(t, -(-inner // block))](gate_up, out, gate_up.stride(0), out.stride(0), inner, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(t, -(-inner // block))](
+        gate_up, out, gate_up.stride(0), out.stride(0), inner, BLOCK=block, num_warps=4
+    )
     return out
 
 

@@ -39,9 +39,17 @@ class SkinnyConfig:
 
 @triton.jit
 def _skinny_kernel(
-    X, W, OUT, PART,
-    stride_xt, stride_wn, stride_ot,
-    n_rows, n_cols, k_total, k_per_split,
+    X,
+    W,
+    OUT,
+    PART,
+    stride_xt,
+    stride_wn,
+    stride_ot,
+    n_rows,
+    n_cols,
+    k_total,
+    k_per_split,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -59,8 +67,12 @@ def _skinny_kernel(
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < k_total
-        x = tl.load(X + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(
+            X + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        w = tl.load(
+            W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
+        )
         acc = dot(x, tl.trans(w), PRECISION, acc)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
@@ -104,14 +116,28 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
-        x, weight, out, part,
-        x.stride(0), weight.stride(0), out.stride(0),
-        t, n, k, k_per_split,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=dot_precision(x.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x,
+        weight,
+        out,
+        part,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        t,
+        n,
+        k,
+        k_per_split,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT=cfg.split_k > 1,
+        PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
-        _sum_splits_kernel[(t, cdiv(n, 1024))](part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4)
+        _sum_splits_kernel[(t, cdiv(n, 1024))](
+            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
+        )
     return out
 
 

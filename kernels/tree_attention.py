@@ -86,7 +86,9 @@ class AttentionConfig:
 
 @triton.jit
 def _visibility_kernel(
-    PARENTS, DEPTH, BITS,
+    PARENTS,
+    DEPTH,
+    BITS,
     stride_bn,
     WORDS: tl.constexpr,
     WORDS_PAD: tl.constexpr,
@@ -106,12 +108,28 @@ def _visibility_kernel(
 
 @triton.jit
 def _tree_attention_kernel(
-    Q, K, V, BITS, OUT, PART_ACC, PART_ML,
-    stride_qh, stride_qn, stride_qd,
-    stride_oh, stride_on, stride_od,
+    Q,
+    K,
+    V,
+    BITS,
+    OUT,
+    PART_ACC,
+    PART_ML,
+    stride_qh,
+    stride_qn,
+    stride_qd,
+    stride_oh,
+    stride_on,
+    stride_od,
     stride_bn,
-    stride_ps, stride_ph, stride_pn,
-    n_nodes, row0, part_node0, CTX, qk_scale,
+    stride_ps,
+    stride_ph,
+    stride_pn,
+    n_nodes,
+    row0,
+    part_node0,
+    CTX,
+    qk_scale,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -221,11 +239,24 @@ def _tree_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    MAIN_ACC, MAIN_ML, TAIL_ACC, TAIL_ML, OUT,
-    stride_ms, stride_mh, stride_mn,
-    stride_ts, stride_th, stride_tn,
-    stride_oh, stride_on, stride_od,
-    n_nodes, main_splits, tail_splits, tail_node0,
+    MAIN_ACC,
+    MAIN_ML,
+    TAIL_ACC,
+    TAIL_ML,
+    OUT,
+    stride_ms,
+    stride_mh,
+    stride_mn,
+    stride_ts,
+    stride_th,
+    stride_tn,
+    stride_oh,
+    stride_on,
+    stride_od,
+    n_nodes,
+    main_splits,
+    tail_splits,
+    tail_node0,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -241,7 +272,9 @@ def _merge_splits_kernel(
     is_tail = node >= tail_node0
     n_splits = tl.where(is_tail, tail_splits, main_splits)
     row_ok = (node < n_nodes) & (n_splits > 1)
-    row_part = tl.where(is_tail, head * stride_th + (node - tail_node0) * stride_tn, head * stride_mh + node * stride_mn)
+    row_part = tl.where(
+        is_tail, head * stride_th + (node - tail_node0) * stride_tn, head * stride_mh + node * stride_mn
+    )
     split_stride = tl.where(is_tail, stride_ts, stride_ms)
     acc_base = tl.where(is_tail, TAIL_ACC + row_part, MAIN_ACC + row_part)
     ml_base = tl.where(is_tail, TAIL_ML + 2 * (row_part // D_PAD), MAIN_ML + 2 * (row_part // D_PAD))
@@ -249,7 +282,9 @@ def _merge_splits_kernel(
     m_all = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     for s in range(block_splits):
         ok = row_ok & (s < n_splits)
-        m_all = tl.maximum(m_all, tl.load(ml_base + 2 * (s * split_stride // D_PAD), mask=ok, other=float("-inf")))
+        m_all = tl.maximum(
+            m_all, tl.load(ml_base + 2 * (s * split_stride // D_PAD), mask=ok, other=float("-inf"))
+        )
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
@@ -295,8 +330,7 @@ def _split_cost(programs: int, key_tiles: int, sms: int, max_splits: int = 64) -
     """(cost, splits) for the best split-K: cost ~ waves x (key tiles per program + overhead)."""
     options = range(1, max(1, min(max_splits, key_tiles // 2)) + 1)
     return min(
-        (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) + _PROGRAM_OVERHEAD_TILES), sp)
-        for sp in options
+        (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) + _PROGRAM_OVERHEAD_TILES), sp) for sp in options
     )
 
 
@@ -321,7 +355,13 @@ class _Launch:
 
 @lru_cache(maxsize=1024)
 def _plan(
-    rows: int, group: int, keys: int, hkv: int, cfg: AttentionConfig, sms: int, tail_cfg: AttentionConfig = _TAIL_CONFIG
+    rows: int,
+    group: int,
+    keys: int,
+    hkv: int,
+    cfg: AttentionConfig,
+    sms: int,
+    tail_cfg: AttentionConfig = _TAIL_CONFIG,
 ) -> tuple[_Launch, ...]:
     """The main launch, and a tail launch when it saves whole waves of big-tile programs.
 
@@ -355,14 +395,22 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, v
     hq, n, d = q.shape
     hkv, s_max, dk = k_cache.shape
     if dk != d or hq % hkv:
-        raise RuntimeError(f"tree attention needs equal head dims and Hq % Hkv == 0, got q {tuple(q.shape)}, k {tuple(k_cache.shape)}")
+        raise RuntimeError(
+            f"tree attention needs equal head dims and Hq % Hkv == 0, got q {tuple(q.shape)}, k {tuple(k_cache.shape)}"
+        )
     if not n <= key_bound <= s_max:
-        raise RuntimeError(f"a key bound of {key_bound} rows (context + {n} tree rows) does not fit the cache of {s_max} rows")
+        raise RuntimeError(
+            f"a key bound of {key_bound} rows (context + {n} tree rows) does not fit the cache of {s_max} rows"
+        )
     if d < 16:
         raise RuntimeError(f"tree attention needs head_dim >= 16 (tl.dot tiles), got {d}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         size = cache.element_size()
-        if cache.stride(-1) != 1 or cache.data_ptr() % 16 or any(st * size % 16 for st in cache.stride()[:-1]):
+        if (
+            cache.stride(-1) != 1
+            or cache.data_ptr() % 16
+            or any(st * size % 16 for st in cache.stride()[:-1])
+        ):
             raise RuntimeError(
                 f"tree attention reads {name} through TMA, which needs a unit last stride and 16-byte aligned "
                 f"base and strides; got strides {cache.stride()} ({size}-byte elements): pass a contiguous cache "
@@ -425,15 +473,33 @@ def tree_attention(
         k_desc = TensorDescriptor(k_cache, [hkv, key_bound, d], list(k_cache.stride()), [1, c.block_n, d_pad])
         v_desc = TensorDescriptor(v_cache, [hkv, key_bound, d], list(v_cache.stride()), [1, c.block_n, d_pad])
         _tree_attention_kernel[(cdiv(launch.rows, c.block_m), hkv, splits)](
-            q, k_desc, v_desc, bits, out, part_acc, part_ml,
-            *q.stride(), *out.stride(),
+            q,
+            k_desc,
+            v_desc,
+            bits,
+            out,
+            part_acc,
+            part_ml,
+            *q.stride(),
+            *out.stride(),
             bits.stride(0),
             *part_acc.stride()[:3],
-            n, launch.row0, node0, context_len, scale * _LOG2E,
-            GROUP=group, HEAD_DIM=d, D_PAD=d_pad,
-            BLOCK_M=c.block_m, BLOCK_N=c.block_n,
-            TREE=visibility is not None, ALL=all_visible, SPLIT=splits > 1, PRECISION=dot_precision(q.dtype),
-            num_warps=c.num_warps, num_stages=c.num_stages,
+            n,
+            launch.row0,
+            node0,
+            context_len,
+            scale * _LOG2E,
+            GROUP=group,
+            HEAD_DIM=d,
+            D_PAD=d_pad,
+            BLOCK_M=c.block_m,
+            BLOCK_N=c.block_n,
+            TREE=visibility is not None,
+            ALL=all_visible,
+            SPLIT=splits > 1,
+            PRECISION=dot_precision(q.dtype),
+            num_warps=c.num_warps,
+            num_stages=c.num_stages,
         )
     split = [p for p in partials if p.splits > 1]
     if split:
@@ -445,12 +511,21 @@ def tree_attention(
         )
         block_r = 16
         _merge_splits_kernel[(cdiv(n, block_r), hq)](
-            main.acc, main.ml, tail.acc, tail.ml, out,
+            main.acc,
+            main.ml,
+            tail.acc,
+            tail.ml,
+            out,
             *main.acc.stride()[:3],
             *tail.acc.stride()[:3],
             *out.stride(),
-            n, main.splits, tail.splits, tail.node0,
-            HEAD_DIM=d, D_PAD=d_pad, BLOCK_R=block_r,
+            n,
+            main.splits,
+            tail.splits,
+            tail.node0,
+            HEAD_DIM=d,
+            D_PAD=d_pad,
+            BLOCK_R=block_r,
             num_warps=4,
         )
     return out
@@ -459,13 +534,19 @@ def tree_attention(
 def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
     """Ancestor-or-self bitmasks from ``parents`` (parents[i] < i, root -1) and ``depth``, on the device."""
     if parents.dim() != 1 or depth.shape != parents.shape:
-        raise RuntimeError(f"parents and depth must be [N], got {tuple(parents.shape)} and {tuple(depth.shape)}")
+        raise RuntimeError(
+            f"parents and depth must be [N], got {tuple(parents.shape)} and {tuple(depth.shape)}"
+        )
     n = parents.shape[0]
     words = cdiv(n, 32)
     bits = torch.empty(n, words, device=parents.device, dtype=torch.int32)
     _visibility_kernel[(n,)](
-        parents, depth, bits, bits.stride(0),
-        WORDS=words, WORDS_PAD=next_pow2(words),
+        parents,
+        depth,
+        bits,
+        bits.stride(0),
+        WORDS=words,
+        WORDS_PAD=next_pow2(words),
         num_warps=1,
     )
     return TreeVisibility(bits)
@@ -515,4 +596,3 @@ __all__ = [
     "tree_attention_reference",
     "tree_visibility",
 ]
-

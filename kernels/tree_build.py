@@ -157,10 +157,23 @@ def _store_level(keys, n_level, level, TAB_RHO, TAB_R, LS, LRHO, LR, BP: tl.cons
 
 @triton.jit
 def _tree_kernel(
-    VALS, TOKS, TAB_RHO, TAB_R, ROOT,
-    LS, LRHO, LR, LEN, CK,
-    TOKENS, PARENTS, DEPTH,
-    depth_max, budget, k, n_pairs,
+    VALS,
+    TOKS,
+    TAB_RHO,
+    TAB_R,
+    ROOT,
+    LS,
+    LRHO,
+    LR,
+    LEN,
+    CK,
+    TOKENS,
+    PARENTS,
+    DEPTH,
+    depth_max,
+    budget,
+    k,
+    n_pairs,
     BP: tl.constexpr,
     LOG_BP: tl.constexpr,
     SMALL: tl.constexpr,
@@ -192,8 +205,12 @@ def _tree_kernel(
         if alive:
             # loads first: their latency overlaps the merges. Reversed (ascending) lists of this
             # level's first column (rho, 0) and first row (0, r >= 1); the first chunk's scores
-            col = tl.load(LS + (d - 1) * BP + rev, mask=rev < n_prev, other=float("-inf")) + tl.load(VALS + d * k)
-            row = tl.load(LS + (d - 1) * BP) + tl.load(VALS + d * k + 1 + rev, mask=1 + rev < k, other=float("-inf"))
+            col = tl.load(LS + (d - 1) * BP + rev, mask=rev < n_prev, other=float("-inf")) + tl.load(
+                VALS + d * k
+            )
+            row = tl.load(LS + (d - 1) * BP) + tl.load(
+                VALS + d * k + 1 + rev, mask=1 + rev < k, other=float("-inf")
+            )
             score0 = tl.load(LS + (d - 1) * BP + rho0) + tl.load(VALS + d * k + r0)
             bound = _merge(tl.maximum(top, _mono(col)), LOG_BP)
             bound = tl.maximum(bound, _mono(row))  # the top-BP multiset, bitonic
@@ -209,7 +226,9 @@ def _tree_kernel(
                 for c0 in range(CHUNK, n_cand, CHUNK):
                     i = c0 + i0
                     ok = i < n_cand
-                    score = tl.load(LS + (d - 1) * BP + tl.load(TAB_RHO + i, mask=ok, other=0), mask=ok, other=0.0)
+                    score = tl.load(
+                        LS + (d - 1) * BP + tl.load(TAB_RHO + i, mask=ok, other=0), mask=ok, other=0.0
+                    )
                     score += tl.load(VALS + d * k + tl.load(TAB_R + i, mask=ok, other=0), mask=ok, other=0.0)
                     n_keep = _compact(score, i, n_cand, cut, n_keep, CK)
                 tl.debug_barrier()
@@ -221,7 +240,9 @@ def _tree_kernel(
                 else:
                     best = _sort(tl.load(CK + lane, mask=lane < n_keep, other=key_min), LOG_BP, 1)
                     for c0 in range(BP, n_keep, BP):
-                        chunk = _sort(tl.load(CK + c0 + lane, mask=c0 + lane < n_keep, other=key_min), LOG_BP, 0)
+                        chunk = _sort(
+                            tl.load(CK + c0 + lane, mask=c0 + lane < n_keep, other=key_min), LOG_BP, 0
+                        )
                         best = _merge(tl.maximum(best, chunk), LOG_BP)  # half-cleaner: top BP of both
                     _store_level(best, n_level, d, TAB_RHO, TAB_R, LS, LRHO, LR, BP, BP)
                 tl.store(LEN + d, n_level)
@@ -281,7 +302,9 @@ def tree_from_topk(
     """
     depth_max, k = vals.shape
     if k > budget or toks.shape != vals.shape:
-        raise ValueError(f"vals {tuple(vals.shape)} / toks {tuple(toks.shape)} must be [D, min(budget, V)], budget {budget}")
+        raise ValueError(
+            f"vals {tuple(vals.shape)} / toks {tuple(toks.shape)} must be [D, min(budget, V)], budget {budget}"
+        )
     _check_budget(depth_max, k, budget)
     device = vals.device
     tab_rho, tab_r = pairs if pairs is not None else candidate_pairs(budget, k, device)
@@ -297,12 +320,31 @@ def tree_from_topk(
     parents = torch.empty_like(tokens)
     depth = torch.empty_like(tokens)
     _tree_kernel[(1,)](
-        vals.contiguous(), toks.contiguous(), tab_rho, tab_r, root_token.reshape(1).to(device),
-        level_score, level_rho, level_rank, level_len, keys,
-        tokens, parents, depth,
-        depth_max, budget, k, tab_rho.shape[0],
-        BP=bp, LOG_BP=bp.bit_length() - 1, SMALL=small, LOG_SMALL=small.bit_length() - 1, CHUNK=chunk, GROUP=4,
-        FULL=bp == budget, num_warps=warps,
+        vals.contiguous(),
+        toks.contiguous(),
+        tab_rho,
+        tab_r,
+        root_token.reshape(1).to(device),
+        level_score,
+        level_rho,
+        level_rank,
+        level_len,
+        keys,
+        tokens,
+        parents,
+        depth,
+        depth_max,
+        budget,
+        k,
+        tab_rho.shape[0],
+        BP=bp,
+        LOG_BP=bp.bit_length() - 1,
+        SMALL=small,
+        LOG_SMALL=small.bit_length() - 1,
+        CHUNK=chunk,
+        GROUP=4,
+        FULL=bp == budget,
+        num_warps=warps,
     )
     return tokens, parents, depth
 
@@ -325,7 +367,9 @@ def build_tree(
     return tree_from_topk(vals, toks, budget, root_token, pairs)
 
 
-def build_tree_reference(draft_logits: Tensor, budget: int, root_token: int) -> tuple[list[int], list[int], list[float]]:
+def build_tree_reference(
+    draft_logits: Tensor, budget: int, root_token: int
+) -> tuple[list[int], list[int], list[float]]:
     """Brute force over every prefix (small V and D only): tokens, parents, scores, best first."""
     depth_max, vocab = draft_logits.shape
     lp = torch.log_softmax(draft_logits.double(), dim=-1).tolist()

@@ -33,9 +33,16 @@ from kernels.host import cdiv, next_pow2, num_sms
 
 @triton.jit
 def _choice_kernel(
-    LOGITS, SEED, PART_VAL, PART_IDX,
-    stride_ln, stride_lv,
-    n_rows, vocab, chunk, inv_temperature,
+    LOGITS,
+    SEED,
+    PART_VAL,
+    PART_IDX,
+    stride_ln,
+    stride_lv,
+    n_rows,
+    vocab,
+    chunk,
+    inv_temperature,
     SAMPLE: tl.constexpr,
     SPLITS: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -55,7 +62,9 @@ def _choice_kernel(
     for start in range(lo, hi, BLOCK_V):
         idx = start + cols
         ok = row_ok[:, None] & (idx < hi)[None, :]
-        x = tl.load(LOGITS + rows[:, None] * stride_ln + idx[None, :] * stride_lv, mask=ok, other=float("-inf"))
+        x = tl.load(
+            LOGITS + rows[:, None] * stride_ln + idx[None, :] * stride_lv, mask=ok, other=float("-inf")
+        )
         x = x.to(tl.float32)
         if SAMPLE:
             u = tl.rand(seed, rows[:, None] * vocab + idx[None, :])
@@ -81,7 +90,13 @@ def _reduce_choice(PART_VAL, PART_IDX, row, SPLITS: tl.constexpr):
 
 @triton.jit
 def _walk_kernel(
-    TOKENS, PARENTS, PART_VAL, PART_IDX, PATH, PATH_LEN, BONUS,
+    TOKENS,
+    PARENTS,
+    PART_VAL,
+    PART_IDX,
+    PATH,
+    PATH_LEN,
+    BONUS,
     n_nodes,
     SPLITS: tl.constexpr,
     N_PAD: tl.constexpr,
@@ -114,7 +129,9 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
     return seed.to(device)
 
 
-def _partial_choices(logits: Tensor, temperature: float, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _partial_choices(
+    logits: Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
     """Per-(row, vocabulary split) best value and index: [N, S] fp32 and int32."""
     if logits.dim() != 2:
         raise RuntimeError(f"logits must be [N, V], got {tuple(logits.shape)}")
@@ -132,10 +149,19 @@ def _partial_choices(logits: Tensor, temperature: float, generator: torch.Genera
     part_idx = torch.empty(n, splits, dtype=torch.int32, device=logits.device)
     seed = _seed(generator, logits.device) if sample else part_idx
     _choice_kernel[(row_blocks, splits)](
-        logits, seed, part_val, part_idx,
+        logits,
+        seed,
+        part_val,
+        part_idx,
         *logits.stride(),
-        n, vocab, chunk, 1.0 / temperature if sample else 1.0,
-        SAMPLE=sample, SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v,
+        n,
+        vocab,
+        chunk,
+        1.0 / temperature if sample else 1.0,
+        SAMPLE=sample,
+        SPLITS=splits,
+        BLOCK_R=block_r,
+        BLOCK_V=block_v,
         num_warps=4 if block_v >= 1024 else 1,
     )
     return part_val, part_idx
@@ -148,7 +174,11 @@ def node_choices(logits: Tensor, temperature: float, generator: torch.Generator 
 
 
 def tree_walk(
-    tokens: Tensor, parents: Tensor, logits: Tensor, temperature: float, generator: torch.Generator | None = None
+    tokens: Tensor,
+    parents: Tensor,
+    logits: Tensor,
+    temperature: float,
+    generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """path [N], path_len (0-d), bonus (0-d), all int64 on the device; see the module docstring."""
     n = tokens.shape[0]
@@ -167,15 +197,24 @@ def walk_choices(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[Tenso
     return _walk(tokens, parents, part_val, choice.to(torch.int32)[:, None].contiguous())
 
 
-def _walk(tokens: Tensor, parents: Tensor, part_val: Tensor, part_idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _walk(
+    tokens: Tensor, parents: Tensor, part_val: Tensor, part_idx: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     n = tokens.shape[0]
     path = torch.empty(n, dtype=torch.int64, device=tokens.device)
     path_len = torch.empty((), dtype=torch.int64, device=tokens.device)
     bonus = torch.empty((), dtype=torch.int64, device=tokens.device)
     _walk_kernel[(1,)](
-        tokens, parents, part_val, part_idx, path, path_len, bonus,
+        tokens,
+        parents,
+        part_val,
+        part_idx,
+        path,
+        path_len,
+        bonus,
         n,
-        SPLITS=part_val.shape[1], N_PAD=max(16, next_pow2(n)),
+        SPLITS=part_val.shape[1],
+        N_PAD=max(16, next_pow2(n)),
         num_warps=4,
     )
     return path, path_len, bonus

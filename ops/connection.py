@@ -57,8 +57,14 @@ from ops.redact import Redactor
 from ops.shell import join
 
 __all__ = [
-    "CommandResult", "Connection", "FileStat", "HostKeyError", "HostUnreachable", "LocalConnection",
-    "SshConnection", "connect",
+    "CommandResult",
+    "Connection",
+    "FileStat",
+    "HostKeyError",
+    "HostUnreachable",
+    "LocalConnection",
+    "SshConnection",
+    "connect",
 ]
 
 log = logging.getLogger("specops.connection")
@@ -137,8 +143,14 @@ class Connection:
 
     # -- public API
 
-    def run(self, command: str | Sequence[str], *, sudo: bool = False, stdin: bytes | str | None = None,
-            timeout: float | None = None) -> CommandResult:
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        sudo: bool = False,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
         """Run a shell command line (a sequence is quoted through ops.shell.join)."""
         line = command if isinstance(command, str) else join(command)
         self._load_secrets()
@@ -147,8 +159,9 @@ class Connection:
         if sudo and self.host.sudo:
             password = None
             if SUDO_PASSWORD in self.host.secrets:  # resolved again here to raise the precise reason
-                password = (self._secrets or {}).get(SUDO_PASSWORD) or self.host.secrets[SUDO_PASSWORD].resolve(
-                    self.host.name)
+                password = (self._secrets or {}).get(SUDO_PASSWORD) or self.host.secrets[
+                    SUDO_PASSWORD
+                ].resolve(self.host.name)
             wire = sudo_wrap(line, password)
             if password is not None:
                 feed = password.encode() + b"\n" + feed
@@ -207,7 +220,9 @@ class Connection:
     def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
         raise NotImplementedError
 
-    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+    def _atomic(
+        self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int
+    ) -> None:
         """Write through `write` into a temp file beside `path`, then rename it over `path`."""
         raise NotImplementedError
 
@@ -239,8 +254,14 @@ class LocalConnection(Connection):
 
     def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
         # Same shell and start directory as sshd would use, so steps behave alike on both backends.
-        proc = subprocess.Popen([self._shell, "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=self._home, start_new_session=True)
+        proc = subprocess.Popen(
+            [self._shell, "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self._home,
+            start_new_session=True,
+        )
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
             return proc.returncode, out, err
@@ -264,7 +285,9 @@ class LocalConnection(Connection):
             fh.seek(offset)
             return fh.read() if length is None else fh.read(length)
 
-    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+    def _atomic(
+        self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int
+    ) -> None:
         target = self._path(path)
         try:
             final_mode = stat_mod.S_IMODE(target.stat().st_mode) if mode is None else mode
@@ -290,8 +313,12 @@ class LocalConnection(Connection):
             st = os.stat(self._path(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return FileStat(size=st.st_size, mode=stat_mod.S_IMODE(st.st_mode), is_dir=stat_mod.S_ISDIR(st.st_mode),
-                        is_file=stat_mod.S_ISREG(st.st_mode))
+        return FileStat(
+            size=st.st_size,
+            mode=stat_mod.S_IMODE(st.st_mode),
+            is_dir=stat_mod.S_ISDIR(st.st_mode),
+            is_file=stat_mod.S_ISREG(st.st_mode),
+        )
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(self._path(path)))
@@ -361,9 +388,15 @@ class SshConnection(Connection):
         if self.host.key_file:
             connect_kwargs["key_filename"] = self.host.key_file
             connect_kwargs["look_for_keys"] = False
-        conn = fabric.Connection(self.host.address, user=self.host.user, port=self.host.port, config=config,
-                                 connect_timeout=self.host.connect_timeout, connect_kwargs=connect_kwargs,
-                                 inline_ssh_env=False)
+        conn = fabric.Connection(
+            self.host.address,
+            user=self.host.user,
+            port=self.host.port,
+            config=config,
+            connect_timeout=self.host.connect_timeout,
+            connect_kwargs=connect_kwargs,
+            inline_ssh_env=False,
+        )
         prepare_client(conn.client, self.host)
         return conn
 
@@ -394,7 +427,8 @@ class SshConnection(Connection):
                 except paramiko.AuthenticationException as exc:
                     conn.close()
                     raise HostUnreachable(
-                        self.host.name, f"authentication as {conn.user} refused: {exc}",
+                        self.host.name,
+                        f"authentication as {conn.user} refused: {exc}",
                         "check user and key_file in the inventory and the host's authorized_keys",
                     ) from None
                 except (OSError, EOFError, paramiko.SSHException) as exc:
@@ -475,8 +509,9 @@ class SshConnection(Connection):
         finally:
             chan.close()
 
-    def _collect(self, chan: paramiko.Channel, transport: paramiko.Transport,
-                 timeout: float | None) -> tuple[int, bytes, bytes]:
+    def _collect(
+        self, chan: paramiko.Channel, transport: paramiko.Transport, timeout: float | None
+    ) -> tuple[int, bytes, bytes]:
         """Read stdout here and stderr in a helper thread (both block on events, no polling)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         out, err = bytearray(), bytearray()
@@ -519,8 +554,11 @@ class SshConnection(Connection):
         # (Paramiko closes the channels just before it marks the transport inactive).
         if self._transport_dies(transport):
             raise self._lost("a command")
-        return SIGNALLED_EXIT, bytes(out), bytes(err) + b"\n[specops] the command ended without an " \
-            b"exit status (killed by a signal?)\n"
+        return (
+            SIGNALLED_EXIT,
+            bytes(out),
+            bytes(err) + b"\n[specops] the command ended without an exit status (killed by a signal?)\n",
+        )
 
     @staticmethod
     def _transport_dies(transport: paramiko.Transport, wait_s: float = 0.5) -> bool:
@@ -567,7 +605,9 @@ class SshConnection(Connection):
                 return fh.read()
             return fh.read(length)
 
-    def _atomic(self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int) -> None:
+    def _atomic(
+        self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int
+    ) -> None:
         """Pipelined SFTP write, verified by size and SHA-256 read back before the rename.
 
         Paramiko drops the status of the last pipelined writes (a full disk answers them with a
@@ -589,7 +629,9 @@ class SshConnection(Connection):
                 except OSError as exc:
                     if exc.errno is not None or not self._fabric or not self._fabric.is_connected:
                         raise
-                    raise self._write_failed(path, f"the host refused a write ('{exc}'; is its disk full?)") from None
+                    raise self._write_failed(
+                        path, f"the host refused a write ('{exc}'; is its disk full?)"
+                    ) from None
                 self._verify(sftp, path, tmp, sent)
                 sftp.chmod(tmp, mode)
                 sftp.posix_rename(tmp, path)
@@ -612,8 +654,12 @@ class SshConnection(Connection):
 
     def _write_failed(self, path: str, why: str) -> WriteFailed:
         folder = posixpath.dirname(path) or "."
-        return WriteFailed(self.host.name, path, why,
-                           f"free space on the host (df -h {folder}) or check who may write there, then run again")
+        return WriteFailed(
+            self.host.name,
+            path,
+            why,
+            f"free space on the host (df -h {folder}) or check who may write there, then run again",
+        )
 
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:
@@ -626,8 +672,12 @@ class SshConnection(Connection):
                 st = sftp.stat(path)
             except FileNotFoundError:
                 return None
-        return FileStat(size=st.st_size or 0, mode=stat_mod.S_IMODE(st.st_mode or 0),
-                        is_dir=stat_mod.S_ISDIR(st.st_mode or 0), is_file=stat_mod.S_ISREG(st.st_mode or 0))
+        return FileStat(
+            size=st.st_size or 0,
+            mode=stat_mod.S_IMODE(st.st_mode or 0),
+            is_dir=stat_mod.S_ISDIR(st.st_mode or 0),
+            is_file=stat_mod.S_ISREG(st.st_mode or 0),
+        )
 
     def listdir(self, path: str) -> list[str]:
         with self._sftp_op(f"listing of {path}") as sftp:

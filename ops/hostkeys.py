@@ -41,7 +41,9 @@ def known_hosts_name(address: str, port: int) -> str:
 
 def keyscan_command(host: Host, key: paramiko.PKey, target: str) -> str:
     """The command a user runs to record the key after checking its fingerprint."""
-    kind = _KEYSCAN_TYPES.get(key.get_name(), "ecdsa" if key.get_name().startswith("ecdsa") else key.get_name())
+    kind = _KEYSCAN_TYPES.get(
+        key.get_name(), "ecdsa" if key.get_name().startswith("ecdsa") else key.get_name()
+    )
     port = f"-p {host.port} " if host.port != 22 else ""
     return f"ssh-keyscan {port}-t {kind} {quote(host.address or '')} >> {quote(target)}"
 
@@ -96,10 +98,14 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         files = ", ".join(self.host.known_hosts)
         message = f"unknown host key for {hostname} ({key.get_name()} {fingerprint(key)}), not in {files}"
         if self.host.host_key_policy == "accept-new":
-            raise HostKeyError(self.host.name, message + "; no known_hosts file is writable",
-                               f"make one of them writable: {files}")
+            raise HostKeyError(
+                self.host.name,
+                message + "; no known_hosts file is writable",
+                f"make one of them writable: {files}",
+            )
         raise HostKeyError(
-            self.host.name, message,
+            self.host.name,
+            message,
             f"check the fingerprint with the host's owner, then run "
             f"`{keyscan_command(self.host, key, target or self.host.known_hosts[0])}`, "
             f"or set host_key_policy: accept-new for host '{self.host.name}'",

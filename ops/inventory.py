@@ -54,8 +54,18 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 SUDO_PASSWORD = "sudo_password"
 
 _HOST_FIELDS = (
-    "address", "port", "user", "key_file", "connection", "base", "host_key_policy",
-    "known_hosts", "sudo", "connect_timeout", "secrets", "vars",
+    "address",
+    "port",
+    "user",
+    "key_file",
+    "connection",
+    "base",
+    "host_key_policy",
+    "known_hosts",
+    "sudo",
+    "connect_timeout",
+    "secrets",
+    "vars",
 )
 _TOP_KEYS = ("defaults", "groups", "hosts")
 _GROUP_KEYS = ("hosts", *_HOST_FIELDS)
@@ -83,8 +93,10 @@ class SecretRef:
     def _one_line(self, value: str, where: str) -> str:
         """Refuse a value with a line break: in a KEY=VALUE env file it would add lines of its own."""
         if "\n" in value or "\r" in value:
-            raise SpecopsError(f"{self.origin}: secret '{self.name}' from {where} contains a line break, which "
-                               "could add lines to the host's env file (fix: store the value on one line)")
+            raise SpecopsError(
+                f"{self.origin}: secret '{self.name}' from {where} contains a line break, which "
+                "could add lines to the host's env file (fix: store the value on one line)"
+            )
         return value
 
     def resolve(self, host: str) -> str:
@@ -190,7 +202,9 @@ class Inventory:
             return list(self.hosts.values())
         tokens = [t.strip() for t in limit.split(",") if t.strip()]
         if not tokens:
-            raise InputFileError(self.path, None, "--limit is empty", "name hosts or groups: --limit gpu1,blackwell")
+            raise InputFileError(
+                self.path, None, "--limit is empty", "name hosts or groups: --limit gpu1,blackwell"
+            )
         wanted: set[str] = set()
         for token in tokens:
             if token in self.hosts:
@@ -200,7 +214,9 @@ class Inventory:
             else:
                 known = [*self.hosts, *self.groups]
                 raise InputFileError(
-                    self.path, None, f"--limit names '{token}', which is neither a host nor a group",
+                    self.path,
+                    None,
+                    f"--limit names '{token}', which is neither a host nor a group",
                     did_you_mean(token, known) or f"known hosts and groups: {', '.join(known)}",
                 )
         return [host for name, host in self.hosts.items() if name in wanted]
@@ -214,7 +230,9 @@ def load_inventory(path: str | Path | None = None) -> Inventory:
             return parse_inventory(EMBEDDED_INVENTORY, Path("<embedded inventory>"), base_dir=Path.cwd())
         path = default
     path = Path(path)
-    return parse_inventory(read_source(path, "inventory", "pass an existing file with --inventory FILE"), path)
+    return parse_inventory(
+        read_source(path, "inventory", "pass an existing file with --inventory FILE"), path
+    )
 
 
 def parse_inventory(text: str, path: Path, base_dir: Path | None = None) -> Inventory:
@@ -254,8 +272,14 @@ class _Parser:
                 raise self.error(value.key_lines[key], f"{what}: key {key!r} must be a string")
         return value
 
-    def check_keys(self, m: LineMap, allowed: tuple[str, ...], what: str, extra_hint: str = "",
-                   free_prefix: str | None = None) -> None:
+    def check_keys(
+        self,
+        m: LineMap,
+        allowed: tuple[str, ...],
+        what: str,
+        extra_hint: str = "",
+        free_prefix: str | None = None,
+    ) -> None:
         for key in m:
             if key not in allowed and not (free_prefix and key.startswith(free_prefix)):
                 hint = did_you_mean(key, allowed) or f"allowed keys: {', '.join(allowed)}"
@@ -275,8 +299,11 @@ class _Parser:
 
         hosts_map = self.mapping(top.get("hosts"), top.key_lines.get("hosts", 1), "hosts")
         if not hosts_map:
-            raise self.error(hosts_map.line or None, "the inventory defines no hosts",
-                             "add a 'hosts:' mapping, e.g. hosts: {local: {connection: local}}")
+            raise self.error(
+                hosts_map.line or None,
+                "the inventory defines no hosts",
+                "add a 'hosts:' mapping, e.g. hosts: {local: {connection: local}}",
+            )
         host_layers: dict[str, tuple[_Layer, int]] = {}
         for name, body in hosts_map.items():
             line = hosts_map.key_lines[name]
@@ -292,8 +319,11 @@ class _Parser:
             line = groups_map.key_lines[gname]
             self.name(gname, line, "group")
             if gname in host_layers:
-                raise self.error(line, f"group '{gname}' has the same name as a host",
-                                 "rename the group: --limit could not tell them apart")
+                raise self.error(
+                    line,
+                    f"group '{gname}' has the same name as a host",
+                    "rename the group: --limit could not tell them apart",
+                )
             body_map = self.mapping(body, line, f"group '{gname}'")
             self.check_keys(body_map, _GROUP_KEYS, f"group '{gname}'", "; variables go under vars:")
             groups[gname] = self.members(body_map, gname, host_layers)
@@ -317,8 +347,11 @@ class _Parser:
             if not isinstance(item, str):
                 raise self.error(item_line, f"group '{gname}': host entry {item!r} must be a host name")
             if item not in host_layers:
-                raise self.error(item_line, f"group '{gname}' names host '{item}', which is not under hosts",
-                                 did_you_mean(item, list(host_layers)) or f"add '{item}' under hosts: or remove it")
+                raise self.error(
+                    item_line,
+                    f"group '{gname}' names host '{item}', which is not under hosts",
+                    did_you_mean(item, list(host_layers)) or f"add '{item}' under hosts: or remove it",
+                )
             if item not in members:
                 members.append(item)
         return members
@@ -364,8 +397,11 @@ class _Parser:
             m = self.mapping(value, line, f"vars of {where}")
             for var in m:
                 if var in _RESERVED_VARS:
-                    raise self.error(m.key_lines[var], f"variable '{var}' in {where} clashes with the host field '{var}'",
-                                     f"set it as a host field ({var}: ...) or rename the variable")
+                    raise self.error(
+                        m.key_lines[var],
+                        f"variable '{var}' in {where} clashes with the host field '{var}'",
+                        f"set it as a host field ({var}: ...) or rename the variable",
+                    )
             return plain(m)
         if key == "secrets":
             return self.secrets(value, line, where)
@@ -378,9 +414,12 @@ class _Parser:
             sline = m.key_lines[name]
             origin = f"{self.path}:{sline}"
             if not isinstance(spec, LineMap) or len(spec) != 1 or next(iter(spec)) not in ("env", "file"):
-                raise self.error(sline, f"secret '{name}' in {where} must be {{env: VAR}} or {{file: PATH}}",
-                                 "secret values never go in the inventory; reference an environment "
-                                 "variable or a 0600 file on the controller")
+                raise self.error(
+                    sline,
+                    f"secret '{name}' in {where} must be {{env: VAR}} or {{file: PATH}}",
+                    "secret values never go in the inventory; reference an environment "
+                    "variable or a 0600 file on the controller",
+                )
             kind, ref = next(iter(spec.items()))
             if not isinstance(ref, str) or not ref:
                 raise self.error(sline, f"secret '{name}' in {where}: {kind} must be a non-empty string")
@@ -392,7 +431,9 @@ class _Parser:
 
     def choice(self, value: Any, choices: tuple[str, ...], line: int, what: str) -> str:
         if value not in choices:
-            hint = (did_you_mean(value, choices) if isinstance(value, str) else None) or f"use one of: {', '.join(choices)}"
+            hint = (
+                did_you_mean(value, choices) if isinstance(value, str) else None
+            ) or f"use one of: {', '.join(choices)}"
             raise self.error(line, f"{what} must be one of {', '.join(choices)}, got {value!r}", hint)
         return value
 
@@ -420,15 +461,20 @@ class _Parser:
         connection = get("connection", "ssh")
         address = get("address", None)
         if connection == "ssh" and address is None:
-            raise self.error(line, f"host '{name}' uses connection ssh but has no 'address'",
-                             "add address: <ip or hostname>, or set connection: local")
+            raise self.error(
+                line,
+                f"host '{name}' uses connection ssh but has no 'address'",
+                "add address: <ip or hostname>, or set connection: local",
+            )
         base = get("base", DEFAULT_BASE)
         if connection == "local":
             base = os.path.expanduser(base)
         if not base.startswith("/"):
-            raise self.error(merged.get("base", (None, line))[1],
-                             f"'base' of host '{name}' must be an absolute path, got '{base}'",
-                             "use an absolute path such as /opt/specops (a remote ~ is not expanded)")
+            raise self.error(
+                merged.get("base", (None, line))[1],
+                f"'base' of host '{name}' must be an absolute path, got '{base}'",
+                "use an absolute path such as /opt/specops (a remote ~ is not expanded)",
+            )
         return Host(
             name=name,
             connection=connection,
@@ -450,5 +496,10 @@ class _Parser:
 def _kind(value: Any) -> str:
     if value is None:
         return "nothing"
-    return {dict: "a mapping", LineMap: "a mapping", list: "a list", LineSeq: "a list", str: f"'{value}'"}.get(
-        type(value), repr(value))
+    return {
+        dict: "a mapping",
+        LineMap: "a mapping",
+        list: "a list",
+        LineSeq: "a list",
+        str: f"'{value}'",
+    }.get(type(value), repr(value))

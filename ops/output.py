@@ -30,8 +30,17 @@ STDERR_TAIL = 12
 class Reporter:
     """Thread-safe run display; a context manager that owns run.log and the live view."""
 
-    def __init__(self, playbook: Playbook, hosts: list[str], *, check: bool, log_path: Path,
-                 redactor: Redactor, live: bool | None = None, stream: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        playbook: Playbook,
+        hosts: list[str],
+        *,
+        check: bool,
+        log_path: Path,
+        redactor: Redactor,
+        live: bool | None = None,
+        stream: IO[str] | None = None,
+    ) -> None:
         self.playbook = playbook
         self.check = check
         self.redactor = redactor
@@ -40,19 +49,23 @@ class Reporter:
             self.console.width = 160
         self.live_enabled = self.console.is_terminal if live is None else live
         self.log: IO[str] = open(log_path, "a", encoding="utf-8")  # noqa: SIM115  closed in __exit__
-        self.log_console = Console(file=self.log, width=160, color_system=None, highlight=False, soft_wrap=True)
+        self.log_console = Console(
+            file=self.log, width=160, color_system=None, highlight=False, soft_wrap=True
+        )
         self.lock = threading.Lock()
         self.width = max(len(h) for h in hosts)
         self.state: dict[str, dict[str, Any]] = {
             h: {"done": 0, "current": "waiting", "ok": 0, "changed": 0, "failed": 0, "skipped": 0}
-            for h in hosts}
+            for h in hosts
+        }
         self.total = len(playbook.steps)
         self.live: Live | None = None
 
     def __enter__(self) -> Reporter:
         if self.live_enabled:
-            self.live = Live(get_renderable=self._progress, console=self.console, refresh_per_second=8,
-                             transient=True)
+            self.live = Live(
+                get_renderable=self._progress, console=self.console, refresh_per_second=8, transient=True
+            )
             self.live.start()
         return self
 
@@ -101,14 +114,18 @@ class Reporter:
         if details:
             self._emit(self._prefixed(host, "\n".join(details)))
         if result.diff:
-            self._emit(self._prefixed(host, "\n".join("    " + line for line in result.diff.splitlines())),
-                       terminal=self.check)
+            self._emit(
+                self._prefixed(host, "\n".join("    " + line for line in result.diff.splitlines())),
+                terminal=self.check,
+            )
 
     def host_finished(self, host: str, outcome: HostResult) -> None:
         with self.lock:
             self.state[host]["current"] = outcome.status
-        self._emit(self._prefixed(host, f"{outcome.status.upper()} after {outcome.duration:.1f}s"),
-                   STYLES.get(outcome.status))
+        self._emit(
+            self._prefixed(host, f"{outcome.status.upper()} after {outcome.duration:.1f}s"),
+            STYLES.get(outcome.status),
+        )
 
     # ------------------------------------------------------------------ tables
     def _progress(self) -> Table:
@@ -119,9 +136,15 @@ class Reporter:
         with self.lock:
             for host, s in self.state.items():
                 bar = "#" * s["done"] + "." * max(0, self.total - s["done"])
-                table.add_row(host, f"{bar} {s['done']}/{self.total}", s["current"], str(s["ok"]),
-                              str(s["changed"]), Text(str(s["failed"]), style="red" if s["failed"] else ""),
-                              str(s["skipped"]))
+                table.add_row(
+                    host,
+                    f"{bar} {s['done']}/{self.total}",
+                    s["current"],
+                    str(s["ok"]),
+                    str(s["changed"]),
+                    Text(str(s["failed"]), style="red" if s["failed"] else ""),
+                    str(s["skipped"]),
+                )
         return table
 
     def close(self, run: RunResult) -> None:
@@ -134,23 +157,32 @@ class Reporter:
         for column in ("host", "status", "ok", verb, "failed", "skipped", "time"):
             table.add_column(column)
         for name, host in run.hosts.items():
-            table.add_row(name, Text(host.status, style=STYLES.get(host.status, "")), str(host.count("ok")),
-                          str(host.count("changed")), str(host.count("failed")), str(host.count("skipped")),
-                          f"{host.duration:.1f}s")
+            table.add_row(
+                name,
+                Text(host.status, style=STYLES.get(host.status, "")),
+                str(host.count("ok")),
+                str(host.count("changed")),
+                str(host.count("failed")),
+                str(host.count("skipped")),
+                f"{host.duration:.1f}s",
+            )
         with self.lock:
             for console in (self.console, self.log_console):
                 console.print()
                 console.print(table)
-        failures = [(name, step) for name, host in run.hosts.items() for step in host.steps
-                    if step.status == "failed"]
+        failures = [
+            (name, step) for name, host in run.hosts.items() for step in host.steps if step.status == "failed"
+        ]
         for name, step in failures:
             lines = [f"FAILED {name} / {step.name} ({step.step}): {step.message}"]
             if step.command:
                 lines.append(f"  command: {step.command}")
             lines += [f"  stderr: {line}" for line in _tail(step.stderr)]
             self._emit("\n".join(lines), STYLES["failed"])
-        self._emit(f"{len(run.hosts)} host(s): {run.changed} {verb}, {run.failed} failed; "
-                   f"summary {run.run_dir / 'summary.json'}")
+        self._emit(
+            f"{len(run.hosts)} host(s): {run.changed} {verb}, {run.failed} failed; "
+            f"summary {run.run_dir / 'summary.json'}"
+        )
 
 
 def _tail(text: str) -> list[str]:

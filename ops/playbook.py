@@ -74,8 +74,12 @@ def load_playbook(path: str | Path) -> Playbook:
     text = read_source(path, "playbook", "check the path (relative paths start at the current directory)")
     doc = load_yaml(text, path)
     if not isinstance(doc, dict):
-        raise InputFileError(path, 1, "a playbook is a mapping with 'name' and 'steps'",
-                             "start the file with 'name: ...' then 'steps:'")
+        raise InputFileError(
+            path,
+            1,
+            "a playbook is a mapping with 'name' and 'steps'",
+            "start the file with 'name: ...' then 'steps:'",
+        )
     for key in doc:
         if key not in TOP_KEYS:
             raise InputFileError(path, line_of(doc, key, 1), f"unknown key '{key}'", _hint(key, TOP_KEYS))
@@ -84,14 +88,22 @@ def load_playbook(path: str | Path) -> Playbook:
         raise InputFileError(path, line_of(doc, "name", 1), "'name' must be a non-empty string")
     steps = doc.get("steps")
     if not isinstance(steps, list) or not steps:
-        raise InputFileError(path, line_of(doc, "steps", 1), "'steps' must be a non-empty list",
-                             "add steps like '- step: directory'")
+        raise InputFileError(
+            path,
+            line_of(doc, "steps", 1),
+            "'steps' must be a non-empty list",
+            "add steps like '- step: directory'",
+        )
     specs = tuple(_load_step(path, i, raw, steps.item_lines[i]) for i, raw in enumerate(steps))
     seen: set[str] = set()
     for spec in specs:
         if spec.register in seen:
-            raise InputFileError(path, spec.line, f"register name '{spec.register}' is used twice",
-                                 "give each registered result its own name")
+            raise InputFileError(
+                path,
+                spec.line,
+                f"register name '{spec.register}' is used twice",
+                "give each registered result its own name",
+            )
         if spec.register:
             seen.add(spec.register)
     lock = doc.get("lock", False)
@@ -102,23 +114,33 @@ def load_playbook(path: str | Path) -> Playbook:
 
 def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     if not isinstance(raw, dict):
-        raise InputFileError(path, line, f"step {index + 1} must be a mapping with a 'step' key",
-                             "write '- step: NAME' followed by 'args:'")
+        raise InputFileError(
+            path,
+            line,
+            f"step {index + 1} must be a mapping with a 'step' key",
+            "write '- step: NAME' followed by 'args:'",
+        )
     label = raw.get("name") if isinstance(raw.get("name"), str) else raw.get("step")
     where = f"step '{label}'" if isinstance(label, str) else f"step {index + 1}"
     for key in raw:
         if key not in STEP_KEYS:
-            raise InputFileError(path, line_of(raw, key, line), f"{where}: unknown key '{key}'",
-                                 _hint(key, STEP_KEYS))
+            raise InputFileError(
+                path, line_of(raw, key, line), f"{where}: unknown key '{key}'", _hint(key, STEP_KEYS)
+            )
     step_name = raw.get("step")
     if not isinstance(step_name, str):
-        raise InputFileError(path, line, f"{where}: 'step' (the operation to run) is missing or not a string",
-                             f"known steps: {', '.join(sorted(REGISTRY))}")
+        raise InputFileError(
+            path,
+            line,
+            f"{where}: 'step' (the operation to run) is missing or not a string",
+            f"known steps: {', '.join(sorted(REGISTRY))}",
+        )
     try:
         get_step(step_name)
     except KeyError as exc:
-        raise InputFileError(path, line_of(raw, "step", line), f"{where}: unknown step '{step_name}'",
-                             exc.args[0]) from None
+        raise InputFileError(
+            path, line_of(raw, "step", line), f"{where}: unknown step '{step_name}'", exc.args[0]
+        ) from None
     label = raw.get("name", step_name)
     if not isinstance(label, str) or not label.strip():
         raise InputFileError(path, line_of(raw, "name", line), f"{where}: 'name' must be a non-empty string")
@@ -152,15 +174,27 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
         raise fail("tags", "'tags' must be a string or a list of strings")
     register = raw.get("register")
     if register is not None and (not isinstance(register, str) or not _IDENTIFIER.match(register)):
-        raise fail("register", f"'register' must be an identifier, got {register!r}", "use letters, digits, _")
+        raise fail(
+            "register", f"'register' must be an identifier, got {register!r}", "use letters, digits, _"
+        )
     retries = raw.get("retries", 0)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise fail("retries", f"'retries' must be a whole number >= 0, got {retries!r}")
     ignore_errors = raw.get("ignore_errors", False)
     if not isinstance(ignore_errors, bool):
         raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
-    return StepSpec(index=index, name=label, step=step_name, args=dict(args), when=when, tags=tuple(tags),
-                    register=register, retries=retries, ignore_errors=ignore_errors, line=line)
+    return StepSpec(
+        index=index,
+        name=label,
+        step=step_name,
+        args=dict(args),
+        when=when,
+        tags=tuple(tags),
+        register=register,
+        retries=retries,
+        ignore_errors=ignore_errors,
+        line=line,
+    )
 
 
 def _check_step_args(path: Path, line: int, where: str, step_name: str, args: dict[str, Any]) -> None:
@@ -169,8 +203,12 @@ def _check_step_args(path: Path, line: int, where: str, step_name: str, args: di
     for key, value in args.items():
         arg_line = line_of(args, key, line)
         if key not in declared:
-            raise InputFileError(path, arg_line, f"{where}: unknown argument '{key}' for step '{step_name}'",
-                                 _hint(key, declared) if declared else "this step takes no arguments")
+            raise InputFileError(
+                path,
+                arg_line,
+                f"{where}: unknown argument '{key}' for step '{step_name}'",
+                _hint(key, declared) if declared else "this step takes no arguments",
+            )
         _check_templates(path, arg_line, where, key, value)
         if not _has_template(value):
             try:
@@ -201,8 +239,12 @@ def _check_templates(path: Path, line: int, where: str, key: str, value: Any) ->
         try:
             ENV.parse(value)
         except jinja2.TemplateSyntaxError as exc:
-            raise InputFileError(path, line, f"{where}: argument '{key}' has bad Jinja: {exc.message}",
-                                 "close every '{{' with '}}' and quote the whole value") from None
+            raise InputFileError(
+                path,
+                line,
+                f"{where}: argument '{key}' has bad Jinja: {exc.message}",
+                "close every '{{' with '}}' and quote the whole value",
+            ) from None
 
 
 # ---------------------------------------------------------------- per-host rendering

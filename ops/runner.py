@@ -88,8 +88,13 @@ class StepResult:
         return {**self.data, "status": self.status, "changed": self.changed, "message": self.message}
 
     def record(self) -> dict[str, Any]:
-        return {"name": self.name, "step": self.step, "status": self.status, "changed": self.changed,
-                "message": self.message}
+        return {
+            "name": self.name,
+            "step": self.step,
+            "status": self.status,
+            "changed": self.changed,
+            "message": self.message,
+        }
 
 
 @dataclass
@@ -145,8 +150,10 @@ class RunResult:
             "run_id": self.run_id,
             "playbook": self.playbook.name,
             "check": self.check,
-            "hosts": {name: {"status": h.status, "steps": [s.record() for s in h.steps]}
-                      for name, h in self.hosts.items()},
+            "hosts": {
+                name: {"status": h.status, "steps": [s.record() for s in h.steps]}
+                for name, h in self.hosts.items()
+            },
             "changed": self.changed,
             "failed": self.failed,
             **({"interrupted": True} if self.interrupted else {}),  # the key only appears after Ctrl-C
@@ -164,8 +171,10 @@ def make_run_dir(run_dir: Path) -> Path:
     try:
         run_dir.mkdir(parents=True)
     except OSError as exc:
-        raise SpecopsError(f"cannot create the run folder {run_dir}: {exc.strerror} (fix: --results must name a "
-                           "folder, or a path where one can be created)") from None
+        raise SpecopsError(
+            f"cannot create the run folder {run_dir}: {exc.strerror} (fix: --results must name a "
+            "folder, or a path where one can be created)"
+        ) from None
     return run_dir
 
 
@@ -173,8 +182,10 @@ def check_key_files(hosts: list[Host]) -> None:
     """A key_file that does not exist is the user's to fix: say so before connecting anywhere."""
     for host in hosts:
         if host.connection == "ssh" and host.key_file and not os.path.isfile(host.key_file):
-            raise SpecopsError(f"host '{host.name}': key_file {host.key_file} does not exist (fix: correct key_file "
-                               "in the inventory, or create the key with ssh-keygen)")
+            raise SpecopsError(
+                f"host '{host.name}': key_file {host.key_file} does not exist (fix: correct key_file "
+                "in the inventory, or create the key with ssh-keygen)"
+            )
 
 
 def point_latest(results_root: Path, run_id: str) -> None:
@@ -200,9 +211,16 @@ class RunWide:
     stop: threading.Event = field(default_factory=threading.Event)  # set by Ctrl-C
 
     def context(self, host: Host, variables: dict[str, Any]) -> StepContext:
-        return StepContext(host=host, playbook_dir=self.playbook.dir, templates_dir=TEMPLATES_DIR,
-                           vars=dict(variables), check=self.check, run_dir=self.results_dir,
-                           reporter=self.reporter, progress=self.progress)
+        return StepContext(
+            host=host,
+            playbook_dir=self.playbook.dir,
+            templates_dir=TEMPLATES_DIR,
+            vars=dict(variables),
+            check=self.check,
+            run_dir=self.results_dir,
+            reporter=self.reporter,
+            progress=self.progress,
+        )
 
 
 def run_playbook(
@@ -233,10 +251,18 @@ def run_playbook(
     run_dir = make_run_dir(root / run_id)
     redactor = redactor or Redactor()
     result = RunResult(run_id, playbook, check, {}, run_dir)
-    with Reporter(playbook, [h.name for h in hosts], check=check, log_path=run_dir / "run.log",
-                  redactor=redactor, live=live) as reporter:
-        reporter.note(f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
-                      + (" [check mode: nothing will be written]" if check else ""))
+    with Reporter(
+        playbook,
+        [h.name for h in hosts],
+        check=check,
+        log_path=run_dir / "run.log",
+        redactor=redactor,
+        live=live,
+    ) as reporter:
+        reporter.note(
+            f"run {run_id}: playbook {playbook.path} on {len(hosts)} host(s)"
+            + (" [check mode: nothing will be written]" if check else "")
+        )
         run = RunWide(run_id, playbook, check, tags, redactor, reporter, results_dir or run_dir, progress)
         pool = ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host")
         with hostlock.active(run_id), _interruptible(run.stop), pool:
@@ -262,8 +288,11 @@ class _interruptible:
     def _handle(self, signum: int, frame: Any) -> None:
         again = self.stop.is_set()
         self.stop.set()
-        os.write(2, b"\ninterrupted: " + (b"still " if again else b"") + b"finishing the step in progress on "
-                 b"each host, then stopping (the steps are not cut short)\n")
+        os.write(
+            2,
+            b"\ninterrupted: " + (b"still " if again else b"") + b"finishing the step in progress on "
+            b"each host, then stopping (the steps are not cut short)\n",
+        )
 
     def __enter__(self) -> _interruptible:
         if threading.current_thread() is threading.main_thread():
@@ -282,9 +311,13 @@ def interrupted_message(result: RunResult) -> str:
         done = [s for s in host.steps if s.message != INTERRUPTED]
         left = [s.name for s in host.steps if s.message == INTERRUPTED]
         last = f"after '{done[-1].name}' ({done[-1].status})" if done else "before its first step"
-        lines.append(f"  {name}: stopped {last}" + (f"; not run: {', '.join(left)}" if left else "; finished"))
-    lines.append(f"The hosts are as those steps left them. To continue, run the same command again "
-                 f"(playbook {result.playbook.name}): steps already done change nothing.")
+        lines.append(
+            f"  {name}: stopped {last}" + (f"; not run: {', '.join(left)}" if left else "; finished")
+        )
+    lines.append(
+        f"The hosts are as those steps left them. To continue, run the same command again "
+        f"(playbook {result.playbook.name}): steps already done change nothing."
+    )
     return "\n".join(lines)
 
 
@@ -312,12 +345,18 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
     try:
         secret_values = host.resolve_secrets(run.redactor)
         stage = "connect"
-        variables: dict[str, Any] = {**host.template_vars(), "layout": HostLayout(host.base),
-                                     "secrets": secret_values, "check": run.check}
+        variables: dict[str, Any] = {
+            **host.template_vars(),
+            "layout": HostLayout(host.base),
+            "secrets": secret_values,
+            "check": run.check,
+        }
         with connect(host, redactor=run.redactor) as conn, _host_lock(conn, host, run):
             for spec in run.playbook.steps:
                 if outcome.failed:
-                    step = StepResult(spec.name, spec.step, "skipped", False, "not run: an earlier step failed")
+                    step = StepResult(
+                        spec.name, spec.step, "skipped", False, "not run: an earlier step failed"
+                    )
                 elif run.stop.is_set():
                     outcome.interrupted = True
                     step = StepResult(spec.name, spec.step, "skipped", False, INTERRUPTED)
@@ -335,8 +374,15 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
         reporter.step_finished(host.name, None, outcome.steps[-1])
     except Exception as exc:  # a bug outside any step: this host fails, the run and its summary go on
         reporter.note(f"{host.name} | internal error:\n{traceback.format_exc()}")
-        outcome.steps.append(StepResult(stage, stage, "failed", False,
-                                        run.redactor.redact(f"internal error: {type(exc).__name__}: {exc}")))
+        outcome.steps.append(
+            StepResult(
+                stage,
+                stage,
+                "failed",
+                False,
+                run.redactor.redact(f"internal error: {type(exc).__name__}: {exc}"),
+            )
+        )
         reporter.step_finished(host.name, None, outcome.steps[-1])
     outcome.duration = time.monotonic() - start
     reporter.host_finished(host.name, outcome)
@@ -363,9 +409,16 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], 
 
     def finish(status: str, changed: bool, message: str, **extra: Any) -> StepResult:
         ignored = status == "failed" and spec.ignore_errors
-        return StepResult(spec.name, spec.step, status, changed,
-                          message + (" (ignored: ignore_errors)" if ignored else ""),
-                          duration=time.monotonic() - start, ignored=ignored, **extra)
+        return StepResult(
+            spec.name,
+            spec.step,
+            status,
+            changed,
+            message + (" (ignored: ignore_errors)" if ignored else ""),
+            duration=time.monotonic() - start,
+            ignored=ignored,
+            **extra,
+        )
 
     if tags and not tags & set(spec.tags):
         return finish("skipped", False, f"not tagged {', '.join(sorted(tags))}")
@@ -387,18 +440,32 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], 
             plan = step.plan(facts, args, ctx)
             changes = [c.describe() for c in plan.changes]
             if check:
-                return finish("changed" if plan.will_change else "ok", plan.will_change, plan.reason,
-                              changes=changes, diff=plan.diff, data=plan.data)
-            applied = step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
+                return finish(
+                    "changed" if plan.will_change else "ok",
+                    plan.will_change,
+                    plan.reason,
+                    changes=changes,
+                    diff=plan.diff,
+                    data=plan.data,
+                )
+            applied = (
+                step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
+            )
             message = applied.message
             if applied.changed and not step.is_idempotent(args):
                 message += " (not idempotent)"
-            return finish("changed" if applied.changed else "ok", applied.changed, message,
-                          changes=changes if applied.changed else [], diff=plan.diff if applied.changed else "",
-                          data=applied.data)
+            return finish(
+                "changed" if applied.changed else "ok",
+                applied.changed,
+                message,
+                changes=changes if applied.changed else [],
+                diff=plan.diff if applied.changed else "",
+                data=applied.data,
+            )
         except StepFailed as exc:
-            failure = finish("failed", False, str(exc), command=exc.command, stderr=exc.stderr,
-                             data={"stderr": exc.stderr})
+            failure = finish(
+                "failed", False, str(exc), command=exc.command, stderr=exc.stderr, data={"stderr": exc.stderr}
+            )
         except SpecopsError as exc:  # HostUnreachable, HostKeyError, ...
             failure = finish("failed", False, str(exc))
         except OSError as exc:  # a file operation the host refused (ENOENT, EACCES): the user's to fix

@@ -53,15 +53,24 @@ COMMON_HELP = {
 }
 
 
-def run_file(playbook: str | Path, *, limit: str | None = None, check: bool = False,
-             inventory: str | None = None, forks: int | str | None = None, tags: str | None = None,
-             results: str | None = None) -> RunResult:
+def run_file(
+    playbook: str | Path,
+    *,
+    limit: str | None = None,
+    check: bool = False,
+    inventory: str | None = None,
+    forks: int | str | None = None,
+    tags: str | None = None,
+    results: str | None = None,
+) -> RunResult:
     """Load everything first (so input errors stop before any host is touched), then run."""
     try:
         hosts = load_inventory(inventory).select(limit)
         book = load_playbook(playbook)
         selected = {t.strip() for t in tags.split(",") if t.strip()} if tags else None
-        return run_playbook(book, hosts, check=check, forks=parse_forks(forks), tags=selected, results_root=results)
+        return run_playbook(
+            book, hosts, check=check, forks=parse_forks(forks), tags=selected, results_root=results
+        )
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
@@ -75,8 +84,10 @@ def parse_forks(value: object) -> int:
     try:
         forks = int(str(value))
     except ValueError:
-        raise SpecopsError(f"--forks must be a whole number of hosts in parallel, got '{value}' "
-                           f"(fix: --forks {DEFAULT_FORKS})") from None
+        raise SpecopsError(
+            f"--forks must be a whole number of hosts in parallel, got '{value}' "
+            f"(fix: --forks {DEFAULT_FORKS})"
+        ) from None
     if forks < 1:
         raise SpecopsError(f"--forks must be at least 1, got {forks}")
     return forks
@@ -96,31 +107,52 @@ def _finish(result: RunResult) -> None:
 @task(help={"file": "the playbook YAML to run", **COMMON_HELP})
 def play(c, file, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
     """Run any playbook FILE over the inventory."""
-    _finish(run_file(file, limit=limit, check=check, inventory=inventory, forks=forks, tags=tags,
-                     results=results))
+    _finish(
+        run_file(file, limit=limit, check=check, inventory=inventory, forks=forks, tags=tags, results=results)
+    )
 
 
 def playbook_task(name: str, playbook: str, doc: str):
     """A task that runs one shipped playbook with the common options (``fab NAME``)."""
 
     def body(c, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
-        _finish(run_file(PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks,
-                         tags=tags, results=results))
+        _finish(
+            run_file(
+                PLAYBOOKS / playbook,
+                limit=limit,
+                check=check,
+                inventory=inventory,
+                forks=forks,
+                tags=tags,
+                results=results,
+            )
+        )
 
     body.__name__, body.__doc__ = name.replace("-", "_"), doc
     return task(help=COMMON_HELP, name=name)(body)
 
 
-provision = playbook_task("provision", "provision.yaml",
-                          "Provision hosts: base layout, Python stack, facts (playbooks/provision.yaml).")
-deploy = playbook_task("deploy", "deploy.yaml",
-                       "Deploy this checkout's runtime as a new release and start serving (playbooks/deploy.yaml).")
-rollback = playbook_task("rollback", "rollback.yaml",
-                         "Switch back to the previous release and restart (playbooks/rollback.yaml).")
-lint_drafter = playbook_task("lint-drafter", "lint-drafter.yaml",
-                             "Lint each host's DFlash drafter config against its target (read-only).")
-patch_drafter = playbook_task("patch-drafter", "patch-drafter.yaml",
-                              "Patch each host's drafter config.json to its spec, with a backup.")
+provision = playbook_task(
+    "provision",
+    "provision.yaml",
+    "Provision hosts: base layout, Python stack, facts (playbooks/provision.yaml).",
+)
+deploy = playbook_task(
+    "deploy",
+    "deploy.yaml",
+    "Deploy this checkout's runtime as a new release and start serving (playbooks/deploy.yaml).",
+)
+rollback = playbook_task(
+    "rollback", "rollback.yaml", "Switch back to the previous release and restart (playbooks/rollback.yaml)."
+)
+lint_drafter = playbook_task(
+    "lint-drafter",
+    "lint-drafter.yaml",
+    "Lint each host's DFlash drafter config against its target (read-only).",
+)
+patch_drafter = playbook_task(
+    "patch-drafter", "patch-drafter.yaml", "Patch each host's drafter config.json to its spec, with a backup."
+)
 
 
 def facts_table(result: RunResult, title: str) -> Table:
@@ -128,8 +160,19 @@ def facts_table(result: RunResult, title: str) -> Table:
     services = any("service_status" in h.registered for h in result.hosts.values())
     table = Table(title=title)
     stacks = any("gpu_facts" in h.registered for h in result.hosts.values())
-    columns = ["host", "os", "cpus", "memory", "disk free", "python", "systemd", "gpus",
-               *(["driver", "CUDA", "torch", "triton", "vllm"] if stacks else []), "venv", "release"]
+    columns = [
+        "host",
+        "os",
+        "cpus",
+        "memory",
+        "disk free",
+        "python",
+        "systemd",
+        "gpus",
+        *(["driver", "CUDA", "torch", "triton", "vllm"] if stacks else []),
+        "venv",
+        "release",
+    ]
     for column in columns + (["service"] if services else []):
         table.add_column(column)
     for name, host in result.hosts.items():
@@ -140,11 +183,19 @@ def facts_table(result: RunResult, title: str) -> Table:
             continue
         gpus = ", ".join(f"{g['name']} (sm_{g['compute_cap'].replace('.', '')})" for g in f["gpus"]) or "none"
         stack = host.registered.get("gpu_facts", {}).get("summary") or {}
-        row = [name, f["os"]["name"], f"{f['cpu']['count']} ({f['cpu']['model']})",
-               f"{f['memory']['total_gib']} GiB", f"{f['disk']['free_gib']} GiB", f["python"]["version"] or "none",
-               "usable" if f["systemd"]["usable"] else "no", gpus,
-               *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm") if stacks),
-               f["venv"] or "none", f["release"] or "none"]
+        row = [
+            name,
+            f["os"]["name"],
+            f"{f['cpu']['count']} ({f['cpu']['model']})",
+            f"{f['memory']['total_gib']} GiB",
+            f"{f['disk']['free_gib']} GiB",
+            f["python"]["version"] or "none",
+            "usable" if f["systemd"]["usable"] else "no",
+            gpus,
+            *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm") if stacks),
+            f["venv"] or "none",
+            f["release"] or "none",
+        ]
         if services:
             row.append(host.registered.get("service_status", {}).get("message", "unknown"))
         table.add_row(*row)
@@ -155,8 +206,11 @@ def save_facts(result: RunResult) -> Path:
     """results/<run-id>/facts.json (all hosts) and results/<run-id>/<host>/facts.json."""
     everything: dict[str, Any] = {}
     for name, host in result.hosts.items():
-        f = {k: v for k, v in host.registered.get("host_facts", {}).items()
-             if k not in ("status", "changed", "message")}
+        f = {
+            k: v
+            for k, v in host.registered.get("host_facts", {}).items()
+            if k not in ("status", "changed", "message")
+        }
         if f:
             f["gpu_stack"] = host.registered.get("gpu_facts", {}).get("summary")
         everything[name] = f or None
@@ -169,8 +223,9 @@ def save_facts(result: RunResult) -> Path:
 
 
 def _facts_task(playbook: str, title: str, limit, check, inventory, forks, results) -> None:
-    result = run_file(PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks,
-                      results=results)
+    result = run_file(
+        PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks, results=results
+    )
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     console.print(facts_table(result, title))
     console.print(f"saved {save_facts(result)}")
@@ -200,16 +255,26 @@ def bench_dir(book_path: Path, results: str | None, resume: str | None) -> Path:
     if resume:
         run_dir = (root / resume).resolve()
         if not run_dir.is_dir():
-            raise SpecopsError(f"--resume {resume}: no run directory {root / resume} (fix: pass a run id from "
-                               f"{root}, or leave --resume out to start a new run)")
+            raise SpecopsError(
+                f"--resume {resume}: no run directory {root / resume} (fix: pass a run id from "
+                f"{root}, or leave --resume out to start a new run)"
+            )
         return run_dir
     return make_run_dir(root / new_run_id(load_playbook(book_path))).resolve()
 
 
-def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: bool = False,
-                   inventory: str | None = None, forks: int | str | None = None, results: str | None = None,
-                   resume: str | None = None, extra_vars: dict[str, Any] | None = None,
-                   live: bool | None = None) -> tuple[RunResult, Path]:
+def run_bench_file(
+    playbook: str | Path,
+    *,
+    limit: str | None = None,
+    check: bool = False,
+    inventory: str | None = None,
+    forks: int | str | None = None,
+    results: str | None = None,
+    resume: str | None = None,
+    extra_vars: dict[str, Any] | None = None,
+    live: bool | None = None,
+) -> tuple[RunResult, Path]:
     """Run a bench/tune playbook into one run directory that holds every cell of every attempt.
 
     The cells of ``results/<run-id>/<host>/`` outlive an interrupted attempt; each attempt's runner
@@ -223,8 +288,16 @@ def run_bench_file(playbook: str | Path, *, limit: str | None = None, check: boo
         if extra_vars:
             hosts = [dataclasses.replace(h, vars={**h.vars, **extra_vars}) for h in hosts]
         with BenchProgress(live=live) as progress:
-            result = run_playbook(book, hosts, check=check, forks=parse_forks(forks), results_root=run_dir / "runs",
-                                  live=False, results_dir=run_dir, progress=progress)
+            result = run_playbook(
+                book,
+                hosts,
+                check=check,
+                forks=parse_forks(forks),
+                results_root=run_dir / "runs",
+                live=False,
+                results_dir=run_dir,
+                progress=progress,
+            )
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
@@ -253,12 +326,22 @@ BENCH_HELP = {
 def bench(c, limit=None, check=False, inventory=None, forks=None, results=None, matrix=None, resume=None):
     """Benchmark each host's servers over a matrix; results, logs, report.md and plots in results/<run-id>/."""
     extra = {"bench_matrix": str(Path(matrix).resolve())} if matrix else {}
-    result, run_dir = run_bench_file(PLAYBOOKS / "bench.yaml", limit=limit, check=check, inventory=inventory,
-                                     forks=forks, results=results, resume=resume, extra_vars=extra)
+    result, run_dir = run_bench_file(
+        PLAYBOOKS / "bench.yaml",
+        limit=limit,
+        check=check,
+        inventory=inventory,
+        forks=forks,
+        results=results,
+        resume=resume,
+        extra_vars=extra,
+    )
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     if not check:
         _report(run_dir, console)
-    console.print(f"run directory {run_dir}" + ("" if result.ok else f" (resume: fab bench --resume {run_dir.name})"))
+    console.print(
+        f"run directory {run_dir}" + ("" if result.ok else f" (resume: fab bench --resume {run_dir.name})")
+    )
     _finish(result)
 
 
@@ -272,9 +355,16 @@ def sweep_table(result: RunResult) -> Table:
         for row in sweep.get("sweep", []):
             setting = row["budget"] if row["budget"] is not None else row["num_speculative_tokens"]
             chosen = row == sweep.get("best")
-            table.add_row(name, row["system"], row["mode"], str(setting), f"{row['tokens_per_s']:.1f}",
-                          "-" if row["tau"] is None else f"{row['tau']:.2f}", f"{row['speedup']:.2f}x",
-                          "<-" if chosen else "")
+            table.add_row(
+                name,
+                row["system"],
+                row["mode"],
+                str(setting),
+                f"{row['tokens_per_s']:.1f}",
+                "-" if row["tau"] is None else f"{row['tau']:.2f}",
+                f"{row['speedup']:.2f}x",
+                "<-" if chosen else "",
+            )
         if not sweep.get("sweep"):
             table.add_row(name, Text(sweep.get("message", "not run"), style="red"))
     return table
@@ -283,8 +373,9 @@ def sweep_table(result: RunResult) -> Table:
 @task(help=FACTS_HELP)
 def tune(c, limit=None, check=False, inventory=None, forks=None, results=None):
     """Sweep the DDTree budget, serve the best tokens/s (written to <base>/run, restarted via the deploy steps)."""
-    result, run_dir = run_bench_file(PLAYBOOKS / "tune.yaml", limit=limit, check=check, inventory=inventory,
-                                     forks=forks, results=results)
+    result, run_dir = run_bench_file(
+        PLAYBOOKS / "tune.yaml", limit=limit, check=check, inventory=inventory, forks=forks, results=results
+    )
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     if not check:
         console.print(sweep_table(result))
@@ -298,11 +389,19 @@ TRAIN_HELP = {**FACTS_HELP, "resume": "RUN_ID (or latest) of an earlier run: kee
 @task(help=TRAIN_HELP, name="train-drafter")
 def train_drafter(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None, resume=None):
     """Train a DFlash drafter on each host (resumable); progress, drafter and tau come home to results/<run-id>/."""
-    result, run_dir = run_bench_file(PLAYBOOKS / "train-drafter.yaml", limit=limit, check=check,
-                                     inventory=inventory, forks=forks, results=results, resume=resume)
+    result, run_dir = run_bench_file(
+        PLAYBOOKS / "train-drafter.yaml",
+        limit=limit,
+        check=check,
+        inventory=inventory,
+        forks=forks,
+        results=results,
+        resume=resume,
+    )
     Console().print(f"run directory {run_dir}")
     _finish(result)
 
 
-ns = Collection(play, provision, facts, status, deploy, bench, tune, rollback, lint_drafter, patch_drafter,
-                train_drafter)
+ns = Collection(
+    play, provision, facts, status, deploy, bench, tune, rollback, lint_drafter, patch_drafter, train_drafter
+)

@@ -25,8 +25,15 @@ from ops.errors import SpecopsError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What the wheel is made of (pyproject.toml's packages plus its metadata files).
-PACKAGED = ("ops", "ddtree_runtime", "kernels", "drafter_config", "specops_contract.py", "pyproject.toml",
-            "README.md")
+PACKAGED = (
+    "ops",
+    "ddtree_runtime",
+    "kernels",
+    "drafter_config",
+    "specops_contract.py",
+    "pyproject.toml",
+    "README.md",
+)
 _VERSION_LINE = re.compile(r'^version\s*=\s*"(?P<version>[^"]+)"\s*$', re.M)
 KEEP_WHEELS = 5  # the cache keeps the newest few (an edited tree makes a new one per edit)
 _BUILD_LOCK = threading.Lock()  # hosts run in threads: one of them builds, the others wait

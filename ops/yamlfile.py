@@ -20,8 +20,8 @@ import yaml
 
 from ops.errors import InputFileError
 
-MAX_VALUES = 100_000   # values in the document with every alias expanded; real files hold < 5,000
-MAX_FLOW_DEPTH = 64    # nested [ and { (PyYAML's scanner slows quadratically with the depth)
+MAX_VALUES = 100_000  # values in the document with every alias expanded; real files hold < 5,000
+MAX_FLOW_DEPTH = 64  # nested [ and { (PyYAML's scanner slows quadratically with the depth)
 
 
 class LineMap(dict):
@@ -57,18 +57,24 @@ class _Loader(yaml.SafeLoader):
             target = self.anchors.get(event.anchor)
             self.expanded += _size(target, {}) if target is not None else 0
             if self.expanded > MAX_VALUES:
-                raise InputFileError(self.source, event.start_mark.line + 1,
-                                     f"YAML aliases expand to more than {MAX_VALUES:,} values at '*{event.anchor}'",
-                                     "an alias bomb? Use fewer nested aliases or write the values out")
+                raise InputFileError(
+                    self.source,
+                    event.start_mark.line + 1,
+                    f"YAML aliases expand to more than {MAX_VALUES:,} values at '*{event.anchor}'",
+                    "an alias bomb? Use fewer nested aliases or write the values out",
+                )
         else:
             self.expanded += 1
         return super().compose_node(parent, index)
 
     def fetch_flow_collection_start(self, token_class: type) -> None:
         if self.flow_level >= MAX_FLOW_DEPTH:
-            raise InputFileError(self.source, self.get_mark().line + 1,
-                                 f"[ and {{ nested deeper than {MAX_FLOW_DEPTH} levels",
-                                 "a real inventory or playbook nests a few levels, not hundreds")
+            raise InputFileError(
+                self.source,
+                self.get_mark().line + 1,
+                f"[ and {{ nested deeper than {MAX_FLOW_DEPTH} levels",
+                "a real inventory or playbook nests a few levels, not hundreds",
+            )
         super().fetch_flow_collection_start(token_class)
 
     def construct_line_map(self, node: yaml.MappingNode):
@@ -84,10 +90,16 @@ class _Loader(yaml.SafeLoader):
             try:
                 first = data.key_lines.get(key)
             except TypeError:
-                raise InputFileError(self.source, line, f"a mapping key must be a plain value, got {key!r}") from None
+                raise InputFileError(
+                    self.source, line, f"a mapping key must be a plain value, got {key!r}"
+                ) from None
             if first is not None:
-                raise InputFileError(self.source, line, f"duplicate key '{key}' (first defined at line {first})",
-                                     "remove or rename one of them")
+                raise InputFileError(
+                    self.source,
+                    line,
+                    f"duplicate key '{key}' (first defined at line {first})",
+                    "remove or rename one of them",
+                )
             data.key_lines[key] = line
         data.update(self.construct_mapping(node, deep=True))
         for key in data:  # keys that came in through a YAML merge (<<: *anchor) point at the mapping
@@ -133,8 +145,12 @@ def read_source(path: Path, what: str, hint: str) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise InputFileError(path, line, f"{what} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
-                             "save the file as UTF-8") from None
+        raise InputFileError(
+            path,
+            line,
+            f"{what} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})",
+            "save the file as UTF-8",
+        ) from None
 
 
 def load_yaml(text: str, source: str | Path) -> Any:
@@ -146,13 +162,18 @@ def load_yaml(text: str, source: str | Path) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        raise InputFileError(source, line, f"invalid YAML: {exc.problem or exc.context}",
-                             "check indentation and quoting") from None
+        raise InputFileError(
+            source, line, f"invalid YAML: {exc.problem or exc.context}", "check indentation and quoting"
+        ) from None
     except yaml.YAMLError as exc:
         raise InputFileError(source, None, f"invalid YAML: {exc}") from None
     except RecursionError:
-        raise InputFileError(source, None, "invalid YAML: nested too deeply to read",
-                             "a real inventory or playbook nests a few levels, not hundreds") from None
+        raise InputFileError(
+            source,
+            None,
+            "invalid YAML: nested too deeply to read",
+            "a real inventory or playbook nests a few levels, not hundreds",
+        ) from None
     finally:
         loader.dispose()
 

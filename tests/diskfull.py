@@ -26,11 +26,16 @@ def small_fs() -> Iterator[Callable[..., Path]]:
 
     def mount(path: Path, size: str = "256k") -> Path:
         path.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "specops-test", str(path)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "specops-test", str(path)],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs on {path} ({done.stderr.strip() or 'mount failed'}): "
-                        "the full-disk tests need root")
+            pytest.skip(
+                f"cannot mount a tmpfs on {path} ({done.stderr.strip() or 'mount failed'}): "
+                "the full-disk tests need root"
+            )
         mounted.append(path)
         return path
 

@@ -75,8 +75,15 @@ def _descendants(pid: int) -> list[int]:
 class SshdHost:
     """One sshd daemon on a loopback address; see the module docstring."""
 
-    def __init__(self, name: str, address: str, root: Path, client_key: Path,
-                 env: Mapping[str, str] | None = None, extra_config: Sequence[str] = ()):
+    def __init__(
+        self,
+        name: str,
+        address: str,
+        root: Path,
+        client_key: Path,
+        env: Mapping[str, str] | None = None,
+        extra_config: Sequence[str] = (),
+    ):
         self.name = name
         self.address = address
         self.dir = root
@@ -101,8 +108,14 @@ class SshdHost:
 
     def host_entry(self) -> dict[str, Any]:
         """This host as an inventory.yaml host mapping."""
-        return {"address": self.address, "port": self.port, "user": self.user, "key_file": str(self.client_key),
-                "base": str(self.base), "connect_timeout": 3}
+        return {
+            "address": self.address,
+            "port": self.port,
+            "user": self.user,
+            "key_file": str(self.client_key),
+            "base": str(self.base),
+            "connect_timeout": 3,
+        }
 
     def _write_config(self) -> Path:
         config = self.dir / "sshd_config"
@@ -132,23 +145,32 @@ class SshdHost:
     def _spawn(self) -> None:
         config = self._write_config()
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                          stdout=log, stderr=log, start_new_session=True)
+            self._proc = subprocess.Popen(
+                [SSHD, "-D", "-e", "-f", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise RuntimeError(f"sshd for {self.name} exited with {self._proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"sshd for {self.name} exited with {self._proc.returncode}: "
+                    f"{self.log_path.read_text()[-2000:]}"
+                )
             try:
                 with socket.create_connection((self.address, self.port), timeout=0.2):
                     return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"sshd for {self.name} not listening on {self.address}:{self.port} "
-                                       f"after {READY_TIMEOUT_S}s: {self.log_path.read_text()[-2000:]}") from None
+                    raise RuntimeError(
+                        f"sshd for {self.name} not listening on {self.address}:{self.port} "
+                        f"after {READY_TIMEOUT_S}s: {self.log_path.read_text()[-2000:]}"
+                    ) from None
                 time.sleep(0.01)
 
     @property
@@ -217,11 +239,21 @@ def sshd_hosts(tmp_path: Path, sshd_client_key: Path) -> Iterator[Callable[..., 
     """Factory: sshd_hosts(3) starts h1..h3 on 127.0.0.2..4 (a second call continues the numbering)."""
     started: list[SshdHost] = []
 
-    def factory(count: int, env: Mapping[str, str] | None = None,
-                extra_config: Sequence[str] = ()) -> list[SshdHost]:
+    def factory(
+        count: int, env: Mapping[str, str] | None = None, extra_config: Sequence[str] = ()
+    ) -> list[SshdHost]:
         first = len(started)
-        hosts = [SshdHost(f"h{i + 1}", f"127.0.0.{i + 2}", tmp_path / "sshd" / f"h{i + 1}", sshd_client_key,
-                          env, extra_config) for i in range(first, first + count)]
+        hosts = [
+            SshdHost(
+                f"h{i + 1}",
+                f"127.0.0.{i + 2}",
+                tmp_path / "sshd" / f"h{i + 1}",
+                sshd_client_key,
+                env,
+                extra_config,
+            )
+            for i in range(first, first + count)
+        ]
         started.extend(hosts)
         start_all(hosts)
         return hosts
@@ -241,11 +273,18 @@ def make_inventory(tmp_path: Path) -> Callable[..., Path]:
     """
     counter = iter(range(1, 1000))
 
-    def factory(hosts: Sequence[SshdHost], *, host_key_policy: str = "strict", known: bool = True,
-                defaults: dict[str, Any] | None = None, groups: dict[str, Any] | None = None,
-                host_vars: dict[str, dict[str, Any]] | None = None,
-                host_fields: dict[str, dict[str, Any]] | None = None,
-                local: bool = False, name: str | None = None) -> Path:
+    def factory(
+        hosts: Sequence[SshdHost],
+        *,
+        host_key_policy: str = "strict",
+        known: bool = True,
+        defaults: dict[str, Any] | None = None,
+        groups: dict[str, Any] | None = None,
+        host_vars: dict[str, dict[str, Any]] | None = None,
+        host_fields: dict[str, dict[str, Any]] | None = None,
+        local: bool = False,
+        name: str | None = None,
+    ) -> Path:
         n = next(counter)
         folder = tmp_path / f"inventory{n}"
         folder.mkdir()
@@ -259,10 +298,18 @@ def make_inventory(tmp_path: Path) -> Callable[..., Path]:
                 entry["vars"] = host_vars[host.name]
             entries[host.name] = entry
         if local:
-            entries["local"] = {"connection": "local", "base": str(tmp_path / "local-base"),
-                                "vars": {"profile": "cpu"}}
-        data: dict[str, Any] = {"defaults": {"host_key_policy": host_key_policy,
-                                             "known_hosts": [str(known_hosts)], **(defaults or {})}}
+            entries["local"] = {
+                "connection": "local",
+                "base": str(tmp_path / "local-base"),
+                "vars": {"profile": "cpu"},
+            }
+        data: dict[str, Any] = {
+            "defaults": {
+                "host_key_policy": host_key_policy,
+                "known_hosts": [str(known_hosts)],
+                **(defaults or {}),
+            }
+        }
         if groups:
             data["groups"] = groups
         data["hosts"] = entries

@@ -60,11 +60,17 @@ class DFlashDrafter(nn.Module):
         lc = self.config.layers
         ctx_start = as_device_length(ctx_start, features.device)
         positions = ctx_start + torch.arange(features.shape[0], device=features.device)
-        ctx, _ = backend.rms_norm(linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps)  # [C, hidden]
+        ctx, _ = backend.rms_norm(
+            linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
+        )  # [C, hidden]
         for i, layer in enumerate(self.layers):
-            layer.self_attn.project(ctx, self.cos, self.sin, positions, self.k_cache[i], self.v_cache[i], ctx_start, backend)
+            layer.self_attn.project(
+                ctx, self.cos, self.sin, positions, self.k_cache[i], self.v_cache[i], ctx_start, backend
+            )
 
-    def draft(self, noise: Tensor, start: int | Tensor, backend: TorchBackend, key_bound: int | None = None) -> Tensor:
+    def draft(
+        self, noise: Tensor, start: int | Tensor, backend: TorchBackend, key_bound: int | None = None
+    ) -> Tensor:
         """noise: [Bk, hidden], the embedded block at positions `start ..` right after the ingested
         context. Returns the block's final hidden states [Bk, hidden]. `start` may be a device
         scalar, with `key_bound` the most keys the block can reach."""
@@ -79,10 +85,19 @@ class DFlashDrafter(nn.Module):
             attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
             q = attn.project(h, self.cos, self.sin, positions, kc, vc, start, backend)  # [Hq, Bk, D]
             out = backend.attention(
-                q, kc, vc, start, None, attn.head_dim**-0.5,
-                key_bound=key_bound, all_visible=not cfg.causal[i], window=cfg.windows[i],
+                q,
+                kc,
+                vc,
+                start,
+                None,
+                attn.head_dim**-0.5,
+                key_bound=key_bound,
+                all_visible=not cfg.causal[i],
+                window=cfg.windows[i],
             )
-            h, x = backend.rms_norm(attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x)
+            h, x = backend.rms_norm(
+                attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
+            )
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
         return h

@@ -132,8 +132,17 @@ class Attention(nn.Module):
     ) -> Tensor:
         """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
         q = backend.qk_rope(
-            self.qkv(x, backend), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-            cos, sin, positions, k_cache, v_cache, context_len, self.n_heads,
+            self.qkv(x, backend),
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            cos,
+            sin,
+            positions,
+            k_cache,
+            v_cache,
+            context_len,
+            self.n_heads,
         )  # [T, Hq, D]
         return q.transpose(0, 1)
 
@@ -249,7 +258,9 @@ class Qwen3(nn.Module):
             out = backend.attention(
                 q, self.k_cache[i], self.v_cache[i], ctx, visibility, attn.head_dim**-0.5, key_bound=key_bound
             )  # [Hq, T, D]
-            h, x = backend.rms_norm(attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x)
+            h, x = backend.rms_norm(
+                attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
+            )
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i

@@ -31,7 +31,11 @@ def _heads(attn: Attention, which: str, x: Tensor, n: int) -> Tensor:
         d, hq, hkv = attn.head_dim, attn.n_heads, attn.n_kv
         start, size = {"q": (0, hq * d), "k": (hq * d, hkv * d), "v": ((hq + hkv) * d, hkv * d)}[which]
         bias = attn.qkv_proj.bias
-        out = F.linear(x, attn.qkv_proj.weight[start : start + size], None if bias is None else bias[start : start + size])
+        out = F.linear(
+            x,
+            attn.qkv_proj.weight[start : start + size],
+            None if bias is None else bias[start : start + size],
+        )
     return out.view(x.shape[0], x.shape[1], n, attn.head_dim).transpose(1, 2)
 
 

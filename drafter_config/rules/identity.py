@@ -15,13 +15,22 @@ from drafter_config.findings import Finding, show
 def check(ctx: LintContext) -> list[Finding]:
     doc = ctx.drafter.doc
     if not isinstance(doc.data, dict):
-        return [ctx.at("DFL002", (), f"config is a JSON {type(doc.data).__name__}, not an object",
-                       "point at the drafter's config.json")]
+        return [
+            ctx.at(
+                "DFL002",
+                (),
+                f"config is a JSON {type(doc.data).__name__}, not an object",
+                "point at the drafter's config.json",
+            )
+        ]
     archs = doc.data.get("architectures")
     if isinstance(archs, list) and ARCHITECTURE in archs:
         return []
     hint = f'set "architectures": ["{ARCHITECTURE}"] if this is a z-lab DFlash drafter'
     if doc.data.get("model_type") and "dflash_config" not in doc.data and "block_size" not in doc.data:
-        hint = "this looks like a target model's config; pass the drafter as DRAFTER and the model as --target"
-    return [ctx.at("DFL002", ("architectures",), f"architectures is {show(archs)}, not [\"{ARCHITECTURE}\"]",
-                   hint)]
+        hint = (
+            "this looks like a target model's config; pass the drafter as DRAFTER and the model as --target"
+        )
+    return [
+        ctx.at("DFL002", ("architectures",), f'architectures is {show(archs)}, not ["{ARCHITECTURE}"]', hint)
+    ]

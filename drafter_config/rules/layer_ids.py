@@ -35,15 +35,29 @@ def _check_count(ctx: LintContext, ids: list[int]) -> list[Finding]:
     fc = _fc_weight(ctx)
     if fc is None or len(fc.shape) != 2:
         return []
-    hidden = ctx.target.hidden_size if ctx.target and ctx.target.hidden_size else ctx.drafter.int_value("hidden_size")
+    hidden = (
+        ctx.target.hidden_size
+        if ctx.target and ctx.target.hidden_size
+        else ctx.drafter.int_value("hidden_size")
+    )
     if not hidden or fc.shape[1] == len(ids) * hidden:
         return []
     field = ctx.drafter.field("target_layer_ids")
-    wanted = f"{fc.shape[1] // hidden}" if fc.shape[1] % hidden == 0 else f"{fc.shape[1]}/{hidden} (not a whole number of)"
-    return [ctx.at("DFL024", field.path, f"{len(ids)} target_layer_ids need fc.weight input width "
-                   f"{len(ids)} x {hidden} = {len(ids) * hidden}, but {fc.file} has fc.weight {list(fc.shape)}",
-                   f"the weights were trained on {wanted} target layers; list that many ids "
-                   "(from the drafter's model card)")]
+    wanted = (
+        f"{fc.shape[1] // hidden}"
+        if fc.shape[1] % hidden == 0
+        else f"{fc.shape[1]}/{hidden} (not a whole number of)"
+    )
+    return [
+        ctx.at(
+            "DFL024",
+            field.path,
+            f"{len(ids)} target_layer_ids need fc.weight input width "
+            f"{len(ids)} x {hidden} = {len(ids) * hidden}, but {fc.file} has fc.weight {list(fc.shape)}",
+            f"the weights were trained on {wanted} target layers; list that many ids "
+            "(from the drafter's model card)",
+        )
+    ]
 
 
 def _check_spec(ctx: LintContext, ids: list[int]) -> list[Finding]:
@@ -56,8 +70,10 @@ def _check_spec(ctx: LintContext, ids: list[int]) -> list[Finding]:
     message = f"target_layer_ids {ids} differ from {want} of {ctx.spec.cite('target_layer_ids')}"
     for shift, meaning in ((1, "one-based"), (-1, "shifted down by one")):
         if ids == [i + shift for i in want]:
-            message += (f": they are the spec's ids {'+' if shift > 0 else '-'}1, the {meaning} hidden-state "
-                        "indexing mistake (layer i is hidden_states[i+1]; the config stores i)")
+            message += (
+                f": they are the spec's ids {'+' if shift > 0 else '-'}1, the {meaning} hidden-state "
+                "indexing mistake (layer i is hidden_states[i+1]; the config stores i)"
+            )
     return [ctx.at("DFL025", field.path, message, f"set target_layer_ids to {want}")]
 
 
@@ -65,12 +81,22 @@ def check(ctx: LintContext) -> list[Finding]:
     findings: list[Finding] = []
     count, source = ctx.target_layer_count()
     own = ctx.drafter.field("num_target_layers")
-    if ctx.target is not None and ctx.target.num_layers is not None and own.present \
-            and own.value != ctx.target.num_layers:
-        findings.append(ctx.at("DFL023", own.path, f"num_target_layers is {show(own.value)} but the target has "
-                               f"{ctx.target.num_layers} layers ({ctx.target.where('num_hidden_layers')})",
-                               f"set num_target_layers to {ctx.target.num_layers}, or pair the drafter with "
-                               "the target it was trained for"))
+    if (
+        ctx.target is not None
+        and ctx.target.num_layers is not None
+        and own.present
+        and own.value != ctx.target.num_layers
+    ):
+        findings.append(
+            ctx.at(
+                "DFL023",
+                own.path,
+                f"num_target_layers is {show(own.value)} but the target has "
+                f"{ctx.target.num_layers} layers ({ctx.target.where('num_hidden_layers')})",
+                f"set num_target_layers to {ctx.target.num_layers}, or pair the drafter with "
+                "the target it was trained for",
+            )
+        )
     field = ctx.drafter.field("target_layer_ids")
     if not field.present:
         draft_layers = ctx.drafter.int_value("num_hidden_layers")
@@ -80,21 +106,46 @@ def check(ctx: LintContext) -> list[Finding]:
         return [*findings, ctx.at("DFL020", field.path, "target_layer_ids is missing", hint)]
     ids = field.value
     if not (isinstance(ids, list) and ids and all(is_int(i) and i >= 0 for i in ids)):
-        return [*findings, ctx.at("DFL021", field.path, f"target_layer_ids {show(ids)} is not a non-empty list of "
-                                  "non-negative integers", "list zero-based decoder-layer ids, e.g. [1, 9, 17, 25, 33]")]
+        return [
+            *findings,
+            ctx.at(
+                "DFL021",
+                field.path,
+                f"target_layer_ids {show(ids)} is not a non-empty list of non-negative integers",
+                "list zero-based decoder-layer ids, e.g. [1, 9, 17, 25, 33]",
+            ),
+        ]
     if any(b <= a for a, b in pairwise(ids)):
-        findings.append(ctx.at("DFL021", field.path, f"target_layer_ids {ids} are not strictly increasing and "
-                               "distinct", f"use {sorted(set(ids))} if the order was a typo; the order must match "
-                               "the drafter's training"))
+        findings.append(
+            ctx.at(
+                "DFL021",
+                field.path,
+                f"target_layer_ids {ids} are not strictly increasing and distinct",
+                f"use {sorted(set(ids))} if the order was a typo; the order must match "
+                "the drafter's training",
+            )
+        )
     if count is not None:
         for index, layer in enumerate(ids):
             if layer >= count:
-                findings.append(ctx.at("DFL022", (*field.path, index), f"target layer id {layer} does not exist: "
-                                       f"{source} has {count} layers (0..{count - 1})",
-                                       "ids are zero-based decoder-layer ids; check for a one-based list"))
+                findings.append(
+                    ctx.at(
+                        "DFL022",
+                        (*field.path, index),
+                        f"target layer id {layer} does not exist: "
+                        f"{source} has {count} layers (0..{count - 1})",
+                        "ids are zero-based decoder-layer ids; check for a one-based list",
+                    )
+                )
             elif layer == count - 1:
-                findings.append(ctx.at("DFL022", (*field.path, index), f"target layer id {layer} is the last layer "
-                                       f"of {count}: its output is the final hidden state, rarely a trained choice",
-                                       "check the model card; the reference spread stops at layer L-3",
-                                       severity=WARNING))
+                findings.append(
+                    ctx.at(
+                        "DFL022",
+                        (*field.path, index),
+                        f"target layer id {layer} is the last layer "
+                        f"of {count}: its output is the final hidden state, rarely a trained choice",
+                        "check the model card; the reference spread stops at layer L-3",
+                        severity=WARNING,
+                    )
+                )
     return findings + _check_count(ctx, ids) + _check_spec(ctx, ids)

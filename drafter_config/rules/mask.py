@@ -24,12 +24,22 @@ def _collision(ctx: LintContext, mask: int) -> Finding | None:
     if tok is not None:
         use = tok.use_of(mask)
         if use is not None and "mask" not in use.content.lower():
-            return ctx.at("DFL012", path, f"mask_token_id {mask} is {use.content!r} ({use.kind}) in {use.file}",
-                          _spec_hint(ctx), severity=ERROR)
+            return ctx.at(
+                "DFL012",
+                path,
+                f"mask_token_id {mask} is {use.content!r} ({use.kind}) in {use.file}",
+                _spec_hint(ctx),
+                severity=ERROR,
+            )
         if use is None and mask in tok.vocab.values():
             word = next(w for w, i in tok.vocab.items() if i == mask)
-            return ctx.at("DFL012", path, f"mask_token_id {mask} is the ordinary token {word!r} in the "
-                          "tokenizer's vocabulary", _spec_hint(ctx), severity=ERROR)
+            return ctx.at(
+                "DFL012",
+                path,
+                f"mask_token_id {mask} is the ordinary token {word!r} in the tokenizer's vocabulary",
+                _spec_hint(ctx),
+                severity=ERROR,
+            )
         if use is not None or tok.vocab:
             return None
     roles = dict(ctx.target.special_ids) if ctx.target is not None else {}
@@ -39,26 +49,46 @@ def _collision(ctx: LintContext, mask: int) -> Finding | None:
             if is_int(value):
                 roles.setdefault(value, role.removesuffix("_id"))
     if mask in roles:
-        return ctx.at("DFL012", path, f"mask_token_id {mask} is also the {roles[mask]} id in the config",
-                      _spec_hint(ctx), severity=WARNING)
+        return ctx.at(
+            "DFL012",
+            path,
+            f"mask_token_id {mask} is also the {roles[mask]} id in the config",
+            _spec_hint(ctx),
+            severity=WARNING,
+        )
     return None
 
 
 def check(ctx: LintContext) -> list[Finding]:
     field = ctx.drafter.field("mask_token_id")
     if not field.present:
-        return [ctx.at("DFL010", field.path, "mask_token_id is missing (neither dflash_config.mask_token_id "
-                       "nor a top-level mask_token_id)", _spec_hint(ctx))]
+        return [
+            ctx.at(
+                "DFL010",
+                field.path,
+                "mask_token_id is missing (neither dflash_config.mask_token_id "
+                "nor a top-level mask_token_id)",
+                _spec_hint(ctx),
+            )
+        ]
     mask = field.value
     if not is_int(mask):
-        return [ctx.at("DFL011", field.path, f"mask_token_id {show(mask)} is not an integer", _spec_hint(ctx))]
+        return [
+            ctx.at("DFL011", field.path, f"mask_token_id {show(mask)} is not an integer", _spec_hint(ctx))
+        ]
     vocab, source = None, ""
     if ctx.target is not None and ctx.target.vocab_size is not None:
         vocab, source = ctx.target.vocab_size, f"the target's vocab_size ({ctx.target.where('vocab_size')})"
     elif ctx.drafter.int_value("vocab_size") is not None:
         vocab, source = ctx.drafter.int_value("vocab_size"), "vocab_size"
     if vocab is not None and not 0 <= mask < vocab:
-        return [ctx.at("DFL011", field.path, f"mask_token_id {mask} is outside [0, {vocab}) of {source}",
-                       _spec_hint(ctx))]
+        return [
+            ctx.at(
+                "DFL011",
+                field.path,
+                f"mask_token_id {mask} is outside [0, {vocab}) of {source}",
+                _spec_hint(ctx),
+            )
+        ]
     collision = _collision(ctx, mask)
     return [collision] if collision else []

@@ -19,33 +19,65 @@ def _against_target(ctx: LintContext) -> list[Finding]:
     if target is None:
         return []
     findings = []
-    for code, name, want in (("DFL040", "hidden_size", target.hidden_size),
-                             ("DFL041", "vocab_size", target.vocab_size)):
+    for code, name, want in (
+        ("DFL040", "hidden_size", target.hidden_size),
+        ("DFL041", "vocab_size", target.vocab_size),
+    ):
         field = drafter.field(name)
         if want is not None and field.present and field.value != want:
-            findings.append(ctx.at(code, field.path, f"{name} is {show(field.value)} but the target's is {want} "
-                                   f"({target.where(name)}); the drafter uses the target's embeddings and LM head",
-                                   f"pair the drafter with the target it was trained for (or set {name} to {want} "
-                                   "if only the config is wrong)"))
+            findings.append(
+                ctx.at(
+                    code,
+                    field.path,
+                    f"{name} is {show(field.value)} but the target's is {want} "
+                    f"({target.where(name)}); the drafter uses the target's embeddings and LM head",
+                    f"pair the drafter with the target it was trained for (or set {name} to {want} "
+                    "if only the config is wrong)",
+                )
+            )
     theta, scaling = rope_settings(drafter.data)
     if target.rope_theta is not None and theta is not None and not same_value(theta, target.rope_theta):
         path = drafter.field("rope_theta").path if "rope_theta" in drafter.data else ("rope_parameters",)
-        findings.append(ctx.at("DFL043", path, f"rope_theta {theta} differs from the target's {target.rope_theta} "
-                               f"({target.where('rope_theta')})",
-                               f"set rope_theta to {target.rope_theta} unless the model card says otherwise"))
+        findings.append(
+            ctx.at(
+                "DFL043",
+                path,
+                f"rope_theta {theta} differs from the target's {target.rope_theta} "
+                f"({target.where('rope_theta')})",
+                f"set rope_theta to {target.rope_theta} unless the model card says otherwise",
+            )
+        )
     if not same_value(scaling, target.rope_scaling):
-        findings.append(ctx.at("DFL043", ("rope_scaling",), f"rope scaling {scaling} differs from the target's "
-                               f"{target.rope_scaling}", "copy the target's rope scaling into the drafter config"))
+        findings.append(
+            ctx.at(
+                "DFL043",
+                ("rope_scaling",),
+                f"rope scaling {scaling} differs from the target's {target.rope_scaling}",
+                "copy the target's rope scaling into the drafter config",
+            )
+        )
     eps = drafter.field("rms_norm_eps")
     if target.rms_norm_eps is not None and eps.present and not same_value(eps.value, target.rms_norm_eps):
-        findings.append(ctx.at("DFL044", eps.path, f"rms_norm_eps {eps.value} differs from the target's "
-                               f"{target.rms_norm_eps}", f"set rms_norm_eps to {target.rms_norm_eps}"))
+        findings.append(
+            ctx.at(
+                "DFL044",
+                eps.path,
+                f"rms_norm_eps {eps.value} differs from the target's {target.rms_norm_eps}",
+                f"set rms_norm_eps to {target.rms_norm_eps}",
+            )
+        )
     maxpos = drafter.field("max_position_embeddings")
     want = target.max_position_embeddings
     if want is not None and isinstance(maxpos.value, int) and maxpos.value < want:
-        findings.append(ctx.at("DFL045", maxpos.path, f"max_position_embeddings {maxpos.value} is below the "
-                               f"target's {want}: long prompts outrun the drafter's rope table",
-                               f"set max_position_embeddings to {want}"))
+        findings.append(
+            ctx.at(
+                "DFL045",
+                maxpos.path,
+                f"max_position_embeddings {maxpos.value} is below the "
+                f"target's {want}: long prompts outrun the drafter's rope table",
+                f"set max_position_embeddings to {want}",
+            )
+        )
     return findings
 
 
@@ -53,7 +85,11 @@ def expected_layer_shapes(ctx: LintContext) -> dict[str, tuple[tuple[int, ...], 
     """Per-layer tensor suffix -> (shape the config implies, config key that sets it)."""
     d = ctx.drafter
     hidden, heads = d.int_value("hidden_size"), d.int_value("num_attention_heads")
-    kv, head_dim, inter = d.int_value("num_key_value_heads") or heads, d.head_dim(), d.int_value("intermediate_size")
+    kv, head_dim, inter = (
+        d.int_value("num_key_value_heads") or heads,
+        d.head_dim(),
+        d.int_value("intermediate_size"),
+    )
     if not (hidden and heads and kv and head_dim):
         return {}
     shapes = {
@@ -89,9 +125,15 @@ def _against_weights(ctx: LintContext) -> list[Finding]:
     for (suffix, shape, actual), where in mismatches.items():
         key = expected[suffix][1]
         field = ctx.drafter.field(key)
-        findings.append(ctx.at("DFL042", field.path, f"{key}={show(field.value)} implies {suffix} {list(shape)}, but "
-                               f"the weights hold {list(actual)} (layers {where})",
-                               f"correct {key} (or head_dim / hidden_size) so that the config implies {list(actual)}"))
+        findings.append(
+            ctx.at(
+                "DFL042",
+                field.path,
+                f"{key}={show(field.value)} implies {suffix} {list(shape)}, but "
+                f"the weights hold {list(actual)} (layers {where})",
+                f"correct {key} (or head_dim / hidden_size) so that the config implies {list(actual)}",
+            )
+        )
     return findings
 
 

@@ -28,6 +28,12 @@ def check(ctx: LintContext) -> list[Finding]:
             continue
         code = SPEC_FIELDS[name][0]
         have = show(field.value) if field.present or ctx.drafter.locations(name) else "missing"
-        findings.append(ctx.at(code, field.path, f"{name} is {have}; {ctx.spec.cite(name)} says {show(want)}",
-                               f"set {name} to {show(want)}"))
+        findings.append(
+            ctx.at(
+                code,
+                field.path,
+                f"{name} is {have}; {ctx.spec.cite(name)} says {show(want)}",
+                f"set {name} to {show(want)}",
+            )
+        )
     return findings

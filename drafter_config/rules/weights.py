@@ -13,8 +13,14 @@ from drafter_config.context import LintContext
 from drafter_config.findings import WARNING, Finding, show
 from drafter_config.rules.shapes import expected_layer_shapes
 
-DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64",
-          "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+DTYPES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float32": "F32",
+    "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 _LIST_LIMIT = 5
 
@@ -24,9 +30,15 @@ def expected_names(ctx: LintContext, prefix: str) -> set[str]:
     layers = ctx.drafter.int_value("num_hidden_layers") or 0
     names = {f"{prefix}{n}" for n in ("fc.weight", "hidden_norm.weight", "norm.weight")}
     suffixes = list(expected_layer_shapes(ctx)) or [
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-        "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-        "input_layernorm.weight", "post_attention_layernorm.weight"]
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ]
     if ctx.drafter.value("attention_bias") is True:
         suffixes += [f"self_attn.{p}_proj.bias" for p in "qkvo"]
     if not any(s.startswith("mlp.") for s in suffixes):
@@ -44,19 +56,35 @@ def check(ctx: LintContext) -> list[Finding]:
     weights = ctx.weights
     if weights is None:
         return []
-    findings = [ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
-                for file, message in weights.problems]
+    findings = [
+        ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
+        for file, message in weights.problems
+    ]
     if weights.escapes:
         names = ", ".join(repr(name) for _, name in weights.escapes)
-        findings.append(ctx.in_file("DFL062", weights.escapes[0][0], f"weight_map names {len(weights.escapes)} "
-                                    f"file(s) outside the checkpoint directory, not read: {names}",
-                                    "a shard index may only name files beside it; re-download the checkpoint"))
-    findings += [ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
-                 for file, message in weights.bad_offsets]
+        findings.append(
+            ctx.in_file(
+                "DFL062",
+                weights.escapes[0][0],
+                f"weight_map names {len(weights.escapes)} "
+                f"file(s) outside the checkpoint directory, not read: {names}",
+                "a shard index may only name files beside it; re-download the checkpoint",
+            )
+        )
+    findings += [
+        ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
+        for file, message in weights.bad_offsets
+    ]
     if not weights.tensors:
         if not weights.problems and not weights.escapes:
-            findings.append(ctx.at("DFL061", (), "the drafter directory has no *.safetensors weights",
-                                   "copy the drafter's model.safetensors next to its config.json"))
+            findings.append(
+                ctx.at(
+                    "DFL061",
+                    (),
+                    "the drafter directory has no *.safetensors weights",
+                    "copy the drafter's model.safetensors next to its config.json",
+                )
+            )
         return findings
     tensors = weights.tensors
     prefix = "model." if any(n.startswith("model.") for n in tensors) else ""
@@ -65,22 +93,39 @@ def check(ctx: LintContext) -> list[Finding]:
     extra = sorted(tensors.keys() - expected)
     first_file = weights.files[0] if weights.files else ctx.drafter.file
     if missing:
-        findings.append(ctx.in_file("DFL061", first_file, f"{len(missing)} tensor(s) the config expects are missing: "
-                                    f"{_listed(missing)}", "check num_hidden_layers / attention_bias against the "
-                                    "checkpoint, or re-download the weights"))
+        findings.append(
+            ctx.in_file(
+                "DFL061",
+                first_file,
+                f"{len(missing)} tensor(s) the config expects are missing: {_listed(missing)}",
+                "check num_hidden_layers / attention_bias against the checkpoint, or re-download the weights",
+            )
+        )
     layers = ctx.drafter.int_value("num_hidden_layers") or 0
     beyond = [n for n in extra if (m := _LAYER.match(n)) and int(m.group(1)) >= layers]
     if beyond:
         count = max(int(_LAYER.match(n).group(1)) for n in beyond) + 1
         field = ctx.drafter.field("num_hidden_layers")
-        findings.append(ctx.at("DFL061", field.path, f"the weights hold layers up to {count - 1} "
-                               f"({_listed(beyond)}) but num_hidden_layers is {layers}",
-                               f"set num_hidden_layers to {count} (and layer_types to {count} entries)"))
+        findings.append(
+            ctx.at(
+                "DFL061",
+                field.path,
+                f"the weights hold layers up to {count - 1} "
+                f"({_listed(beyond)}) but num_hidden_layers is {layers}",
+                f"set num_hidden_layers to {count} (and layer_types to {count} entries)",
+            )
+        )
     others = [n for n in extra if n not in beyond]
     if others:
-        findings.append(ctx.in_file("DFL061", tensors[others[0]].file, f"{len(others)} tensor(s) the config does "
-                                    f"not explain: {_listed(others)}", "check that this is a plain DFlash drafter "
-                                    "and that the config matches the checkpoint", severity=WARNING))
+        findings.append(
+            ctx.in_file(
+                "DFL061",
+                tensors[others[0]].file,
+                f"{len(others)} tensor(s) the config does not explain: {_listed(others)}",
+                "check that this is a plain DFlash drafter and that the config matches the checkpoint",
+                severity=WARNING,
+            )
+        )
     findings += _dtype(ctx)
     return findings
 
@@ -93,6 +138,13 @@ def _dtype(ctx: LintContext) -> list[Finding]:
         return []
     reverse = {v: k for k, v in DTYPES.items()}
     actual = ", ".join(reverse.get(s, s) for s in stored)
-    return [ctx.at("DFL060", field.path, f"{field.name} is {show(field.value)} but the weights are stored as {actual}",
-                   f"set {field.name} to \"{reverse.get(stored[0], stored[0])}\"" if len(stored) == 1
-                   else "re-export the weights in one dtype")]
+    return [
+        ctx.at(
+            "DFL060",
+            field.path,
+            f"{field.name} is {show(field.value)} but the weights are stored as {actual}",
+            f'set {field.name} to "{reverse.get(stored[0], stored[0])}"'
+            if len(stored) == 1
+            else "re-export the weights in one dtype",
+        )
+    ]

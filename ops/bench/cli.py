@@ -27,19 +27,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = bench.add_subparsers(dest="bench_command", required=True, metavar="COMMAND")
 
     report = commands.add_parser("report", help="table, report.md and PNG plots from result directories")
-    report.add_argument("results", nargs="+", metavar="RESULTS_DIR",
-                        help="results/<run-id> directories (several to compare hosts or dates), or result files")
-    report.add_argument("--out", metavar="DIR", help="where report.md and the plots go (default: the first RESULTS_DIR)")
+    report.add_argument(
+        "results",
+        nargs="+",
+        metavar="RESULTS_DIR",
+        help="results/<run-id> directories (several to compare hosts or dates), or result files",
+    )
+    report.add_argument(
+        "--out", metavar="DIR", help="where report.md and the plots go (default: the first RESULTS_DIR)"
+    )
     report.set_defaults(handler=run_report)
 
-    imp = commands.add_parser("import", help="normalize vLLM `bench serve` JSON / SGLang `bench_serving` JSONL")
+    imp = commands.add_parser(
+        "import", help="normalize vLLM `bench serve` JSON / SGLang `bench_serving` JSONL"
+    )
     imp.add_argument("--from", dest="fmt", choices=FORMATS, required=True, help="which tool wrote the files")
     imp.add_argument("files", nargs="+", metavar="FILE")
-    imp.add_argument("--into", required=True, metavar="RESULTS_DIR", help="run directory, e.g. results/<run-id>")
-    imp.add_argument("--host", default=DEFAULT_HOST, help=f"host the numbers were measured on (default: {DEFAULT_HOST})")
-    imp.add_argument("--set", dest="settings", action="append", default=[], metavar="FIELD=VALUE",
-                     help="fill a result field the file lacks, e.g. mode=dflash, budget=64, prompt_set=math, "
-                          "temperature=0, hardware.gpu_name=H200 (repeatable)")
+    imp.add_argument(
+        "--into", required=True, metavar="RESULTS_DIR", help="run directory, e.g. results/<run-id>"
+    )
+    imp.add_argument(
+        "--host", default=DEFAULT_HOST, help=f"host the numbers were measured on (default: {DEFAULT_HOST})"
+    )
+    imp.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="fill a result field the file lacks, e.g. mode=dflash, budget=64, prompt_set=math, "
+        "temperature=0, hardware.gpu_name=H200 (repeatable)",
+    )
     imp.set_defaults(handler=run_import)
 
 
@@ -65,8 +83,11 @@ def run_import(args: argparse.Namespace) -> int:
     for item in args.settings:
         name, sep, value = item.partition("=")
         if not sep or name not in SETTABLE:
-            print(f"specops bench import: --set {item!r}: expected FIELD=VALUE with FIELD one of "
-                  f"{', '.join(sorted(SETTABLE))}", file=sys.stderr)
+            print(
+                f"specops bench import: --set {item!r}: expected FIELD=VALUE with FIELD one of "
+                f"{', '.join(sorted(SETTABLE))}",
+                file=sys.stderr,
+            )
             return EXIT_UNUSABLE
         settings[name] = value
     try:

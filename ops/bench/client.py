@@ -97,8 +97,11 @@ def spec_delta(before: dict[str, Any], after: dict[str, Any]) -> SpecDelta:
         delta.per_position = [min(1.0, max(0.0, c / delta.drafts)) for c in counts]
         if sum(counts) == delta.accepted:
             at_least = [delta.drafts, *counts, 0]
-            delta.histogram = {k + 1: at_least[k] - at_least[k + 1] for k in range(len(at_least) - 1)
-                               if at_least[k] - at_least[k + 1] > 0}
+            delta.histogram = {
+                k + 1: at_least[k] - at_least[k + 1]
+                for k in range(len(at_least) - 1)
+                if at_least[k] - at_least[k + 1] > 0
+            }
     return delta
 
 
@@ -232,9 +235,16 @@ async def _measure(client: httpx.AsyncClient, work: Workload) -> Measured:
     model = await model_id(client)
 
     def payload(i: int) -> dict[str, Any]:
-        return {"model": model, "prompt": work.prompts[i % len(work.prompts)], "max_tokens": work.output_len,
-                "temperature": work.temperature, "seed": work.seed + i, "stream": True,
-                "stream_options": {"include_usage": True}, **({"ignore_eos": True} if work.ignore_eos else {})}
+        return {
+            "model": model,
+            "prompt": work.prompts[i % len(work.prompts)],
+            "max_tokens": work.output_len,
+            "temperature": work.temperature,
+            "seed": work.seed + i,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **({"ignore_eos": True} if work.ignore_eos else {}),
+        }
 
     for i in range(work.warmup):
         warm = await stream_completion(client, payload(i))
@@ -256,37 +266,74 @@ async def _measure(client: httpx.AsyncClient, work: Workload) -> Measured:
     duration = time.perf_counter() - t0
     finished = datetime.now(timezone.utc)
     after = await scrape(client)
-    return Measured(list(samples), duration, model, spec_delta(before, after),
-                    started.isoformat(timespec="milliseconds"), finished.isoformat(timespec="milliseconds"))
+    return Measured(
+        list(samples),
+        duration,
+        model,
+        spec_delta(before, after),
+        started.isoformat(timespec="milliseconds"),
+        finished.isoformat(timespec="milliseconds"),
+    )
 
 
-def to_result(measured: Measured, *, system: str, mode: str, work: Workload, prompt_set: str,
-              command: str | None = None, **fields: Any) -> BenchResult:
+def to_result(
+    measured: Measured,
+    *,
+    system: str,
+    mode: str,
+    work: Workload,
+    prompt_set: str,
+    command: str | None = None,
+    **fields: Any,
+) -> BenchResult:
     """Fill a BenchResult from raw samples and counter deltas (``fields``: budget, target, ...)."""
     ok = [s for s in measured.samples if s.error is None]
     out_tokens = sum(s.output_tokens or 0 for s in ok)
-    in_tokens = sum(s.prompt_tokens or 0 for s in ok) if all(s.prompt_tokens is not None for s in ok) else None
+    in_tokens = (
+        sum(s.prompt_tokens or 0 for s in ok) if all(s.prompt_tokens is not None for s in ok) else None
+    )
     dur = measured.duration_s
     spec = measured.spec
     tau, rate = acceptance_from_counters(spec.drafts, spec.draft_tokens, spec.accepted)
     errors = [s.error for s in measured.samples if s.error is not None]
     return BenchResult(
-        system=system, mode=mode, source="native", prompt_set=prompt_set, temperature=work.temperature,
-        concurrency=work.concurrency, output_len=work.output_len, num_requests=len(ok),
-        failed_requests=len(errors), input_tokens=in_tokens, output_tokens=out_tokens, duration_s=dur,
+        system=system,
+        mode=mode,
+        source="native",
+        prompt_set=prompt_set,
+        temperature=work.temperature,
+        concurrency=work.concurrency,
+        output_len=work.output_len,
+        num_requests=len(ok),
+        failed_requests=len(errors),
+        input_tokens=in_tokens,
+        output_tokens=out_tokens,
+        duration_s=dur,
         request_throughput=len(ok) / dur if dur > 0 else None,
         output_throughput=out_tokens / dur if dur > 0 else None,
         total_token_throughput=(out_tokens + in_tokens) / dur if dur > 0 and in_tokens is not None else None,
         ttft_ms=Latency.from_samples([1e3 * s.ttft_s for s in ok if s.ttft_s is not None]),
-        tpot_ms=Latency.from_samples([1e3 * (s.e2el_s - s.ttft_s) / (s.output_tokens - 1) for s in ok
-                                      if s.ttft_s is not None and (s.output_tokens or 0) > 1]),
+        tpot_ms=Latency.from_samples(
+            [
+                1e3 * (s.e2el_s - s.ttft_s) / (s.output_tokens - 1)
+                for s in ok
+                if s.ttft_s is not None and (s.output_tokens or 0) > 1
+            ]
+        ),
         itl_ms=Latency.from_samples([1e3 * gap for s in ok for gap in s.itl_s]),
         e2el_ms=Latency.from_samples([1e3 * s.e2el_s for s in ok]),
-        tau=tau, acceptance_rate=rate, num_drafts=spec.drafts, num_draft_tokens=spec.draft_tokens,
-        num_accepted_tokens=spec.accepted, per_position_acceptance=spec.per_position,
-        accepted_length_histogram=spec.histogram, started_at=measured.started_at,
-        finished_at=measured.finished_at, command=command,
-        extra={"served_model": measured.model, **({"errors": errors[:5]} if errors else {})}, **fields,
+        tau=tau,
+        acceptance_rate=rate,
+        num_drafts=spec.drafts,
+        num_draft_tokens=spec.draft_tokens,
+        num_accepted_tokens=spec.accepted,
+        per_position_acceptance=spec.per_position,
+        accepted_length_histogram=spec.histogram,
+        started_at=measured.started_at,
+        finished_at=measured.finished_at,
+        command=command,
+        extra={"served_model": measured.model, **({"errors": errors[:5]} if errors else {})},
+        **fields,
     )
 
 
@@ -300,8 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128, help="max_tokens per request")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
-    p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let requests stop at EOS (default: always generate --output-len tokens)")
+    p.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let requests stop at EOS (default: always generate --output-len tokens)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", choices=SYSTEMS, default="ddtree")
     p.add_argument("--mode", default="ddtree", help="ar | dflash | ddtree | mtp | eagle ...")
@@ -318,14 +369,32 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     """Parse ``argv``, measure, return the result's JSON form."""
     args = build_parser().parse_args(argv)
     prompt_set = load_prompts(args.prompts)
-    work = Workload([p.text for p in prompt_set.prompts], args.num_prompts, args.concurrency, args.output_len,
-                    args.temperature, args.warmup, args.ignore_eos, args.seed)
+    work = Workload(
+        [p.text for p in prompt_set.prompts],
+        args.num_prompts,
+        args.concurrency,
+        args.output_len,
+        args.temperature,
+        args.warmup,
+        args.ignore_eos,
+        args.seed,
+    )
     measured = asyncio.run(measure(Endpoint.parse(args.url), work))
     command = shlex.join(["python", "-m", "ops.bench.client", *argv])
-    result = to_result(measured, system=args.system, mode=args.mode, work=work, prompt_set=prompt_set.name,
-                       command=command, budget=args.budget, block_size=args.block_size,
-                       num_speculative_tokens=args.num_speculative_tokens, target=args.target,
-                       drafter=args.drafter, cell_id=args.cell_id)
+    result = to_result(
+        measured,
+        system=args.system,
+        mode=args.mode,
+        work=work,
+        prompt_set=prompt_set.name,
+        command=command,
+        budget=args.budget,
+        block_size=args.block_size,
+        num_speculative_tokens=args.num_speculative_tokens,
+        target=args.target,
+        drafter=args.drafter,
+        cell_id=args.cell_id,
+    )
     return result.to_dict()
 
 

@@ -84,8 +84,12 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 try:
                     records.append((number, json.loads(line)))
                 except json.JSONDecodeError as err:
-                    raise InputFileError(path, number, f"invalid JSON line: {err.msg} (column {err.colno})",
-                                         "each line must hold one complete JSON object") from None
+                    raise InputFileError(
+                        path,
+                        number,
+                        f"invalid JSON line: {err.msg} (column {err.colno})",
+                        "each line must hold one complete JSON object",
+                    ) from None
     else:
         records = [(1, whole)]
     if not records:
@@ -112,9 +116,12 @@ def from_vllm(data: dict[str, Any]) -> tuple[BenchResult, dict[str, str]]:
     tau = rec.take("spec_decode_acceptance_length", "tau")
     result.tau = None if drafts == 0 else tau
     rate = rec.take("spec_decode_acceptance_rate", "acceptance_rate")
-    result.acceptance_rate = rate / 100 if isinstance(rate, (int, float)) and not isinstance(rate, bool) else rate
-    result.per_position_acceptance = rec.take("spec_decode_per_position_acceptance_rates",
-                                              "per_position_acceptance")
+    result.acceptance_rate = (
+        rate / 100 if isinstance(rate, (int, float)) and not isinstance(rate, bool) else rate
+    )
+    result.per_position_acceptance = rec.take(
+        "spec_decode_per_position_acceptance_rates", "per_position_acceptance"
+    )
     if result.tau is not None or result.num_drafts:
         result.mode = "spec"
     for key in [k for k in rec.rest if k in SETTABLE]:
@@ -133,8 +140,11 @@ def from_sglang(data: dict[str, Any]) -> tuple[BenchResult, dict[str, str]]:
         result.mode = "spec"
     dataset = rec.rest.get("dataset_name")
     result.prompt_set = rec.take("dataset_name", "prompt_set")
-    length_key = "random_output_len" if isinstance(dataset, str) and dataset.startswith("random") \
+    length_key = (
+        "random_output_len"
+        if isinstance(dataset, str) and dataset.startswith("random")
         else "sharegpt_output_len"
+    )
     if rec.rest.get(length_key) is not None:
         result.output_len = rec.take(length_key, "output_len")
     result.extra = _strict_json(rec.rest)
@@ -184,8 +194,14 @@ def _vllm_times(date: Any, duration: Any) -> tuple[str | None, str | None]:
 CONVERTERS = {"vllm": from_vllm, "sglang": from_sglang}
 
 
-def import_files(fmt: str, files: Sequence[str | Path], run_dir: str | Path, *, host: str = DEFAULT_HOST,
-                 settings: Mapping[str, str] | None = None) -> list[Path]:
+def import_files(
+    fmt: str,
+    files: Sequence[str | Path],
+    run_dir: str | Path,
+    *,
+    host: str = DEFAULT_HOST,
+    settings: Mapping[str, str] | None = None,
+) -> list[Path]:
     """Convert every record of every file, then write them all; nothing is written if any is bad.
 
     ``settings`` are ``--set FIELD=VALUE`` overrides applied last. Cell ids default to
@@ -216,8 +232,12 @@ def import_files(fmt: str, files: Sequence[str | Path], run_dir: str | Path, *, 
                 raise InputFileError(file, line, f"{fmt} field '{key}': {exc.message}", exc.hint) from None
             where = f"{file}:{line}"
             if result.cell_id in owners:
-                raise InputFileError(file, line, f"record maps to cell '{result.cell_id}', as {owners[result.cell_id]} "
-                                     "does", "import the files separately or give different --set cell_id values")
+                raise InputFileError(
+                    file,
+                    line,
+                    f"record maps to cell '{result.cell_id}', as {owners[result.cell_id]} does",
+                    "import the files separately or give different --set cell_id values",
+                )
             owners[result.cell_id] = where
             converted.append(result)
     return [write_result(run_dir, result) for result in converted]

@@ -49,15 +49,35 @@ from ops.yamlfile import line_of, load_yaml, plain
 from specops_contract import MODES
 
 OUR_MODES = MODES
-FOREIGN_MODES = {"vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
-                 "sglang": ("ar", "mtp", "eagle", "eagle3", "ngram", "dflash")}
+FOREIGN_MODES = {
+    "vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
+    "sglang": ("ar", "mtp", "eagle", "eagle3", "ngram", "dflash"),
+}
 DEFAULT_TEMPLATES = {"vllm": "bench-vllm.argv.j2", "sglang": "bench-sglang.argv.j2"}
 DEFAULT_FOREIGN_PORT = 8100
 WORKLOAD_LISTS = ("prompts", "temperature", "concurrency", "output_len")
-WORKLOAD_DEFAULTS: dict[str, Any] = {"prompts": ["math"], "temperature": [0.0], "concurrency": [1],
-                                     "output_len": [128], "num_prompts": 16, "warmup": 2}
-SYSTEM_KEYS = ("system", "mode", "budget", "num_speculative_tokens", "block_size", "template", "port", "vars",
-               "workload", "stay", "enabled", "name")
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "prompts": ["math"],
+    "temperature": [0.0],
+    "concurrency": [1],
+    "output_len": [128],
+    "num_prompts": 16,
+    "warmup": 2,
+}
+SYSTEM_KEYS = (
+    "system",
+    "mode",
+    "budget",
+    "num_speculative_tokens",
+    "block_size",
+    "template",
+    "port",
+    "vars",
+    "workload",
+    "stay",
+    "enabled",
+    "name",
+)
 
 
 @dataclass(frozen=True)
@@ -108,13 +128,21 @@ def load_matrix(path: str | Path, overrides: dict[str, Any] | None = None) -> Ma
     try:
         doc = load_yaml(path.read_text(), path)
     except OSError as exc:
-        raise InputFileError(path, None, f"cannot read the matrix: {exc.strerror}",
-                             "pass --matrix FILE, e.g. playbooks/bench-matrix.yaml") from None
+        raise InputFileError(
+            path,
+            None,
+            f"cannot read the matrix: {exc.strerror}",
+            "pass --matrix FILE, e.g. playbooks/bench-matrix.yaml",
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("systems"), list) or not doc["systems"]:
-        raise InputFileError(path, 1, "a matrix is a mapping with a non-empty 'systems' list", "see ops/bench/matrix.py")
+        raise InputFileError(
+            path, 1, "a matrix is a mapping with a non-empty 'systems' list", "see ops/bench/matrix.py"
+        )
     for key in doc:
         if key not in ("workload", "systems"):
-            raise InputFileError(path, _line(doc, key), f"unknown key '{key}'", "use 'workload' and 'systems'")
+            raise InputFileError(
+                path, _line(doc, key), f"unknown key '{key}'", "use 'workload' and 'systems'"
+            )
     base = _workload(path, doc.get("workload") or {}, dict(WORKLOAD_DEFAULTS), _line(doc, "workload"))
     servers: list[Server] = []
     for index, entry in enumerate(doc["systems"]):
@@ -126,8 +154,12 @@ def load_matrix(path: str | Path, overrides: dict[str, Any] | None = None) -> Ma
     for server in servers:
         for cell in server.cells:
             if cell.cell_id in seen:
-                raise InputFileError(path, server.line, f"cell {cell.cell_id} appears twice (first on line "
-                                     f"{seen[cell.cell_id]})", "give the entries different settings")
+                raise InputFileError(
+                    path,
+                    server.line,
+                    f"cell {cell.cell_id} appears twice (first on line {seen[cell.cell_id]})",
+                    "give the entries different settings",
+                )
             seen[cell.cell_id] = server.line
     return Matrix(path=path, servers=servers)
 
@@ -138,12 +170,16 @@ def _line(mapping: Any, key: str) -> int:
 
 def _workload(path: Path, raw: Any, base: dict[str, Any], line: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise InputFileError(path, line, "'workload' must be a mapping", "e.g. {prompts: [math], output_len: [128]}")
+        raise InputFileError(
+            path, line, "'workload' must be a mapping", "e.g. {prompts: [math], output_len: [128]}"
+        )
     out = dict(base)
     for key, value in raw.items():
         where = _line(raw, key) or line
         if key not in WORKLOAD_DEFAULTS:
-            raise InputFileError(path, where, f"unknown workload key '{key}'", f"use {', '.join(WORKLOAD_DEFAULTS)}")
+            raise InputFileError(
+                path, where, f"unknown workload key '{key}'", f"use {', '.join(WORKLOAD_DEFAULTS)}"
+            )
         if key in WORKLOAD_LISTS:
             values = value if isinstance(value, list) else [value]
             kind = {"prompts": str, "temperature": float, "concurrency": int, "output_len": int}[key]
@@ -180,23 +216,37 @@ def _typed(path: Path, line: int, key: str, value: Any, kind: type, minimum: flo
     return typed
 
 
-def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, Any], line: int) -> list[Server]:
+def _servers(
+    path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, Any], line: int
+) -> list[Server]:
     if not isinstance(entry, dict):
         raise InputFileError(path, line, "each system is a mapping with 'system' and 'mode'")
     for key in entry:
         if key not in SYSTEM_KEYS:
-            raise InputFileError(path, _line(entry, key) or line, f"unknown system key '{key}'",
-                                 f"use {', '.join(SYSTEM_KEYS)}")
+            raise InputFileError(
+                path,
+                _line(entry, key) or line,
+                f"unknown system key '{key}'",
+                f"use {', '.join(SYSTEM_KEYS)}",
+            )
     if entry.get("enabled", True) is False:
         return []
     system, mode = entry.get("system"), entry.get("mode")
     if system not in SYSTEMS:
-        raise InputFileError(path, _line(entry, "system") or line, f"system {system!r} is unknown",
-                             f"use one of {', '.join(SYSTEMS)}")
+        raise InputFileError(
+            path,
+            _line(entry, "system") or line,
+            f"system {system!r} is unknown",
+            f"use one of {', '.join(SYSTEMS)}",
+        )
     modes = OUR_MODES if system == "ddtree" else FOREIGN_MODES[system]
     if mode not in modes:
-        raise InputFileError(path, _line(entry, "mode") or line, f"mode {mode!r} is not a {system} mode",
-                             f"use one of {', '.join(modes)}")
+        raise InputFileError(
+            path,
+            _line(entry, "mode") or line,
+            f"mode {mode!r} is not a {system} mode",
+            f"use one of {', '.join(modes)}",
+        )
     work = _workload(path, entry.get("workload") or {}, base, _line(entry, "workload") or line)
     work = _workload(path, overrides, work, line) if overrides else work
     settings = {}
@@ -205,8 +255,12 @@ def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, 
         if raw is None:
             continue
         if key == "budget" and not (system == "ddtree" and mode == "ddtree"):
-            raise InputFileError(path, _line(entry, key) or line, "'budget' applies to system ddtree, mode ddtree only",
-                                 "use num_speculative_tokens for vllm/sglang")
+            raise InputFileError(
+                path,
+                _line(entry, key) or line,
+                "'budget' applies to system ddtree, mode ddtree only",
+                "use num_speculative_tokens for vllm/sglang",
+            )
         values = raw if isinstance(raw, list) else [raw]
         settings[key] = [_typed(path, _line(entry, key) or line, key, v, int) for v in values]
     if system == "ddtree" and mode == "ddtree" and "budget" not in settings:
@@ -217,24 +271,62 @@ def _servers(path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, 
     servers = []
     for combo in itertools.product(*(settings[k] for k in keys)) if keys else [()]:
         chosen = dict(zip(keys, combo, strict=True))
-        server = Server(label="", system=system, mode=mode, line=line, stay=entry.get("stay") is True,
-                        template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
-                        port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
-                        vars=plain(entry.get("vars") or {}), **chosen)
-        probe = BenchResult(system=system, mode=mode, budget=server.budget, block_size=server.block_size,
-                            num_speculative_tokens=server.num_speculative_tokens)
+        server = Server(
+            label="",
+            system=system,
+            mode=mode,
+            line=line,
+            stay=entry.get("stay") is True,
+            template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
+            port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
+            vars=plain(entry.get("vars") or {}),
+            **chosen,
+        )
+        probe = BenchResult(
+            system=system,
+            mode=mode,
+            budget=server.budget,
+            block_size=server.block_size,
+            num_speculative_tokens=server.num_speculative_tokens,
+        )
         server.label = slug(entry.get("name") or cell_id_for(probe))
-        server.cells = [_cell(server, probe, p, t, c, o, work) for p, t, c, o in itertools.product(
-            work["prompts"], work["temperature"], work["concurrency"], work["output_len"])]
+        server.cells = [
+            _cell(server, probe, p, t, c, o, work)
+            for p, t, c, o in itertools.product(
+                work["prompts"], work["temperature"], work["concurrency"], work["output_len"]
+            )
+        ]
         servers.append(server)
     return servers
 
 
-def _cell(server: Server, probe: BenchResult, prompts: str, temperature: float, concurrency: int,
-          output_len: int, work: dict[str, Any]) -> Cell:
+def _cell(
+    server: Server,
+    probe: BenchResult,
+    prompts: str,
+    temperature: float,
+    concurrency: int,
+    output_len: int,
+    work: dict[str, Any],
+) -> Cell:
     name = prompt_set_name(prompts)
-    probe = BenchResult(system=probe.system, mode=probe.mode, budget=probe.budget, block_size=probe.block_size,
-                        num_speculative_tokens=probe.num_speculative_tokens, prompt_set=name,
-                        temperature=temperature, concurrency=concurrency, output_len=output_len)
-    return Cell(cell_id=cell_id_for(probe), prompts=prompts, temperature=temperature, concurrency=concurrency,
-                output_len=output_len, num_prompts=work["num_prompts"], warmup=work["warmup"])
+    probe = BenchResult(
+        system=probe.system,
+        mode=probe.mode,
+        budget=probe.budget,
+        block_size=probe.block_size,
+        num_speculative_tokens=probe.num_speculative_tokens,
+        prompt_set=name,
+        temperature=temperature,
+        concurrency=concurrency,
+        output_len=output_len,
+    )
+    return Cell(
+        cell_id=cell_id_for(probe),
+        prompts=prompts,
+        temperature=temperature,
+        concurrency=concurrency,
+        output_len=output_len,
+        num_prompts=work["num_prompts"],
+        warmup=work["warmup"],
+    )

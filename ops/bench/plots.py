@@ -33,8 +33,12 @@ def write_plots(rows: Sequence[Row], out_dir: Path, labels: Labels) -> list[Path
     except ImportError:
         raise SpecopsError("plots need matplotlib (fix: pip install 'matplotlib>=3.8')") from None
     written = []
-    for name, draw in (("throughput.png", _throughput), ("tau_vs_budget.png", _tau),
-                       ("speedup_vs_budget.png", _speedup), ("accepted_length.png", _histogram)):
+    for name, draw in (
+        ("throughput.png", _throughput),
+        ("tau_vs_budget.png", _tau),
+        ("speedup_vs_budget.png", _speedup),
+        ("accepted_length.png", _histogram),
+    ):
         fig = Figure(figsize=(9, 5), dpi=110, layout="constrained")
         if draw(fig, rows, labels):
             buffer = io.BytesIO()
@@ -61,24 +65,47 @@ def _throughput(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
     ax.set_xlim(0, max(values) * 1.25 or 1)
     ax.set_xlabel("output tokens/s (higher is better; speedup over ar in brackets)")
     ax.set_title("Output throughput by system and mode")
-    handles = [ax.bar(0, 0, color=COLORS[s], label=s) for s in SYSTEMS if any(r.result.system == s for r in bars)]
+    handles = [
+        ax.bar(0, 0, color=COLORS[s], label=s) for s in SYSTEMS if any(r.result.system == s for r in bars)
+    ]
     ax.legend(handles=handles, loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return True
 
 
 def _tau(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
-    return _against_budget(fig, rows, labels, lambda r: r.result.tau, "τ (tokens per target step)",
-                           "Mean acceptance length τ against the DDTree budget", floor=1.0)
+    return _against_budget(
+        fig,
+        rows,
+        labels,
+        lambda r: r.result.tau,
+        "τ (tokens per target step)",
+        "Mean acceptance length τ against the DDTree budget",
+        floor=1.0,
+    )
 
 
 def _speedup(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
-    return _against_budget(fig, rows, labels, lambda r: r.speedup, "speedup over ar (x)",
-                           "Speedup over autoregressive decoding against the DDTree budget", floor=1.0)
+    return _against_budget(
+        fig,
+        rows,
+        labels,
+        lambda r: r.speedup,
+        "speedup over ar (x)",
+        "Speedup over autoregressive decoding against the DDTree budget",
+        floor=1.0,
+    )
 
 
-def _against_budget(fig: Figure, rows: Sequence[Row], labels: Labels,
-                    metric: Callable[[Row], float | None], ylabel: str, title: str, floor: float) -> bool:
+def _against_budget(
+    fig: Figure,
+    rows: Sequence[Row],
+    labels: Labels,
+    metric: Callable[[Row], float | None],
+    ylabel: str,
+    title: str,
+    floor: float,
+) -> bool:
     """One line per setting over the ddtree budgets; other speculative modes as dashed references;
     a grey line at ``floor`` (tau 1 / speedup 1: no gain over plain decoding)."""
     tree = [r for r in rows if r.result.mode == "ddtree" and r.result.budget and metric(r) is not None]
@@ -93,8 +120,13 @@ def _against_budget(fig: Figure, rows: Sequence[Row], labels: Labels,
         ax.plot([r.result.budget for r in points], [metric(r) for r in points], marker="o", label=name)
     references = [r for r in rows if r.result.mode not in ("ddtree", "ar") and metric(r) is not None]
     for i, row in enumerate(references):
-        ax.axhline(metric(row), linestyle="--", linewidth=1, color=f"C{(len(series) + i) % 10}",
-                   label=f"{labels.cell(row)} (reference)")
+        ax.axhline(
+            metric(row),
+            linestyle="--",
+            linewidth=1,
+            color=f"C{(len(series) + i) % 10}",
+            label=f"{labels.cell(row)} (reference)",
+        )
     ax.axhline(floor, color="grey", linewidth=0.8)
     ax.set_xscale("log", base=2)
     budgets = sorted({r.result.budget for r in tree if r.result.budget})
@@ -130,7 +162,10 @@ def _histogram(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
     for row in rows:
         dist = length_distribution(row.result) if row.result.mode != "ar" else None
         key = labels.series(row)
-        if dist and (key not in best or (row.result.output_throughput or 0) > (best[key][0].result.output_throughput or 0)):
+        if dist and (
+            key not in best
+            or (row.result.output_throughput or 0) > (best[key][0].result.output_throughput or 0)
+        ):
             best[key] = (row, dist)
     if not best:
         return False

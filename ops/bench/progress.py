@@ -38,9 +38,16 @@ class BenchProgress:
 
     def __enter__(self) -> BenchProgress:
         if self.live:
-            self.bars = Progress(TextColumn("{task.fields[host]}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn(), console=self.console)
+            self.bars = Progress(
+                TextColumn("{task.fields[host]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
             self.bars.start()
         return self
 
@@ -52,11 +59,21 @@ class BenchProgress:
     def start(self, host: str, total: int, done_before: int) -> None:
         """``total`` cells in the matrix, ``done_before`` of them complete from an earlier attempt."""
         with self.lock:
-            self.hosts[host] = {"total": total, "done": done_before, "ran": 0, "spent": 0.0, "t": time.monotonic()}
+            self.hosts[host] = {
+                "total": total,
+                "done": done_before,
+                "ran": 0,
+                "spent": 0.0,
+                "t": time.monotonic(),
+            }
             if self.bars is not None:
-                self.tasks[host] = self.bars.add_task("starting", total=total, completed=done_before, host=host)
+                self.tasks[host] = self.bars.add_task(
+                    "starting", total=total, completed=done_before, host=host
+                )
         if self.bars is None:
-            self._line(f"bench {host} | {total} cells, {done_before} done before, {total - done_before} to run")
+            self._line(
+                f"bench {host} | {total} cells, {done_before} done before, {total - done_before} to run"
+            )
 
     def cell_started(self, host: str, label: str) -> None:
         with self.lock:
@@ -76,8 +93,10 @@ class BenchProgress:
             if self.bars is not None:
                 self.bars.update(self.tasks[host], advance=1, description=label)
         if self.bars is None:
-            self._line(f"bench {host} | [{state['done']:.0f}/{state['total']:.0f}] {label} "
-                       f"{'done' if ok else 'FAILED'} in {took:.1f}s; ETA {_clock(eta)}")
+            self._line(
+                f"bench {host} | [{state['done']:.0f}/{state['total']:.0f}] {label} "
+                f"{'done' if ok else 'FAILED'} in {took:.1f}s; ETA {_clock(eta)}"
+            )
 
     def note(self, host: str, text: str) -> None:
         if self.bars is not None:

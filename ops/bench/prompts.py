@@ -44,7 +44,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class PromptSet:
-    name: str          # shipped set name, or the file's stem
+    name: str  # shipped set name, or the file's stem
     path: Path
     prompts: tuple[Prompt, ...]
 
@@ -59,8 +59,12 @@ def load_prompts(name_or_file: str | Path) -> PromptSet:
     path = Path(name_or_file)
     if not path.is_file():
         if str(name_or_file) not in shipped_sets():
-            raise InputFileError(name_or_file, None, "unknown prompt set",
-                                 f"use one of {', '.join(shipped_sets())}, or the path of a JSONL file")
+            raise InputFileError(
+                name_or_file,
+                None,
+                "unknown prompt set",
+                f"use one of {', '.join(shipped_sets())}, or the path of a JSONL file",
+            )
         path = SHIPPED_DIR / f"{name_or_file}.jsonl"
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -73,12 +77,18 @@ def load_prompts(name_or_file: str | Path) -> PromptSet:
             continue
         prompt = _parse_line(path, number, line)
         if prompt.id in seen:
-            raise InputFileError(path, number, f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})",
-                                 "give every prompt its own id")
+            raise InputFileError(
+                path,
+                number,
+                f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})",
+                "give every prompt its own id",
+            )
         seen[prompt.id] = number
         prompts.append(prompt)
     if not prompts:
-        raise InputFileError(path, None, "no prompts in the file", 'write one {"prompt": "..."} object per line')
+        raise InputFileError(
+            path, None, "no prompts in the file", 'write one {"prompt": "..."} object per line'
+        )
     return PromptSet(name=path.stem, path=path, prompts=tuple(prompts))
 
 
@@ -86,16 +96,25 @@ def _parse_line(path: Path, number: int, line: str) -> Prompt:
     try:
         data = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise InputFileError(path, number, f"invalid JSON: {exc.msg} (column {exc.colno})",
-                             "each line must hold one complete JSON object") from None
+        raise InputFileError(
+            path,
+            number,
+            f"invalid JSON: {exc.msg} (column {exc.colno})",
+            "each line must hold one complete JSON object",
+        ) from None
     if not isinstance(data, dict):
-        raise InputFileError(path, number, f"expected a JSON object, got {type(data).__name__}",
-                             'write {"prompt": "..."}')
+        raise InputFileError(
+            path, number, f"expected a JSON object, got {type(data).__name__}", 'write {"prompt": "..."}'
+        )
     text = data.get("prompt")
     if not isinstance(text, str) or not text.strip():
         found = f"keys {', '.join(map(repr, data))}" if "prompt" not in data else f"prompt {text!r}"
-        raise InputFileError(path, number, f"needs a non-empty string 'prompt', found {found}",
-                             'write {"id": "q1", "prompt": "..."}')
+        raise InputFileError(
+            path,
+            number,
+            f"needs a non-empty string 'prompt', found {found}",
+            'write {"id": "q1", "prompt": "..."}',
+        )
     prompt_id = data.get("id", f"{path.stem}-{number}")
     if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool):
         raise InputFileError(path, number, f"'id' must be a string, got {prompt_id!r}")
@@ -131,7 +150,7 @@ def parse_hf_spec(text: str) -> HfSpec:
     """``hf:ORG/NAME[@CONFIG][:SPLIT[:COLUMN]]`` to a spec; ValueError says what is wrong."""
     if not text.startswith(HF_PREFIX):
         raise ValueError(f"{text!r} does not start with {HF_PREFIX!r}")
-    parts = text[len(HF_PREFIX):].split(":")
+    parts = text[len(HF_PREFIX) :].split(":")
     if len(parts) > 3:
         raise ValueError(f"{text!r} has {len(parts)} ':'-separated parts after 'hf:', at most 3 are allowed")
     dataset, _, config = parts[0].partition("@")
@@ -142,7 +161,7 @@ def parse_hf_spec(text: str) -> HfSpec:
     for what, value in zip(("split", "column"), parts[1:], strict=False):
         if not _HF_PART.fullmatch(value):
             raise ValueError(f"{text!r}: {what} {value!r} is empty or has odd characters")
-    split, column = (parts[1:] + ["train", "prompt"][len(parts) - 1:])[:2]
+    split, column = (parts[1:] + ["train", "prompt"][len(parts) - 1 :])[:2]
     return HfSpec(dataset=dataset, config=config or None, split=split, column=column)
 
 
@@ -159,17 +178,23 @@ def rows_to_jsonl(rows: Iterable[Mapping[str, Any]], spec: HfSpec, limit: int = 
     lines = []
     for index, row in enumerate(itertools.islice(rows, limit)):
         if spec.column not in row:
-            raise DatasetRowsError(f"dataset {spec.dataset} has no column {spec.column!r} (it has "
-                             f"{', '.join(map(repr, row))}; fix: name one, e.g. {HF_PREFIX}{spec.dataset}:"
-                             f"{spec.split}:COLUMN)")
+            raise DatasetRowsError(
+                f"dataset {spec.dataset} has no column {spec.column!r} (it has "
+                f"{', '.join(map(repr, row))}; fix: name one, e.g. {HF_PREFIX}{spec.dataset}:"
+                f"{spec.split}:COLUMN)"
+            )
         value = row[spec.column]
         if not isinstance(value, str):
-            raise DatasetRowsError(f"dataset {spec.dataset} column {spec.column!r} holds {type(value).__name__}, "
-                             "not text (fix: name a text column)")
+            raise DatasetRowsError(
+                f"dataset {spec.dataset} column {spec.column!r} holds {type(value).__name__}, "
+                "not text (fix: name a text column)"
+            )
         if value.strip():
             lines.append(json.dumps({"id": f"{spec.name}-{index}", "prompt": value}) + "\n")
     if not lines:
-        raise DatasetRowsError(f"dataset {spec.dataset} split {spec.split!r} gave no text in column {spec.column!r}")
+        raise DatasetRowsError(
+            f"dataset {spec.dataset} split {spec.split!r} gave no text in column {spec.column!r}"
+        )
     return "".join(lines).encode("utf-8")
 
 
@@ -178,17 +203,21 @@ def fetch_hf(spec: HfSpec, out: Path) -> None:
     try:
         import datasets  # the host's optional dependency, needed only here
     except ImportError:
-        raise RuntimeError(f"dataset {spec.dataset}: {sys.executable} has no 'datasets' module (fix: "
-                           f"{Path(sys.executable).parent}/pip install datasets, or give a JSONL file)") from None
+        raise RuntimeError(
+            f"dataset {spec.dataset}: {sys.executable} has no 'datasets' module (fix: "
+            f"{Path(sys.executable).parent}/pip install datasets, or give a JSONL file)"
+        ) from None
     try:
         rows = datasets.load_dataset(spec.dataset, spec.config, split=spec.split, streaming=True)
         data = rows_to_jsonl(rows, spec)
     except DatasetRowsError:
         raise
     except Exception as exc:  # the library raises many kinds; all mean "could not fetch"
-        raise RuntimeError(f"dataset {spec.dataset}: cannot load split {spec.split!r}: {type(exc).__name__}: "
-                           f"{' '.join(str(exc).split())[:300]} (fix: the host needs internet access to "
-                           "huggingface.co, or give a JSONL file)") from None
+        raise RuntimeError(
+            f"dataset {spec.dataset}: cannot load split {spec.split!r}: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]} (fix: the host needs internet access to "
+            "huggingface.co, or give a JSONL file)"
+        ) from None
     partial = out.with_name(f".{out.name}.partial")
     partial.write_bytes(data)
     os.replace(partial, out)

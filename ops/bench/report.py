@@ -47,9 +47,20 @@ def _workload(r: BenchResult) -> tuple[object, ...]:
 
 def _order(r: BenchResult) -> tuple[object, ...]:
     mode = MODE_ORDER.index(r.mode) if r.mode in MODE_ORDER else len(MODE_ORDER)
-    return (r.run_id or "", r.host or "", r.prompt_set or "", r.temperature or 0, r.concurrency or 0,
-            r.output_len or 0, SYSTEMS.index(r.system), mode, r.mode, r.budget or 0, r.block_size or 0,
-            r.num_speculative_tokens or 0)
+    return (
+        r.run_id or "",
+        r.host or "",
+        r.prompt_set or "",
+        r.temperature or 0,
+        r.concurrency or 0,
+        r.output_len or 0,
+        SYSTEMS.index(r.system),
+        mode,
+        r.mode,
+        r.budget or 0,
+        r.block_size or 0,
+        r.num_speculative_tokens or 0,
+    )
 
 
 def build_rows(found: Iterable[tuple[Path, BenchResult]]) -> list[Row]:
@@ -105,14 +116,16 @@ class Labels:
 
     def cell(self, row: Row) -> str:
         setting = self.setting(row)
-        return " ".join([f"{row.result.system}/{row.result.mode}", *([setting] if setting else []),
-                         *self.context(row)])
+        return " ".join(
+            [f"{row.result.system}/{row.result.mode}", *([setting] if setting else []), *self.context(row)]
+        )
 
 
 def columns(labels: Labels) -> list[tuple[str, Callable[[Row], str]]]:
     """The table's columns, shared by the terminal table and report.md."""
     dims: list[tuple[str, Callable[[Row], str]]] = [
-        (name, lambda row, get=DIMENSIONS[name]: _fmt_any(get(row.result))) for name in labels.varying]
+        (name, lambda row, get=DIMENSIONS[name]: _fmt_any(get(row.result))) for name in labels.varying
+    ]
     return [
         *dims,
         ("system", lambda row: row.result.system),
@@ -120,8 +133,12 @@ def columns(labels: Labels) -> list[tuple[str, Callable[[Row], str]]]:
         ("budget", lambda row: labels.setting(row) or "-"),
         ("tok/s", lambda row: _fmt(row.result.output_throughput, ".1f")),
         ("τ", lambda row: _fmt(row.result.tau, ".2f")),
-        ("accept", lambda row: _fmt(None if row.result.acceptance_rate is None
-                                    else 100 * row.result.acceptance_rate, ".1f", "%")),
+        (
+            "accept",
+            lambda row: _fmt(
+                None if row.result.acceptance_rate is None else 100 * row.result.acceptance_rate, ".1f", "%"
+            ),
+        ),
         ("TTFT p50 ms", lambda row: _fmt(row.result.ttft_ms.median, ".1f")),
         ("TTFT p99 ms", lambda row: _fmt(row.result.ttft_ms.p99, ".1f")),
         ("TPOT p50 ms", lambda row: _fmt(row.result.tpot_ms.median, ".2f")),
@@ -150,27 +167,52 @@ def markdown(rows: Sequence[Row], labels: Labels, sources: Sequence[str], plots:
     """report.md: the table, the plots, then the hardware and exact command behind every cell."""
     cols = columns(labels)
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    lines = ["# specops benchmark report", "", f"Generated {stamp} from {', '.join(f'`{s}`' for s in sources)}.", "",
-             "| " + " | ".join(h for h, _ in cols) + " |",
-             "|" + "|".join("---" if h in ("system", "mode", "budget", *DIMENSIONS) else "---:" for h, _ in cols) + "|"]
+    lines = [
+        "# specops benchmark report",
+        "",
+        f"Generated {stamp} from {', '.join(f'`{s}`' for s in sources)}.",
+        "",
+        "| " + " | ".join(h for h, _ in cols) + " |",
+        "|"
+        + "|".join("---" if h in ("system", "mode", "budget", *DIMENSIONS) else "---:" for h, _ in cols)
+        + "|",
+    ]
     lines += ["| " + " | ".join(get(row) for _, get in cols) + " |" for row in rows]
-    lines += ["", "tok/s is output tokens per second; τ is tokens per target verification (1 + accepted/drafts); "
-              "speedup is tok/s over the `ar` cell of the same run, host, prompt set, temperature, concurrency and "
-              "output length (the same system's `ar` when there is one).", ""]
+    lines += [
+        "",
+        "tok/s is output tokens per second; τ is tokens per target verification (1 + accepted/drafts); "
+        "speedup is tok/s over the `ar` cell of the same run, host, prompt set, temperature, concurrency and "
+        "output length (the same system's `ar` when there is one).",
+        "",
+    ]
     for plot in plots:
         lines += [f"![{plot.stem}]({plot.name})", ""]
-    lines += ["## Hosts", "", "| run | host | GPU | compute cap | driver | CUDA | torch |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Hosts",
+        "",
+        "| run | host | GPU | compute cap | driver | CUDA | torch |",
+        "|---|---|---|---|---|---|---|",
+    ]
     hosts = {(r.result.run_id, r.result.host): r.result.hardware for r in rows}
     for (run_id, host), hw in hosts.items():
-        cells = [run_id, host, hw.gpu_name if hw.gpu_count in (None, 1) else f"{hw.gpu_count} x {hw.gpu_name}",
-                 hw.compute_cap, hw.driver, hw.cuda, hw.torch]
+        cells = [
+            run_id,
+            host,
+            hw.gpu_name if hw.gpu_count in (None, 1) else f"{hw.gpu_count} x {hw.gpu_name}",
+            hw.compute_cap,
+            hw.driver,
+            hw.cuda,
+            hw.torch,
+        ]
         lines.append("| " + " | ".join(_fmt_any(c) for c in cells) + " |")
     lines += ["", "## Cells", ""]
     for row in rows:
         r = row.result
-        lines.append(f"- `{r.host}/{r.cell_id}`: {labels.cell(row)}; target `{r.target or '-'}`, drafter "
-                     f"`{r.drafter or '-'}`; {r.num_requests if r.num_requests is not None else '?'} requests; "
-                     f"source {r.source}; {r.started_at or '?'} .. {r.finished_at or '?'}")
+        lines.append(
+            f"- `{r.host}/{r.cell_id}`: {labels.cell(row)}; target `{r.target or '-'}`, drafter "
+            f"`{r.drafter or '-'}`; {r.num_requests if r.num_requests is not None else '?'} requests; "
+            f"source {r.source}; {r.started_at or '?'} .. {r.finished_at or '?'}"
+        )
         if r.command:
             lines.append(f"  `{r.command}`")
     return "\n".join(lines) + "\n"
@@ -188,13 +230,17 @@ def make_report(sources: Sequence[str | Path], out_dir: str | Path) -> Report:
     """Load every result under ``sources``, write report.md and the plots into ``out_dir``."""
     found = find_results(sources)
     if not found:
-        raise SpecopsError(f"no benchmark results under {', '.join(map(str, sources))} "
-                           "(fix: pass results/<run-id> of a bench run, or import files with `specops bench import`)")
+        raise SpecopsError(
+            f"no benchmark results under {', '.join(map(str, sources))} "
+            "(fix: pass results/<run-id> of a bench run, or import files with `specops bench import`)"
+        )
     rows = build_rows(found)
     labels = Labels(rows)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(rows, out, labels)
     md_path = out / "report.md"
-    LocalStore().write_bytes(str(md_path), markdown(rows, labels, [str(s) for s in sources], plots).encode("utf-8"))
+    LocalStore().write_bytes(
+        str(md_path), markdown(rows, labels, [str(s) for s in sources], plots).encode("utf-8")
+    )
     return Report(rows=rows, table=rich_table(rows, labels), markdown_path=md_path, plots=plots)

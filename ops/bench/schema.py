@@ -113,8 +113,12 @@ class Latency:
         if not samples_ms:
             return cls()
         ordered = sorted(float(v) for v in samples_ms)
-        return cls(mean=math.fsum(ordered) / len(ordered), median=_percentile(ordered, 50),
-                   p90=_percentile(ordered, 90), p99=_percentile(ordered, 99))
+        return cls(
+            mean=math.fsum(ordered) / len(ordered),
+            median=_percentile(ordered, 50),
+            p90=_percentile(ordered, 90),
+            p99=_percentile(ordered, 99),
+        )
 
 
 def _percentile(ordered: list[float], q: float) -> float:
@@ -203,22 +207,29 @@ class BenchResult:
         if not isinstance(data, Mapping):
             raise SchemaError("$", f"expected a JSON object, got {type(data).__name__}")
         if data.get("schema") != SCHEMA_ID:
-            raise SchemaError("schema", f"expected {SCHEMA_ID!r}, got {data.get('schema')!r}",
-                              "this is not a specops result file; import foreign files with "
-                              "`specops bench import`")
+            raise SchemaError(
+                "schema",
+                f"expected {SCHEMA_ID!r}, got {data.get('schema')!r}",
+                "this is not a specops result file; import foreign files with `specops bench import`",
+            )
         version = data.get("schema_version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise SchemaError("schema_version", f"expected a positive integer, got {version!r}")
         if version > SCHEMA_VERSION:
-            raise SchemaError("schema_version", f"version {version} is newer than this specops "
-                              f"understands ({SCHEMA_VERSION})", "upgrade specops")
+            raise SchemaError(
+                "schema_version",
+                f"version {version} is newer than this specops understands ({SCHEMA_VERSION})",
+                "upgrade specops",
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             if key in ("schema", "schema_version"):
                 continue
             if key not in known:
-                raise SchemaError(key, "unknown field", did_you_mean(key, sorted(known), "put free-form data under 'extra'"))
+                raise SchemaError(
+                    key, "unknown field", did_you_mean(key, sorted(known), "put free-form data under 'extra'")
+                )
             kwargs[key] = value
         for name in ("system", "mode"):
             if name not in kwargs:
@@ -252,14 +263,17 @@ def _histogram_keys(hist: Mapping[Any, Any]) -> dict[int, int]:
         try:
             length = int(key)
         except (TypeError, ValueError):
-            raise SchemaError(f"accepted_length_histogram.{key}", "keys must be integer lengths (>= 1)") from None
+            raise SchemaError(
+                f"accepted_length_histogram.{key}", "keys must be integer lengths (>= 1)"
+            ) from None
         out[length] = count
     return out
 
 
 # ----------------------------------------------------------------------------- validation
-def _number(path: str, value: Any, *, integer: bool = False, minimum: float | None = 0,
-            maximum: float | None = None) -> None:
+def _number(
+    path: str, value: Any, *, integer: bool = False, minimum: float | None = 0, maximum: float | None = None
+) -> None:
     if value is None:
         return
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
@@ -278,9 +292,24 @@ def _text(path: str, value: Any) -> None:
         raise SchemaError(path, f"expected a string or null, got {value!r}")
 
 
-INT_FIELDS = ("concurrency", "output_len", "num_requests", "failed_requests", "input_tokens", "output_tokens",
-              "num_drafts", "num_draft_tokens", "num_accepted_tokens")
-FLOAT_FIELDS = ("temperature", "duration_s", "request_throughput", "output_throughput", "total_token_throughput")
+INT_FIELDS = (
+    "concurrency",
+    "output_len",
+    "num_requests",
+    "failed_requests",
+    "input_tokens",
+    "output_tokens",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+)
+FLOAT_FIELDS = (
+    "temperature",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+)
 TEXT_FIELDS = ("run_id", "host", "target", "drafter", "command", "prompt_set", "started_at", "finished_at")
 
 
@@ -288,12 +317,17 @@ def validate(result: BenchResult) -> None:
     """Check every field's type, range and the tau/counter consistency; raise SchemaError."""
     for name, allowed in (("system", SYSTEMS), ("source", SOURCES)):
         if getattr(result, name) not in allowed:
-            raise SchemaError(name, f"unknown {name} {getattr(result, name)!r}", f"use one of {', '.join(allowed)}")
+            raise SchemaError(
+                name, f"unknown {name} {getattr(result, name)!r}", f"use one of {', '.join(allowed)}"
+            )
     if not isinstance(result.mode, str) or not _SLUG.fullmatch(result.mode):
         raise SchemaError("mode", f"expected a lowercase slug like 'ddtree' or 'dflash', got {result.mode!r}")
-    if result.cell_id is not None and (not isinstance(result.cell_id, str) or not _CELL_ID.fullmatch(result.cell_id)):
-        raise SchemaError("cell_id", f"{result.cell_id!r} is not file-name safe",
-                          "use letters, digits and . _ = + - only")
+    if result.cell_id is not None and (
+        not isinstance(result.cell_id, str) or not _CELL_ID.fullmatch(result.cell_id)
+    ):
+        raise SchemaError(
+            "cell_id", f"{result.cell_id!r} is not file-name safe", "use letters, digits and . _ = + - only"
+        )
     for name in TEXT_FIELDS:
         _text(name, getattr(result, name))
     for name in ("started_at", "finished_at"):
@@ -302,7 +336,9 @@ def validate(result: BenchResult) -> None:
             try:
                 datetime.fromisoformat(stamp)
             except ValueError:
-                raise SchemaError(name, f"not an ISO 8601 time: {stamp!r}", "write e.g. 2026-12-02T15:00:00+00:00") from None
+                raise SchemaError(
+                    name, f"not an ISO 8601 time: {stamp!r}", "write e.g. 2026-12-02T15:00:00+00:00"
+                ) from None
     for name in ("budget", "block_size", "num_speculative_tokens"):
         _number(name, getattr(result, name), integer=True, minimum=1)
     for name in INT_FIELDS:
@@ -349,7 +385,9 @@ def _validate_acceptance_lists(result: BenchResult) -> None:
     hist = result.accepted_length_histogram
     if hist is not None:
         if not isinstance(hist, dict):
-            raise SchemaError("accepted_length_histogram", f"expected an object {{length: rounds}}, got {hist!r}")
+            raise SchemaError(
+                "accepted_length_histogram", f"expected an object {{length: rounds}}, got {hist!r}"
+            )
         for length, count in hist.items():
             _number(f"accepted_length_histogram.{length}", length, integer=True, minimum=1)
             _number(f"accepted_length_histogram.{length}", count, integer=True)
@@ -358,17 +396,23 @@ def _validate_acceptance_lists(result: BenchResult) -> None:
 def _validate_counters(result: BenchResult) -> None:
     drafts, proposed, accepted = result.num_drafts, result.num_draft_tokens, result.num_accepted_tokens
     if accepted is not None and proposed is not None and accepted > proposed:
-        raise SchemaError("num_accepted_tokens", f"{accepted} accepted exceeds {proposed} proposed draft tokens")
+        raise SchemaError(
+            "num_accepted_tokens", f"{accepted} accepted exceeds {proposed} proposed draft tokens"
+        )
     tau, rate = acceptance_from_counters(drafts, proposed, accepted)
     for name, derived in (("tau", tau), ("acceptance_rate", rate)):
         stored = getattr(result, name)
         if stored is not None and derived is not None and not math.isclose(stored, derived, rel_tol=1e-3):
-            raise SchemaError(name, f"{stored!r} disagrees with the counters, which give {derived:.6g}",
-                              "fill it with acceptance_from_counters() or leave it null")
+            raise SchemaError(
+                name,
+                f"{stored!r} disagrees with the counters, which give {derived:.6g}",
+                "fill it with acceptance_from_counters() or leave it null",
+            )
 
 
-def acceptance_from_counters(num_drafts: int | None, num_draft_tokens: int | None,
-                             num_accepted_tokens: int | None) -> tuple[float | None, float | None]:
+def acceptance_from_counters(
+    num_drafts: int | None, num_draft_tokens: int | None, num_accepted_tokens: int | None
+) -> tuple[float | None, float | None]:
     """(tau, acceptance_rate) from spec-decode counter deltas; None where a divisor is 0 or unknown."""
     tau = rate = None
     if num_accepted_tokens is not None:
@@ -383,7 +427,11 @@ def acceptance_from_counters(num_drafts: int | None, num_draft_tokens: int | Non
 def cell_id_for(result: BenchResult) -> str:
     """Default cell id from what distinguishes a matrix cell, e.g. ``ddtree-ddtree-b64-math-t0-c1-o256``."""
     parts = [result.system, result.mode]
-    for prefix, value in (("b", result.budget), ("bs", result.block_size), ("k", result.num_speculative_tokens)):
+    for prefix, value in (
+        ("b", result.budget),
+        ("bs", result.block_size),
+        ("k", result.num_speculative_tokens),
+    ):
         if value is not None:
             parts.append(f"{prefix}{value}")
     if result.prompt_set:
@@ -400,8 +448,20 @@ def slug(text: str) -> str:
 
 
 SETTABLE = {
-    **{name: str for name in ("system", "mode", "target", "drafter", "command", "prompt_set",
-                              "started_at", "finished_at", "cell_id")},
+    **{
+        name: str
+        for name in (
+            "system",
+            "mode",
+            "target",
+            "drafter",
+            "command",
+            "prompt_set",
+            "started_at",
+            "finished_at",
+            "cell_id",
+        )
+    },
     **{name: int for name in ("budget", "block_size", "num_speculative_tokens", *INT_FIELDS)},
     **{name: float for name in (*FLOAT_FIELDS, "tau", "acceptance_rate")},
     **{f"hardware.{name}": (int if name == "gpu_count" else str) for name in HARDWARE_FIELDS},
@@ -416,8 +476,11 @@ def set_field(result: BenchResult, name: str, value: Any) -> None:
     """
     kind = SETTABLE.get(name)
     if kind is None:
-        raise SchemaError(name, "not a settable field", did_you_mean(name, sorted(SETTABLE),
-                                                                f"one of {', '.join(sorted(SETTABLE))}"))
+        raise SchemaError(
+            name,
+            "not a settable field",
+            did_you_mean(name, sorted(SETTABLE), f"one of {', '.join(sorted(SETTABLE))}"),
+        )
     if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
         try:
             value = kind(value)

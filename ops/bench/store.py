@@ -32,8 +32,10 @@ def write_result(run_dir: str | Path, result: BenchResult) -> Path:
     directory's name.
     """
     if not result.host or slug(result.host) != result.host:
-        raise SpecopsError(f"result host {result.host!r} cannot name a directory "
-                           "(fix: use the inventory host name: letters, digits, . _ -)")
+        raise SpecopsError(
+            f"result host {result.host!r} cannot name a directory "
+            "(fix: use the inventory host name: letters, digits, . _ -)"
+        )
     if not result.cell_id:
         raise SpecopsError("result has no cell_id (fix: set it, e.g. with schema.cell_id_for(result))")
     if result.run_id is None:
@@ -82,8 +84,9 @@ def find_results(paths: Iterable[str | Path]) -> list[tuple[Path, BenchResult]]:
     for given in paths:
         root = Path(given)
         if not root.exists():
-            raise InputFileError(root, None, "no such file or directory",
-                                 "pass a results directory such as results/<run-id>")
+            raise InputFileError(
+                root, None, "no such file or directory", "pass a results directory such as results/<run-id>"
+            )
         for file in [root] if root.is_file() else _json_files(root):
             real = file.resolve()
             if real not in seen and (root.is_file() or _is_result(file)):
@@ -107,7 +110,9 @@ def _json_files(root: Path) -> list[Path]:
     found = []
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found.extend(Path(directory) / f for f in sorted(files) if f.endswith(".json") and not f.startswith("."))
+        found.extend(
+            Path(directory) / f for f in sorted(files) if f.endswith(".json") and not f.startswith(".")
+        )
     return found
 
 

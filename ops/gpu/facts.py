@@ -42,7 +42,9 @@ def host_command(base: str, python: str = "python3", venv: str | None = None) ->
         "venv": f"{venv_python} --version",
         "tools": "for t in uv hf; do command -v $t || true; done",
     }
-    return "; ".join(f"echo '{MARK}{name}'; ( {cmd} ) 2>&1; echo \"{MARK}rc=$?\"" for name, cmd in sections.items())
+    return "; ".join(
+        f"echo '{MARK}{name}'; ( {cmd} ) 2>&1; echo \"{MARK}rc=$?\"" for name, cmd in sections.items()
+    )
 
 
 def split_sections(stdout: str) -> dict[str, tuple[int, str]]:
@@ -52,10 +54,10 @@ def split_sections(stdout: str) -> dict[str, tuple[int, str]]:
     for line in stdout.splitlines():
         if line.startswith(f"{MARK}rc="):
             if name is not None:
-                sections[name] = (int(line[len(MARK) + 3:]), "\n".join(lines))
+                sections[name] = (int(line[len(MARK) + 3 :]), "\n".join(lines))
             name, lines = None, []
         elif line.startswith(MARK):
-            name, lines = line[len(MARK):].strip(), []
+            name, lines = line[len(MARK) :].strip(), []
         elif name is not None:
             lines.append(line)
     return sections
@@ -72,20 +74,24 @@ def parse_gpu_query(text: str) -> list[dict[str, Any]]:
         if row[0].strip() == "name":  # the header of --format=csv
             continue
         if len(row) != len(QUERY_FIELDS):
-            raise FactError(f"expected {len(QUERY_FIELDS)} CSV fields ({', '.join(QUERY_FIELDS)}), got {row!r}")
+            raise FactError(
+                f"expected {len(QUERY_FIELDS)} CSV fields ({', '.join(QUERY_FIELDS)}), got {row!r}"
+            )
         name, cap, driver, memory = (cell.strip() for cell in row)
         if not re.fullmatch(r"\d+\.\d+", cap):
             raise FactError(f"compute capability {cap!r} of GPU {name!r} is not MAJOR.MINOR")
         if not re.fullmatch(r"\d+(\.\d+)+", driver):
             raise FactError(f"driver version {driver!r} of GPU {name!r} is not numeric")
         memory = memory.removesuffix("MiB").strip()
-        gpus.append({
-            "index": len(gpus),
-            "name": name,
-            "compute_cap": cap,
-            "driver": driver,
-            "memory_mib": int(memory) if memory.isdigit() else None,
-        })
+        gpus.append(
+            {
+                "index": len(gpus),
+                "name": name,
+                "compute_cap": cap,
+                "driver": driver,
+                "memory_mib": int(memory) if memory.isdigit() else None,
+            }
+        )
     return gpus
 
 
@@ -126,7 +132,12 @@ def parse_df(text: str) -> dict[str, Any]:
     parts = rows[-1].split()
     if len(parts) < 6 or not (parts[1].isdigit() and parts[3].isdigit()):
         raise FactError(f"df line is not 'fs blocks used available capacity mount': {rows[-1]!r}")
-    return {"path": path, "total_bytes": int(parts[1]), "free_bytes": int(parts[3]), "mount": " ".join(parts[5:])}
+    return {
+        "path": path,
+        "total_bytes": int(parts[1]),
+        "free_bytes": int(parts[3]),
+        "mount": " ".join(parts[5:]),
+    }
 
 
 def parse_os_release(text: str) -> dict[str, str]:

@@ -21,7 +21,9 @@ def gather_host(conn: Connection, base: str, python: str, venv: str) -> dict[str
     try:
         host = gpu_facts.parse_host(result.stdout)
     except gpu_facts.FactError as exc:
-        raise StepFailed(f"cannot read GPU facts: {exc}", command=result.command, stderr=result.stderr) from None
+        raise StepFailed(
+            f"cannot read GPU facts: {exc}", command=result.command, stderr=result.stderr
+        ) from None
     return host
 
 

@@ -54,6 +54,7 @@ def parse_requirement(text: str) -> Requirement:
 def _same_repo(a: str, b: str) -> bool:
     def canon(url: str) -> str:
         return url.removeprefix("git+").removesuffix("/").removesuffix(".git").lower()
+
     return canon(a) == canon(b)
 
 
@@ -70,10 +71,15 @@ def check_installed(req: Requirement, installed: dict[str, Any]) -> str | None:
     url = ((info or {}).get("direct_url") or {}).get("url", "")
     ref = req.git_ref or ""
     same_ref = vcs.get("requested_revision") == ref or (
-        len(ref) >= 7 and re.fullmatch(r"[0-9a-f]+", ref) is not None and vcs.get("commit_id", "").startswith(ref))
+        len(ref) >= 7
+        and re.fullmatch(r"[0-9a-f]+", ref) is not None
+        and vcs.get("commit_id", "").startswith(ref)
+    )
     if info and vcs.get("vcs") == "git" and _same_repo(url, req.git_url or "") and same_ref:
         return None
-    now = f"{have} from git@{vcs.get('requested_revision') or vcs.get('commit_id', '?')[:12]}" if vcs else have
+    now = (
+        f"{have} from git@{vcs.get('requested_revision') or vcs.get('commit_id', '?')[:12]}" if vcs else have
+    )
     target = f"git@{ref}" if not vcs or _same_repo(url, req.git_url or "") else f"{req.git_url}@{ref}"
     return f"{req.name} {now or 'absent'} -> {target}"
 
@@ -95,15 +101,18 @@ class ProfilePins:
         if set_name is None:
             return next(iter(self.sets.values()))
         if set_name not in self.sets:
-            raise ValueError(f"profile '{self.profile}' has no pin set '{set_name}' "
-                             f"(known: {', '.join(self.sets)})")
+            raise ValueError(
+                f"profile '{self.profile}' has no pin set '{set_name}' (known: {', '.join(self.sets)})"
+            )
         return self.sets[set_name]
 
 
 def _minor(value: Any, where: str, path: Path) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)\.(\d+)", str(value))
     if not match:
-        raise InputFileError(path, None, f"{where} is {value!r}, not MAJOR.MINOR", 'write it quoted, e.g. "3.11"')
+        raise InputFileError(
+            path, None, f"{where} is {value!r}, not MAJOR.MINOR", 'write it quoted, e.g. "3.11"'
+        )
     return int(match[1]), int(match[2])
 
 
@@ -127,14 +136,19 @@ def load_pins(path: str | Path) -> dict[str, ProfilePins]:
             raise InputFileError(path, None, f"{where} must be a mapping")
         unknown = sorted(set(body) - {"cuda", "index", "python", "venv_gb", "sets"})
         if unknown:
-            raise InputFileError(path, None, f"{where}: unknown key '{unknown[0]}'",
-                                 "keys are cuda, index, python, venv_gb, sets")
+            raise InputFileError(
+                path,
+                None,
+                f"{where}: unknown key '{unknown[0]}'",
+                "keys are cuda, index, python, venv_gb, sets",
+            )
         if body.get("cuda") not in CUDA_BUILDS:
-            raise InputFileError(path, None, f"{where}.cuda is {body.get('cuda')!r}",
-                                 f"use one of {', '.join(CUDA_BUILDS)}")
+            raise InputFileError(
+                path, None, f"{where}.cuda is {body.get('cuda')!r}", f"use one of {', '.join(CUDA_BUILDS)}"
+            )
         python = body.get("python")
         if not isinstance(python, dict) or set(python) != {"min", "max"}:
-            raise InputFileError(path, None, f"{where}.python must be {{min: \"3.X\", max: \"3.Y\"}}")
+            raise InputFileError(path, None, f'{where}.python must be {{min: "3.X", max: "3.Y"}}')
         sets = body.get("sets")
         if not isinstance(sets, dict) or not sets:
             raise InputFileError(path, None, f"{where}.sets must name at least one requirement list")
@@ -145,8 +159,12 @@ def load_pins(path: str | Path) -> dict[str, ProfilePins]:
             try:
                 parsed[str(set_name)] = tuple(parse_requirement(item) for item in items)
             except ValueError as exc:
-                raise InputFileError(path, None, f"{where}.sets.{set_name}: {exc}",
-                                     "pin exactly: name==version or name @ git+URL@REF") from None
+                raise InputFileError(
+                    path,
+                    None,
+                    f"{where}.sets.{set_name}: {exc}",
+                    "pin exactly: name==version or name @ git+URL@REF",
+                ) from None
         venv_gb = body.get("venv_gb", 0)
         if isinstance(venv_gb, bool) or not isinstance(venv_gb, (int, float)) or venv_gb < 0:
             raise InputFileError(path, None, f"{where}.venv_gb is {venv_gb!r}", "a number of GB, e.g. 25")

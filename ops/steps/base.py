@@ -156,7 +156,9 @@ def mode_arg(value: Any) -> str:
     if isinstance(value, int):
         digits = getattr(value, "raw", "") or str(value)
         if not (digits.isdigit() and set(digits) <= set("01234567")):
-            raise ValueError(f"mode {digits} is not octal (chmod digits are 0-7; fix: write it quoted, like '0755')")
+            raise ValueError(
+                f"mode {digits} is not octal (chmod digits are 0-7; fix: write it quoted, like '0755')"
+            )
         number = int(digits, 8)
     elif isinstance(value, str) and value.strip():
         try:
@@ -226,8 +228,10 @@ class Write:
         try:
             conn.write_bytes(self.path, self.data, int(self.mode, 8) if self.mode else None)
         except OSError as exc:
-            raise StepFailed(f"cannot write {self.path}: {exc.strerror or exc} (does its directory "
-                             "exist? create it with a directory step first)") from None
+            raise StepFailed(
+                f"cannot write {self.path}: {exc.strerror or exc} (does its directory "
+                "exist? create it with a directory step first)"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -303,10 +307,14 @@ class StepContext:
 
     def find_source(self, src: str) -> Path:
         """A controller-side file: absolute, else beside the playbook, else in ``templates/``."""
-        candidates = [Path(src).expanduser()] if Path(src).expanduser().is_absolute() else [
-            self.playbook_dir / src,
-            self.templates_dir / src,
-        ]
+        candidates = (
+            [Path(src).expanduser()]
+            if Path(src).expanduser().is_absolute()
+            else [
+                self.playbook_dir / src,
+                self.templates_dir / src,
+            ]
+        )
         for path in candidates:
             if path.is_file():
                 return path
@@ -367,7 +375,9 @@ def unified_diff(path: str, old: bytes | None, new: bytes) -> str:
         fromfile="/dev/null" if old is None else f"{path} (host)",
         tofile=f"{path} (wanted)",
     )
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
+    )
 
 
 REGISTRY: dict[str, type[Step]] = {}

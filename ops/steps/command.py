@@ -22,8 +22,10 @@ def command_arg(value: Any) -> str:
 
 
 def exists_fact(path: str) -> Fact[bool]:
-    return Fact(f"if [ -e {quote(path)} ]; then echo yes; else echo no; fi",
-                lambda result: result.stdout.strip() == "yes")
+    return Fact(
+        f"if [ -e {quote(path)} ]; then echo yes; else echo no; fi",
+        lambda result: result.stdout.strip() == "yes",
+    )
 
 
 def exit_code_fact(command: str) -> Fact[int]:
@@ -73,7 +75,10 @@ class Command(Step):
             result = conn.run(change.command, sudo=change.sudo, timeout=change.timeout)
             data = {"stdout": result.stdout, "stderr": result.stderr, "rc": result.exit_code}
             if not result.ok:
-                raise StepFailed(f"command exited {result.exit_code}", command=result.command,
-                                 stderr=tail(result.stderr or result.stdout))
+                raise StepFailed(
+                    f"command exited {result.exit_code}",
+                    command=result.command,
+                    stderr=tail(result.stderr or result.stdout),
+                )
         message = tail(data.get("stdout", ""), 1) or "ran"
         return Applied(bool(plan.changes), message, data)

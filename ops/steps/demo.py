@@ -32,12 +32,17 @@ class DemoCheckpoints(Step):
         python=Arg(str, required=True, help="host python with torch (the venv's)"),
         site=Arg(str, required=True, help="release site folder that provides ddtree_runtime"),
         timeout=Arg(float, default=600.0, help="seconds for the generation (fitting the drafter)"),
-        source=Arg(str, help="controller folder with target/ and drafter/ to upload instead (relative: to "
-                             "the playbook's folder)"),
+        source=Arg(
+            str,
+            help="controller folder with target/ and drafter/ to upload instead (relative: to "
+            "the playbook's folder)",
+        ),
     )
 
     def probe(self, conn, args, ctx):
-        done = Fact(f"cat {quote(args['dir'] + '/DONE')} 2>/dev/null || true", lambda r: r.stdout.strip() or None)
+        done = Fact(
+            f"cat {quote(args['dir'] + '/DONE')} 2>/dev/null || true", lambda r: r.stdout.strip() or None
+        )
         marker = done.gather(conn)
         return {"done": marker is not None, "marker": marker}
 
@@ -58,7 +63,9 @@ class DemoCheckpoints(Step):
 def _source_files(source: Path) -> list[Path]:
     files = sorted(p for sub in ("target", "drafter") for p in (source / sub).rglob("*") if p.is_file())
     if not files:
-        raise StepFailed(f"{source}: no target/ or drafter/ files (fix: run demo_pair/build.py, or drop 'source')")
+        raise StepFailed(
+            f"{source}: no target/ or drafter/ files (fix: run demo_pair/build.py, or drop 'source')"
+        )
     return files
 
 
@@ -68,12 +75,16 @@ def _upload_plan(facts: dict, args: dict, ctx: StepContext, pair: dict[str, str]
     files = _source_files(source)
     digest = hashlib.sha256()
     for f in files:
-        digest.update(f"{f.relative_to(source).as_posix()}\0".encode() + hashlib.sha256(f.read_bytes()).digest())
+        digest.update(
+            f"{f.relative_to(source).as_posix()}\0".encode() + hashlib.sha256(f.read_bytes()).digest()
+        )
     marker = f"source {digest.hexdigest()}"
     if facts.get("marker") == marker:
         return Plan.noop(f"demo pair from {source.name}/ is in place in {args['dir']}", **pair)
     dirs = sorted({f"{args['dir']}/{f.parent.relative_to(source).as_posix()}" for f in files})
     changes: list[Run | Write] = [Run(join(["mkdir", "-p", *dirs]), why="checkpoint folders")]
-    changes += [Write(f"{args['dir']}/{f.relative_to(source).as_posix()}", f.read_bytes(), "0644") for f in files]
+    changes += [
+        Write(f"{args['dir']}/{f.relative_to(source).as_posix()}", f.read_bytes(), "0644") for f in files
+    ]
     changes.append(Write(f"{args['dir']}/DONE", (marker + "\n").encode(), "0644", why="written last"))
     return Plan.of(changes, f"upload the demo pair from {source} ({len(files)} files)", **pair)

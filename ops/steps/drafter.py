@@ -44,8 +44,12 @@ def resolve_spec(name: str | None, ctx: StepContext) -> Spec | None:
 
 def summarize(findings: list[dict[str, Any]]) -> str:
     """``DFL012 dflash_config.mask_token_id (config.json:14), ...`` for a one-line message."""
-    parts = [f"{f['code']} {f['path']} ({f['file'].rsplit('/', 1)[-1]}:{f['line']})" if f["line"]
-             else f"{f['code']} {f['file'].rsplit('/', 1)[-1]}" for f in findings[:_SHOWN]]
+    parts = [
+        f"{f['code']} {f['path']} ({f['file'].rsplit('/', 1)[-1]}:{f['line']})"
+        if f["line"]
+        else f"{f['code']} {f['file'].rsplit('/', 1)[-1]}"
+        for f in findings[:_SHOWN]
+    ]
     more = f" and {len(findings) - _SHOWN} more" if len(findings) > _SHOWN else ""
     return ", ".join(parts) + more
 
@@ -62,8 +66,14 @@ class DrafterLint(Step):
     )
 
     def probe(self, conn: Connection, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
-        serve = serve_from_vars(args["serve"], f"inventory serve vars of {ctx.host.name}") if args["serve"] else None
-        report = lint(args["drafter"], args["target"], spec=resolve_spec(args["spec"], ctx), serve=serve, store=conn)
+        serve = (
+            serve_from_vars(args["serve"], f"inventory serve vars of {ctx.host.name}")
+            if args["serve"]
+            else None
+        )
+        report = lint(
+            args["drafter"], args["target"], spec=resolve_spec(args["spec"], ctx), serve=serve, store=conn
+        )
         return {**report.as_json(), "text": format_findings(report)}
 
     def plan(self, facts: dict[str, Any], args: dict[str, Any], ctx: StepContext) -> Plan:
@@ -71,10 +81,15 @@ class DrafterLint(Step):
         warnings = [f for f in facts["findings"] if f["severity"] == "warning"]
         data = {"errors": len(errors), "warnings": len(warnings), "findings": facts["findings"]}
         if errors:
-            raise StepFailed(f"drafter config {args['drafter']}: {len(errors)} error(s), {len(warnings)} "
-                             f"warning(s): {summarize(errors)}", stderr=facts["text"])
+            raise StepFailed(
+                f"drafter config {args['drafter']}: {len(errors)} error(s), {len(warnings)} "
+                f"warning(s): {summarize(errors)}",
+                stderr=facts["text"],
+            )
         noted = f": {summarize(warnings)}" if warnings else ""
-        return Plan.noop(f"drafter config {args['drafter']} passes lint ({len(warnings)} warning(s){noted})", **data)
+        return Plan.noop(
+            f"drafter config {args['drafter']} passes lint ({len(warnings)} warning(s){noted})", **data
+        )
 
 
 @register
@@ -96,16 +111,30 @@ class DrafterPatch(Step):
         try:
             patch = plan_patch(inputs, spec)
         except PatchRefused as exc:
-            return {"config": inputs.drafter.file, "spec": spec.name, "refused": format_findings(exc.report),
-                    "errors": [f.as_json() for f in exc.report.errors]}
-        return {"config": patch.path, "target": patch.target, "spec": spec.name, "refused": None, "old": patch.old,
-                "new": patch.new, "diff": patch.diff,
-                "backup": backup_path(conn, patch.path) if patch.changed else None}
+            return {
+                "config": inputs.drafter.file,
+                "spec": spec.name,
+                "refused": format_findings(exc.report),
+                "errors": [f.as_json() for f in exc.report.errors],
+            }
+        return {
+            "config": patch.path,
+            "target": patch.target,
+            "spec": spec.name,
+            "refused": None,
+            "old": patch.old,
+            "new": patch.new,
+            "diff": patch.diff,
+            "backup": backup_path(conn, patch.path) if patch.changed else None,
+        }
 
     def plan(self, facts: dict[str, Any], args: dict[str, Any], ctx: StepContext) -> Plan:
         if facts["refused"] is not None:
-            raise StepFailed(f"refusing to patch {facts['config']} to spec {facts['spec']}: the result would "
-                             f"still fail lint: {summarize(facts['errors'])}", stderr=facts["refused"])
+            raise StepFailed(
+                f"refusing to patch {facts['config']} to spec {facts['spec']}: the result would "
+                f"still fail lint: {summarize(facts['errors'])}",
+                stderr=facts["refused"],
+            )
         if facts["new"] == facts["old"]:
             return Plan.noop(f"{facts['config']} already matches spec {facts['spec']}")
         target = facts["target"]
@@ -114,5 +143,10 @@ class DrafterPatch(Step):
             Write(facts["backup"], facts["old"].encode("utf-8"), why="backup of the config before patching"),
             Write(target, facts["new"].encode("utf-8"), diff=facts["diff"], why=f"spec {facts['spec']}"),
         ]
-        return Plan.of(changes, f"patched {facts['config']}{via} to spec {facts['spec']} (backup {facts['backup']})",
-                       backup=facts["backup"], config=facts["config"], written=target)
+        return Plan.of(
+            changes,
+            f"patched {facts['config']}{via} to spec {facts['spec']} (backup {facts['backup']})",
+            backup=facts["backup"],
+            config=facts["config"],
+            written=target,
+        )

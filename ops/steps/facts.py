@@ -36,10 +36,9 @@ def facts_command(base: str) -> str:
             '[ -S "/run/user/$(id -u)/bus" ] && echo user_bus=yes || echo user_bus=no'
         ),
         "gpu": "nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total "
-               "--format=csv,noheader 2>/dev/null || true",
+        "--format=csv,noheader 2>/dev/null || true",
         "release": f"readlink {quote(layout.link('current'))} 2>/dev/null || true",
-        "venv": f"{quote(layout.python)} -c 'import sys; print(sys.version.split()[0])' "
-                "2>/dev/null || true",
+        "venv": f"{quote(layout.python)} -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || true",
     }
     return "; ".join(f"echo '{MARK}{name}'; {{ {cmd}; }}" for name, cmd in sections.items())
 
@@ -49,7 +48,7 @@ def split_sections(stdout: str) -> dict[str, list[str]]:
     current = None
     for line in stdout.splitlines():
         if line.startswith(MARK):
-            current = line[len(MARK):].strip()
+            current = line[len(MARK) :].strip()
             sections[current] = []
         elif current is not None and line.strip():
             sections[current].append(line.strip())
@@ -112,8 +111,11 @@ def parse_python(lines: list[str]) -> dict[str, Any]:
 
 def parse_systemd(lines: list[str]) -> dict[str, Any]:
     """Usable means PID 1 is systemd and we may drive it: as root, or with a user bus."""
-    fields = dict(line.split("=", 1) for line in lines if "=" in line and line.split("=", 1)[0] in
-                  ("pid1", "uid", "user_bus"))
+    fields = dict(
+        line.split("=", 1)
+        for line in lines
+        if "=" in line and line.split("=", 1)[0] in ("pid1", "uid", "user_bus")
+    )
     version_line = next((line for line in lines if line.startswith("systemd ")), None)
     pid1 = fields.get("pid1") == "yes"
     root = fields.get("uid") == "0"
@@ -137,8 +139,7 @@ def parse_facts(result: CommandResult) -> dict[str, Any]:
     """Pure: the whole facts command output -> one nested dict."""
     sections = split_sections(result.stdout)
     if "os" not in sections:
-        raise StepFailed("facts command printed nothing usable", command=result.command,
-                         stderr=result.stderr)
+        raise StepFailed("facts command printed nothing usable", command=result.command, stderr=result.stderr)
     return {
         "os": parse_os(sections.get("os", [])),
         "cpu": parse_cpu(sections.get("cpu", [])),
@@ -156,9 +157,11 @@ def one_line(facts: dict[str, Any]) -> str:
     """A short human summary, used as the step's message."""
     gpus = facts["gpus"]
     gpu = f"{len(gpus)}x {gpus[0]['name']}" if gpus else "no GPU"
-    return (f"{facts['os']['name']}, {facts['cpu']['count']} CPUs, {facts['memory']['total_gib']} GiB RAM, "
-            f"{facts['disk']['free_gib']} GiB free, python {facts['python']['version']}, "
-            f"systemd {'usable' if facts['systemd']['usable'] else 'unusable'}, {gpu}")
+    return (
+        f"{facts['os']['name']}, {facts['cpu']['count']} CPUs, {facts['memory']['total_gib']} GiB RAM, "
+        f"{facts['disk']['free_gib']} GiB free, python {facts['python']['version']}, "
+        f"systemd {'usable' if facts['systemd']['usable'] else 'unusable'}, {gpu}"
+    )
 
 
 @register

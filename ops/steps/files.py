@@ -83,15 +83,21 @@ def owner_matches(wanted: str | None, info: dict[str, Any]) -> bool:
     return info.get("owner") == user and (not group or info.get("group") == group)
 
 
-def _attribute_changes(path: str, mode: str | None, owner: str | None, info: dict[str, Any],
-                       ctx: StepContext) -> list[Run]:
+def _attribute_changes(
+    path: str, mode: str | None, owner: str | None, info: dict[str, Any], ctx: StepContext
+) -> list[Run]:
     """chmod / chown commands for an existing path whose mode or owner differ."""
     changes = []
     if mode is not None and info.get("mode") != mode:
         changes.append(Run(f"chmod {mode} -- {quote(path)}", why=f"mode {info.get('mode')} -> {mode}"))
     if not owner_matches(owner, info):
-        changes.append(Run(f"chown {quote(owner)} -- {quote(path)}", sudo=ctx.host.sudo,
-                           why=f"owner {info.get('owner')}:{info.get('group')} -> {owner}"))
+        changes.append(
+            Run(
+                f"chown {quote(owner)} -- {quote(path)}",
+                sudo=ctx.host.sudo,
+                why=f"owner {info.get('owner')}:{info.get('group')} -> {owner}",
+            )
+        )
     return changes
 
 
@@ -115,8 +121,9 @@ def probe_file(conn: Connection, path: str, wanted: bytes | None) -> dict[str, A
     return info
 
 
-def plan_file(path: str, data: bytes, mode: str | None, owner: str | None, info: dict[str, Any],
-              ctx: StepContext) -> Plan:
+def plan_file(
+    path: str, data: bytes, mode: str | None, owner: str | None, info: dict[str, Any], ctx: StepContext
+) -> Plan:
     """Shared by file_copy, template and line_in_file: write when the checksum differs."""
     sha = hashlib.sha256(data).hexdigest()
     if info.get("exists") and info.get("type") != "file":
@@ -128,8 +135,13 @@ def plan_file(path: str, data: bytes, mode: str | None, owner: str | None, info:
         else:
             diff = unified_diff(path, None if old is None else old.encode("utf-8"), data)
         changes: list[Run | Write] = [
-            Write(path, data, mode or info.get("mode") or "0644", diff,
-                  why="create" if not info.get("exists") else "content differs")
+            Write(
+                path,
+                data,
+                mode or info.get("mode") or "0644",
+                diff,
+                why="create" if not info.get("exists") else "content differs",
+            )
         ]
         if owner is not None:
             changes.append(Run(f"chown {quote(owner)} -- {quote(path)}", sudo=ctx.host.sudo, why="owner"))
@@ -192,8 +204,12 @@ class FileCopy(Step):
 @functools.lru_cache(maxsize=64)
 def _template_env(*search_path: str) -> jinja2.Environment:
     """One environment per search path, so a template compiles once per run, not once per host."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(search_path)), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False)
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(list(search_path)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
 
 
 def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) -> bytes:
@@ -203,7 +219,9 @@ def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) ->
     try:
         return env.get_template(path.name).render({**ctx.vars, **(extra or {})}).encode("utf-8")
     except jinja2.UndefinedError as exc:
-        raise StepFailed(f"template {path}: {exc.message} (define it in inventory vars or register it)") from None
+        raise StepFailed(
+            f"template {path}: {exc.message} (define it in inventory vars or register it)"
+        ) from None
     except jinja2.TemplateSyntaxError as exc:
         raise StepFailed(f"template {exc.filename or path}:{exc.lineno}: {exc.message}") from None
 

@@ -52,8 +52,10 @@ def describe(host: dict[str, Any]) -> str:
     if not nvidia["present"]:
         return f"no NVIDIA GPU ({nvidia['error']})"
     names = sorted({f"{g['name']} ({sm(g['compute_cap'])})" for g in nvidia["gpus"]})
-    return (f"{len(nvidia['gpus'])}x {', '.join(names)}, driver {nvidia['driver']}, "
-            f"CUDA {nvidia['cuda'] or 'unknown'}")
+    return (
+        f"{len(nvidia['gpus'])}x {', '.join(names)}, driver {nvidia['driver']}, "
+        f"CUDA {nvidia['cuda'] or 'unknown'}"
+    )
 
 
 @register
@@ -135,13 +137,24 @@ class GpuPolicy(Step):
             python, which = facts["python"], f"{args['python']} (makes the venv)"
         else:
             python, which = facts["venv_python"], f"the venv's python ({venv_path(args, ctx)})"
-        failures = check(ctx.host.name, profile, pins, facts, need_gb=need, need_what=what,
-                         python=python, python_which=which)
+        failures = check(
+            ctx.host.name,
+            profile,
+            pins,
+            facts,
+            need_gb=need,
+            need_what=what,
+            python=python,
+            python_which=which,
+        )
         if failures:
             raise StepFailed("\n".join(failures))
         gpu = describe(facts) if profile.needs_gpu else "no GPU needed"
-        return Plan.noop(f"profile {profile.name}: {gpu}; Python {python}; "
-                         f"{facts['disk']['free_bytes'] / 1e9:.1f} GB free >= {need:.1f} GB", cuda=pins.cuda)
+        return Plan.noop(
+            f"profile {profile.name}: {gpu}; Python {python}; "
+            f"{facts['disk']['free_bytes'] / 1e9:.1f} GB free >= {need:.1f} GB",
+            cuda=pins.cuda,
+        )
 
 
 def smoke_script(test: str) -> str:
@@ -149,7 +162,9 @@ def smoke_script(test: str) -> str:
         return "import json, vllm\nprint(json.dumps({'vllm': vllm.__version__}))\n"
     script = resources.files("ops.gpu.remote").joinpath(f"smoke_{test}.py").read_text()
     if test == "kernels":  # nothing is deployed yet: this checkout's kernels travel with the script
-        sources = {f.name: f.read_text() for f in resources.files("kernels").iterdir() if f.name.endswith(".py")}
+        sources = {
+            f.name: f.read_text() for f in resources.files("kernels").iterdir() if f.name.endswith(".py")
+        }
         script = f"SOURCES = {dict(sorted(sources.items()))!r}\n{script}"
     return script
 
@@ -190,33 +205,49 @@ def judge_smoke(test: str, exit_code: int, stdout: str, stderr: str, venv: str) 
     result = _last_json(stdout)
     if test == "vllm":
         if exit_code != 0 or result is None:
-            raise StepFailed(f"`import vllm` failed in {venv}: {_error_line(stderr)} (fix: re-run provision with "
-                             "install enabled, or check the vllm pin in playbooks/pins.yaml)", stderr=stderr)
+            raise StepFailed(
+                f"`import vllm` failed in {venv}: {_error_line(stderr)} (fix: re-run provision with "
+                "install enabled, or check the vllm pin in playbooks/pins.yaml)",
+                stderr=stderr,
+            )
         return f"vllm {result['vllm']} imports"
     if exit_code != 0 or result is None:
-        raise StepFailed(f"{test} smoke test could not run in {venv}: {_error_line(stderr)} "
-                         f"(fix: re-run provision with install enabled)", stderr=stderr)
+        raise StepFailed(
+            f"{test} smoke test could not run in {venv}: {_error_line(stderr)} "
+            f"(fix: re-run provision with install enabled)",
+            stderr=stderr,
+        )
     if test == "kernels":
         return judge_kernels(result)
     if test == "triton":
         if result["error"] or result.get("max_abs_error", 1.0) > 1e-5:
             cause = result["error"] or f"wrong result (max abs error {result['max_abs_error']})"
-            raise StepFailed(f"Triton {result['triton']} could not run a kernel on the GPU: {cause} (fix: "
-                             "pin a Triton that supports this GPU; sm_120 needs Triton >= 3.3)")
+            raise StepFailed(
+                f"Triton {result['triton']} could not run a kernel on the GPU: {cause} (fix: "
+                "pin a Triton that supports this GPU; sm_120 needs Triton >= 3.3)"
+            )
         return f"Triton {result['triton']} compiled and ran a kernel on {result['device']}"
     if not result["cuda_available"] or not result["devices"]:
-        raise StepFailed(f"torch {result['torch']} sees no GPU (CUDA build: {result['cuda'] or 'none, CPU-only'}) "
-                         "(fix: install the CUDA build of torch pinned for the profile, and check `nvidia-smi`)")
+        raise StepFailed(
+            f"torch {result['torch']} sees no GPU (CUDA build: {result['cuda'] or 'none, CPU-only'}) "
+            "(fix: install the CUDA build of torch pinned for the profile, and check `nvidia-smi`)"
+        )
     for device in result["devices"]:
         cap = tuple(device["capability"])
         arch = f"sm_{cap[0]}{cap[1]}"
         if not arch_supported(cap, result["arch_list"]) or device["error"]:
             cause = device["error"] or "no kernel image for it"
-            raise StepFailed(f"GPU {device['index']} ({device['name']}) is {arch} but torch {result['torch']} "
-                             f"was built for {' '.join(result['arch_list']) or 'no arch'}: {cause} (fix: install "
-                             f"a torch build that includes {arch}, e.g. the cu128+ wheels for Blackwell)")
-    names = ", ".join(sorted({f"{d['name']} (sm_{d['capability'][0]}{d['capability'][1]})" for d in result["devices"]}))
-    return f"torch {result['torch']} (CUDA {result['cuda']}) ran a kernel on {len(result['devices'])}x {names}"
+            raise StepFailed(
+                f"GPU {device['index']} ({device['name']}) is {arch} but torch {result['torch']} "
+                f"was built for {' '.join(result['arch_list']) or 'no arch'}: {cause} (fix: install "
+                f"a torch build that includes {arch}, e.g. the cu128+ wheels for Blackwell)"
+            )
+    names = ", ".join(
+        sorted({f"{d['name']} (sm_{d['capability'][0]}{d['capability'][1]})" for d in result["devices"]})
+    )
+    return (
+        f"torch {result['torch']} (CUDA {result['cuda']}) ran a kernel on {len(result['devices'])}x {names}"
+    )
 
 
 def smoke_verdict(test: str, profile: str | None, exit_code: int, stdout: str, stderr: str, venv: str) -> str:
@@ -225,8 +256,10 @@ def smoke_verdict(test: str, profile: str | None, exit_code: int, stdout: str, s
     if not skipped:
         return judge_smoke(test, exit_code, stdout, stderr, venv)
     if profile != "cpu":
-        raise StepFailed(f"the {test} smoke test found no GPU in {venv}: {skipped} (fix: run the torch smoke test "
-                         "first; it names what is missing)")
+        raise StepFailed(
+            f"the {test} smoke test found no GPU in {venv}: {skipped} (fix: run the torch smoke test "
+            "first; it names what is missing)"
+        )
     return f"skipped on profile cpu: {skipped}"
 
 
@@ -237,15 +270,21 @@ def _kernel_failure(entry: dict[str, Any], result: dict[str, Any]) -> str:
     what = f"{entry['name']} ({entry.get('config', 'no config chosen')})"
     error = entry.get("error")
     if error is None:
-        return (f"{what} differs from its PyTorch reference: error {entry['max_error']:.3g} > {entry['tolerance']:.3g} "
-                f"(fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)")
+        return (
+            f"{what} differs from its PyTorch reference: error {entry['max_error']:.3g} > {entry['tolerance']:.3g} "
+            f"(fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)"
+        )
     if "no kernel image" in error:
-        return (f"{what}: {error} (fix: install a torch and Triton built for {arch}: the cu128+ wheels and "
-                f"Triton >= 3.3 for Blackwell, as pinned for the profile in playbooks/pins.yaml)")
+        return (
+            f"{what}: {error} (fix: install a torch and Triton built for {arch}: the cu128+ wheels and "
+            f"Triton >= 3.3 for Blackwell, as pinned for the profile in playbooks/pins.yaml)"
+        )
     if "OutOfResources" in error or "out of resource" in error:
-        return (f"{what}: {error} (fix: the launch does not fit this {arch} GPU ({result.get('smem_optin')} B of "
-                f"shared memory per block): lower the tiles or stages of its row in kernels/arch.py and check the "
-                f"row with `python -m kernels.aot`)")
+        return (
+            f"{what}: {error} (fix: the launch does not fit this {arch} GPU ({result.get('smem_optin')} B of "
+            f"shared memory per block): lower the tiles or stages of its row in kernels/arch.py and check the "
+            f"row with `python -m kernels.aot`)"
+        )
     return f"{what}: {error} (fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)"
 
 
@@ -254,19 +293,30 @@ def judge_kernels(result: dict[str, Any]) -> str:
     device = result["device"]
     if result.get("row_error"):
         raise StepFailed(f"{device}: {result['row_error']}")
-    failures = [_kernel_failure(e, result) for e in result["kernels"]
-                if e.get("error") is not None or not e["max_error"] <= e["tolerance"]]
+    failures = [
+        _kernel_failure(e, result)
+        for e in result["kernels"]
+        if e.get("error") is not None or not e["max_error"] <= e["tolerance"]
+    ]
     if failures:
-        raise StepFailed(f"{len(failures)} of {len(result['kernels'])} kernels failed on {device}: " + "; ".join(failures))
-    configs = ", ".join(f"{e['name']} {e['config']}" for e in result["kernels"] if e["name"].startswith("attention"))
-    return (f"{len(result['kernels'])} kernels match their references on {device} (Triton {result['triton']}, "
-            f"{result['row'].split(':')[0]}): {configs}")
+        raise StepFailed(
+            f"{len(failures)} of {len(result['kernels'])} kernels failed on {device}: " + "; ".join(failures)
+        )
+    configs = ", ".join(
+        f"{e['name']} {e['config']}" for e in result["kernels"] if e["name"].startswith("attention")
+    )
+    return (
+        f"{len(result['kernels'])} kernels match their references on {device} (Triton {result['triton']}, "
+        f"{result['row'].split(':')[0]}): {configs}"
+    )
 
 
 @register
 class GpuSmoke(Step):
     name = "gpu_smoke"
-    summary = "after install: torch sees the GPU with its arch, a Triton kernel and our kernels run, vllm imports"
+    summary = (
+        "after install: torch sees the GPU with its arch, a Triton kernel and our kernels run, vllm imports"
+    )
     args = arguments(
         test=Arg(smoke_test_arg, required=True, help=f"one of {', '.join(SMOKE_TESTS)}"),
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
@@ -279,14 +329,31 @@ class GpuSmoke(Step):
         if conn.stat(python) is None:
             return {"venv": venv, "exists": False}
         result = conn.run(join([python, "-"]), stdin=smoke_script(args["test"]), timeout=300)
-        return {"venv": venv, "exists": True, "exit_code": result.exit_code, "stdout": result.stdout,
-                "stderr": result.stderr[-4000:]}
+        return {
+            "venv": venv,
+            "exists": True,
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr[-4000:],
+        }
 
     def plan(self, facts, args, ctx):
         if not facts["exists"]:
             if ctx.check:
-                return Plan.noop(f"{facts['venv']} does not exist yet; the {args['test']} smoke test runs after install")
-            raise StepFailed(f"no venv at {facts['venv']} for the {args['test']} smoke test "
-                             "(fix: run the python_venv and pinned_packages steps first)")
-        return Plan.noop(smoke_verdict(args["test"], args["profile"], facts["exit_code"], facts["stdout"],
-                                       facts["stderr"], facts["venv"]))
+                return Plan.noop(
+                    f"{facts['venv']} does not exist yet; the {args['test']} smoke test runs after install"
+                )
+            raise StepFailed(
+                f"no venv at {facts['venv']} for the {args['test']} smoke test "
+                "(fix: run the python_venv and pinned_packages steps first)"
+            )
+        return Plan.noop(
+            smoke_verdict(
+                args["test"],
+                args["profile"],
+                facts["exit_code"],
+                facts["stdout"],
+                facts["stderr"],
+                facts["venv"],
+            )
+        )

@@ -50,8 +50,9 @@ def parse_poll(result: CommandResult) -> dict[str, Any]:
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        raise StepFailed("could not poll (is python3 installed on the host?)", command=result.command,
-                         stderr=result.stderr) from None
+        raise StepFailed(
+            "could not poll (is python3 installed on the host?)", command=result.command, stderr=result.stderr
+        ) from None
 
 
 @register
@@ -74,15 +75,23 @@ class HttpWait(Step):
         if facts["ready"]:
             return Plan.noop(f"{args['url']} answered {facts['status']}", status=facts["status"])
         poll = poll_command(args["url"], args["timeout"], args["status"], args["contains"], args["interval"])
-        return Plan.of([Run(poll, timeout=args["timeout"] + 30, why=f"not ready yet ({facts['error']})")],
-                       f"wait up to {args['timeout']:g}s for {args['url']}", status=facts["status"])
+        return Plan.of(
+            [Run(poll, timeout=args["timeout"] + 30, why=f"not ready yet ({facts['error']})")],
+            f"wait up to {args['timeout']:g}s for {args['url']}",
+            status=facts["status"],
+        )
 
     def apply(self, conn, plan, ctx):
         for change in plan.changes:
             outcome = parse_poll(conn.run(change.command, timeout=change.timeout))
             if not outcome["ready"]:
-                raise StepFailed(f"timed out after {outcome['elapsed']}s: {outcome['error']}",
-                                 command=change.command.split(" ", 1)[0] + " -c <poll>")
-            return Applied(False, f"ready after {outcome['elapsed']}s (status {outcome['status']})",
-                           {"status": outcome["status"]})
+                raise StepFailed(
+                    f"timed out after {outcome['elapsed']}s: {outcome['error']}",
+                    command=change.command.split(" ", 1)[0] + " -c <poll>",
+                )
+            return Applied(
+                False,
+                f"ready after {outcome['elapsed']}s (status {outcome['status']})",
+                {"status": outcome["status"]},
+            )
         return Applied(False, plan.reason, dict(plan.data))

@@ -42,15 +42,24 @@ def models_arg(value: Any) -> list[dict[str, Any]]:
             raise ValueError(f"{where}: unknown key '{unknown[0]}' (keys: {', '.join(_MODEL_KEYS)})")
         name, repo = str(item.get("name", "")), str(item.get("repo", ""))
         if not _DIR_NAME.match(name) or name in seen:
-            raise ValueError(f"{where}.name {name!r} must be a unique directory name (letters, digits, . _ -)")
+            raise ValueError(
+                f"{where}.name {name!r} must be a unique directory name (letters, digits, . _ -)"
+            )
         if not _REPO.match(repo):
             raise ValueError(f"{where}.repo {repo!r} must be a Hugging Face id like 'Qwen/Qwen3-8B'")
         include = item.get("include") or []
         if isinstance(include, str):
             include = [include]
         seen.add(name)
-        models.append({"name": name, "repo": repo, "revision": str(item.get("revision") or "main"),
-                       "size_gb": float(item.get("size_gb") or 0), "include": [str(p) for p in include]})
+        models.append(
+            {
+                "name": name,
+                "repo": repo,
+                "revision": str(item.get("revision") or "main"),
+                "size_gb": float(item.get("size_gb") or 0),
+                "include": [str(p) for p in include],
+            }
+        )
     return models
 
 
@@ -114,26 +123,37 @@ class Models(Step):
         token_stat = conn.stat(token_file)
         token = None
         if token_stat is not None:
-            token = {"mode": f"{token_stat.mode:04o}",
-                     "sha256": hashlib.sha256(conn.read_bytes(token_file)).hexdigest()}
+            token = {
+                "mode": f"{token_stat.mode:04o}",
+                "sha256": hashlib.sha256(conn.read_bytes(token_file)).hexdigest(),
+            }
         hf = args["hf"]
         if hf is None and any(missing_files(**c) for c in checkpoints.values()):
             venv_hf = f"{venv_path(args, ctx)}/bin/hf"
             found = conn.run("command -v hf || true", timeout=30).stdout.strip()
             hf = venv_hf if conn.stat(venv_hf) is not None else (found or venv_hf)
         token_dir = posixpath.dirname(token_file)
-        return {"checkpoints": checkpoints, "token_file": token, "token_dir_exists": conn.stat(token_dir) is not None,
-                "hf": hf}
+        return {
+            "checkpoints": checkpoints,
+            "token_file": token,
+            "token_dir_exists": conn.stat(token_dir) is not None,
+            "hf": hf,
+        }
 
     def plan(self, facts, args, ctx):
         if not args["models"]:
             return Plan.noop("no models listed for this host")
         layout = HostLayout(ctx.host.base)
-        todo = [(m, missing) for m in args["models"]
-                if (missing := missing_files(**facts["checkpoints"][m["name"]]))]
+        todo = [
+            (m, missing)
+            for m in args["models"]
+            if (missing := missing_files(**facts["checkpoints"][m["name"]]))
+        ]
         if not todo:
-            return Plan.noop(f"{len(args['models'])} checkpoint(s) complete: "
-                             + ", ".join(m["name"] for m in args["models"]))
+            return Plan.noop(
+                f"{len(args['models'])} checkpoint(s) complete: "
+                + ", ".join(m["name"] for m in args["models"])
+            )
         token_file = args["token_file"] or layout.hf_env
         changes: list[Write | Run] = []
         token = ctx.vars.get("secrets", {}).get(args["token_env"]) or os.environ.get(args["token_env"])
@@ -143,21 +163,39 @@ class Models(Step):
             wanted = token_line(token)
             if have is None or have["sha256"] != hashlib.sha256(wanted).hexdigest() or have["mode"] != "0600":
                 if not facts["token_dir_exists"]:
-                    changes.append(Run(join(["mkdir", "-p", "-m", "0700", posixpath.dirname(token_file)]),
-                                       why="directory of the token file"))
-                changes.append(Write(token_file, wanted, mode="0600", why="token for hf download",
-                                     diff=f"--- {token_file}\n+++ {token_file}\n+HF_TOKEN=********\n"))
+                    changes.append(
+                        Run(
+                            join(["mkdir", "-p", "-m", "0700", posixpath.dirname(token_file)]),
+                            why="directory of the token file",
+                        )
+                    )
+                changes.append(
+                    Write(
+                        token_file,
+                        wanted,
+                        mode="0600",
+                        why="token for hf download",
+                        diff=f"--- {token_file}\n+++ {token_file}\n+HF_TOKEN=********\n",
+                    )
+                )
             source = token_file
         elif have is not None:
             if have["mode"] != "0600":
-                raise StepFailed(f"{token_file} has mode {have['mode']}; a token file must be private "
-                                 f"(fix: chmod 600 {token_file})")
+                raise StepFailed(
+                    f"{token_file} has mode {have['mode']}; a token file must be private "
+                    f"(fix: chmod 600 {token_file})"
+                )
             source = token_file
         for model, missing in todo:
             directory = layout.model(model["name"])
             shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            changes.append(Run(download_command(facts["hf"], model, directory, source),
-                               timeout=DOWNLOAD_TIMEOUT_S, why=f"{model['name']} lacks {shown}"))
+            changes.append(
+                Run(
+                    download_command(facts["hf"], model, directory, source),
+                    timeout=DOWNLOAD_TIMEOUT_S,
+                    why=f"{model['name']} lacks {shown}",
+                )
+            )
         auth = "with the token file" if source else "anonymously (no token)"
         names = ", ".join(m["name"] for m, _ in todo)
         return Plan.of(changes, f"download {names} {auth}", models=[m["name"] for m, _ in todo])
@@ -168,6 +206,8 @@ class Models(Step):
         for name in plan.data["models"]:
             missing = missing_files(**probe_checkpoint(conn, HostLayout(ctx.host.base).model(name)))
             if missing:
-                raise StepFailed(f"model {name}: hf download finished but {', '.join(missing[:3])} is missing "
-                                 "(fix: check the repo id, revision and include patterns)")
+                raise StepFailed(
+                    f"model {name}: hf download finished but {', '.join(missing[:3])} is missing "
+                    "(fix: check the repo id, revision and include patterns)"
+                )
         return Applied(True, plan.reason, dict(plan.data))

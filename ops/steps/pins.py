@@ -24,11 +24,22 @@ def install_argv(python: str, uv: str | None, index: str | None, specs: list[str
         index_args = ["--extra-index-url", index, "--index-strategy", "unsafe-best-match"] if index else []
         return [uv, "pip", "install", "--python", python, *index_args, *specs]
     index_args = ["--extra-index-url", index] if index else []
-    return [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", *index_args, *specs]
+    return [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-q",
+        *index_args,
+        *specs,
+    ]
 
 
-def plan_install(reqs: tuple[Requirement, ...], packages: dict[str, Any], python: str, uv: str | None,
-                 index: str | None) -> Plan:
+def plan_install(
+    reqs: tuple[Requirement, ...], packages: dict[str, Any], python: str, uv: str | None, index: str | None
+) -> Plan:
     """Pure: the install command for the pins that the installed packages do not satisfy."""
     todo = [(req, why) for req in reqs if (why := check_installed(req, packages)) is not None]
     if not todo:
@@ -60,6 +71,8 @@ class PinnedPackages(Step):
         try:
             reqs = pins.requirements(args["pins_set"])
         except ValueError as exc:
-            raise StepFailed(f"{exc} (fix: set the host's pins_set to a set of playbooks/{args['pins']})") from None
+            raise StepFailed(
+                f"{exc} (fix: set the host's pins_set to a set of playbooks/{args['pins']})"
+            ) from None
         python = f"{venv_path(args, ctx)}/bin/python"
         return plan_install(reqs, facts["packages"], python, facts["uv"], pins.index)

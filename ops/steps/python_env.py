@@ -48,8 +48,10 @@ def parse_requirement(text: str) -> tuple[str, str, str | None]:
     """``name[extras]==version`` or a bare name -> (pip spec, normalized name, version or None)."""
     match = _REQUIREMENT.match(text.strip())
     if not match:
-        raise ValueError(f"requirement {text!r} must be 'name==version' (or a bare name); "
-                         "ranges would make the probe guess")
+        raise ValueError(
+            f"requirement {text!r} must be 'name==version' (or a bare name); "
+            "ranges would make the probe guess"
+        )
     spec = re.sub(r"\s+", "", text.strip())
     return spec, normalize(match["name"]), match["version"]
 
@@ -62,8 +64,10 @@ def parse_requirements_file(text: str) -> list[str]:
         if not line:
             continue
         if line.startswith("-"):
-            raise ValueError(f"line {number}: pip options ({line.split()[0]}) are not supported; "
-                             "use the step's find_links / no_index arguments")
+            raise ValueError(
+                f"line {number}: pip options ({line.split()[0]}) are not supported; "
+                "use the step's find_links / no_index arguments"
+            )
         lines.append(line)
     return lines
 
@@ -152,8 +156,11 @@ class PipInstall(Step):
     summary = "pinned packages in a venv; only the ones that differ are installed"
     args = arguments(
         venv=Arg(str, required=True, help="venv directory on the host"),
-        requirements=Arg(requirements_arg, required=True,
-                            help="list of 'name==version', or a requirements file beside the playbook"),
+        requirements=Arg(
+            requirements_arg,
+            required=True,
+            help="list of 'name==version', or a requirements file beside the playbook",
+        ),
         find_links=Arg(str, help="a directory or URL of wheels on the host (pip --find-links)"),
         no_index=Arg(bool, default=False, help="do not use the package index (offline hosts)"),
     )
@@ -172,8 +179,9 @@ class PipInstall(Step):
                 missing.append(spec)
                 why.append(f"{name} {have or 'absent'} -> {version or 'any'}")
         if not missing:
-            return Plan.noop(f"{len(installed)} packages installed; all requirements satisfied",
-                             installed=installed)
+            return Plan.noop(
+                f"{len(installed)} packages installed; all requirements satisfied", installed=installed
+            )
         python = f"{args['venv']}/bin/python"
         options = ["--no-index"] if args["no_index"] else []
         if args["find_links"]:
@@ -181,7 +189,17 @@ class PipInstall(Step):
         if facts.get("uv"):
             argv = [facts["uv"], "pip", "install", "--python", python, *options, *missing]
         else:
-            argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q",
-                    *options, *missing]
-        return Plan.of([Run(join(argv), why="; ".join(why))], "install " + ", ".join(why),
-                       installed=installed)
+            argv = [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-q",
+                *options,
+                *missing,
+            ]
+        return Plan.of(
+            [Run(join(argv), why="; ".join(why))], "install " + ", ".join(why), installed=installed
+        )

@@ -258,6 +258,7 @@ class ReleasePrune(Step):
         if not doomed:
             return Plan.noop(f"{len(facts['releases'])} release(s), keeping up to {args['keep']}")
         changes = [
-            Run(join(["rm", "-rf", "--", HostLayout(args["base"]).release(r)]), why="old release") for r in doomed
+            Run(join(["rm", "-rf", "--", HostLayout(args["base"]).release(r)]), why="old release")
+            for r in doomed
         ]
         return Plan.of(changes, f"remove {len(doomed)} old release(s): {', '.join(doomed)}", removed=doomed)

@@ -54,8 +54,23 @@ def vllm_record(**changes: Any) -> dict[str, Any]:
         "spec_decode_num_drafts": 1000,
         "spec_decode_draft_tokens": 15000,
         "spec_decode_accepted_tokens": 6000,
-        "spec_decode_per_position_acceptance_rates": [0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3,
-                                                      0.25, 0.2, 0.15, 0.2, 0.05, 0.0],
+        "spec_decode_per_position_acceptance_rates": [
+            0.9,
+            0.8,
+            0.7,
+            0.6,
+            0.5,
+            0.45,
+            0.4,
+            0.35,
+            0.3,
+            0.25,
+            0.2,
+            0.15,
+            0.2,
+            0.05,
+            0.0,
+        ],
     }
     record.update(changes)
     return record
@@ -99,27 +114,60 @@ def write_jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
     return path
 
 
-HW = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_cap="9.0", driver="570.124", cuda="12.8",
-              torch="2.7.0")
+HW = Hardware(
+    gpu_name="NVIDIA H200", gpu_count=1, compute_cap="9.0", driver="570.124", cuda="12.8", torch="2.7.0"
+)
 
 
-def native(run_dir: Path, host: str, system: str, mode: str, tok_s: float, *, budget: int | None = None,
-           k: int | None = None, counters: tuple[int, int, int] | None = None,
-           histogram: dict[int, int] | None = None, prompt_set: str = "math") -> Path:
+def native(
+    run_dir: Path,
+    host: str,
+    system: str,
+    mode: str,
+    tok_s: float,
+    *,
+    budget: int | None = None,
+    k: int | None = None,
+    counters: tuple[int, int, int] | None = None,
+    histogram: dict[int, int] | None = None,
+    prompt_set: str = "math",
+) -> Path:
     """Write one result as our client would: counters -> tau, latency samples -> summaries."""
     drafts, proposed, accepted = counters or (None, None, None)
     tau, rate = acceptance_from_counters(drafts, proposed, accepted)
     result = BenchResult(
-        system=system, mode=mode, source="native", host=host, budget=budget, num_speculative_tokens=k,
-        target="/opt/specops/models/target", drafter=None if mode == "ar" else "/opt/specops/models/drafter",
-        hardware=HW, prompt_set=prompt_set, temperature=0.0, concurrency=1, output_len=256, num_requests=8,
-        failed_requests=0, input_tokens=400, output_tokens=2048, duration_s=2048 / tok_s,
-        request_throughput=8 / (2048 / tok_s), output_throughput=tok_s,
+        system=system,
+        mode=mode,
+        source="native",
+        host=host,
+        budget=budget,
+        num_speculative_tokens=k,
+        target="/opt/specops/models/target",
+        drafter=None if mode == "ar" else "/opt/specops/models/drafter",
+        hardware=HW,
+        prompt_set=prompt_set,
+        temperature=0.0,
+        concurrency=1,
+        output_len=256,
+        num_requests=8,
+        failed_requests=0,
+        input_tokens=400,
+        output_tokens=2048,
+        duration_s=2048 / tok_s,
+        request_throughput=8 / (2048 / tok_s),
+        output_throughput=tok_s,
         ttft_ms=Latency.from_samples([20.0, 22.0, 25.0, 30.0]),
         tpot_ms=Latency.from_samples([1000 / tok_s] * 4),
-        tau=tau, acceptance_rate=rate, num_drafts=drafts, num_draft_tokens=proposed, num_accepted_tokens=accepted,
-        accepted_length_histogram=histogram, started_at="2026-12-02T15:00:00+00:00",
-        finished_at="2026-12-02T15:00:30+00:00", command=f"specops-client --mode {mode} --budget {budget}")
+        tau=tau,
+        acceptance_rate=rate,
+        num_drafts=drafts,
+        num_draft_tokens=proposed,
+        num_accepted_tokens=accepted,
+        accepted_length_histogram=histogram,
+        started_at="2026-12-02T15:00:00+00:00",
+        finished_at="2026-12-02T15:00:30+00:00",
+        command=f"specops-client --mode {mode} --budget {budget}",
+    )
     result.cell_id = cell_id_for(result)
     return write_result(run_dir, result)
 
@@ -127,10 +175,25 @@ def native(run_dir: Path, host: str, system: str, mode: str, tok_s: float, *, bu
 def sweep_run(run_dir: Path, host: str = "gpu1", scale: float = 1.0) -> None:
     """A small matrix: ar, dflash, ddtree at three budgets (our system) plus vLLM ar and dflash."""
     native(run_dir, host, "ddtree", "ar", 40.0 * scale)
-    native(run_dir, host, "ddtree", "dflash", 160.0 * scale, counters=(100, 1500, 580),
-           histogram={1: 10, 4: 20, 7: 40, 9: 30})
+    native(
+        run_dir,
+        host,
+        "ddtree",
+        "dflash",
+        160.0 * scale,
+        counters=(100, 1500, 580),
+        histogram={1: 10, 4: 20, 7: 40, 9: 30},
+    )
     for budget, tok_s, accepted in ((16, 200.0, 450), (64, 260.0, 650), (256, 240.0, 750)):
-        native(run_dir, host, "ddtree", "ddtree", tok_s * scale, budget=budget,
-               counters=(100, 100 * budget, accepted), histogram={3: 20, 6: 30, 8: 50})
+        native(
+            run_dir,
+            host,
+            "ddtree",
+            "ddtree",
+            tok_s * scale,
+            budget=budget,
+            counters=(100, 100 * budget, accepted),
+            histogram={3: 20, 6: 30, 8: 50},
+        )
     native(run_dir, host, "vllm", "ar", 50.0 * scale)
     native(run_dir, host, "vllm", "dflash", 150.0 * scale, k=15, counters=(100, 1500, 520))

@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def specops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.cli", "bench", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_import_then_report(tmp_path):
@@ -23,14 +28,44 @@ def test_import_then_report(tmp_path):
     vllm = tmp_path / "vllm.json"
     vllm.write_text(json.dumps(vllm_record()))
     sglang = write_jsonl(tmp_path / "sglang.jsonl", [sglang_record()])
-    imported = specops("import", "--from", "vllm", str(vllm), "--into", str(run), "--host", "gpu1",
-                       "--set", "mode=dflash", "--set", "num_speculative_tokens=7", "--set", "prompt_set=math",
-                       "--set", "temperature=0", "--set", "output_len=256")
+    imported = specops(
+        "import",
+        "--from",
+        "vllm",
+        str(vllm),
+        "--into",
+        str(run),
+        "--host",
+        "gpu1",
+        "--set",
+        "mode=dflash",
+        "--set",
+        "num_speculative_tokens=7",
+        "--set",
+        "prompt_set=math",
+        "--set",
+        "temperature=0",
+        "--set",
+        "output_len=256",
+    )
     assert imported.returncode == 0, imported.stderr
     target = run / "gpu1" / "vllm-dflash-k7-math-t0-c1-o256-vllm.json"
     assert imported.stdout.strip() == f"wrote {target}"
-    assert specops("import", "--from", "sglang", str(sglang), "--into", str(run), "--host", "gpu1",
-                   "--set", "mode=mtp").returncode == 0
+    assert (
+        specops(
+            "import",
+            "--from",
+            "sglang",
+            str(sglang),
+            "--into",
+            str(run),
+            "--host",
+            "gpu1",
+            "--set",
+            "mode=mtp",
+        ).returncode
+        == 0
+    )
 
     report = specops("report", str(run))
     assert report.returncode == 0, report.stderr
@@ -46,19 +81,30 @@ def test_report_out_dir_and_several_runs(tmp_path):
     run = specops("report", str(tmp_path / "r1"), str(tmp_path / "r2"), "--out", str(tmp_path / "cmp"))
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in (tmp_path / "cmp").iterdir()) == [
-        "accepted_length.png", "report.md", "speedup_vs_budget.png", "tau_vs_budget.png", "throughput.png"]
+        "accepted_length.png",
+        "report.md",
+        "speedup_vs_budget.png",
+        "tau_vs_budget.png",
+        "throughput.png",
+    ]
 
 
 def test_bad_input_exits_2_with_one_line_naming_file_and_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps(sglang_record()) + "\n" + json.dumps(sglang_record(output_throughput="n/a")) + "\n")
+    bad.write_text(
+        json.dumps(sglang_record()) + "\n" + json.dumps(sglang_record(output_throughput="n/a")) + "\n"
+    )
     run = specops("import", "--from", "sglang", str(bad), "--into", str(tmp_path / "run"))
     assert run.returncode == 2
-    assert run.stderr == (f"specops bench import: {bad}:2: sglang field 'output_throughput': expected a number "
-                          "or null, got 'n/a'\n")
+    assert run.stderr == (
+        f"specops bench import: {bad}:2: sglang field 'output_throughput': expected a number "
+        "or null, got 'n/a'\n"
+    )
     assert not (tmp_path / "run").exists()
 
-    typo = specops("import", "--from", "sglang", str(bad), "--into", str(tmp_path / "run"), "--set", "bugdet=4")
+    typo = specops(
+        "import", "--from", "sglang", str(bad), "--into", str(tmp_path / "run"), "--set", "bugdet=4"
+    )
     assert typo.returncode == 2 and "--set 'bugdet=4'" in typo.stderr
 
     empty = specops("report", str(tmp_path))

@@ -28,14 +28,17 @@ def test_user_file_with_default_ids_and_extra_keys(tmp_path):
     assert [(p.id, p.text) for p in prompts.prompts] == [("mine-1", "Say hi."), ("7", "Count to 3.")]
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ('{"prompt": "a"}\n{"prompt": "b"\n', 2, "invalid JSON"),
-    ('["a"]\n', 1, "expected a JSON object"),
-    ('{"promt": "a"}\n', 1, "needs a non-empty string 'prompt', found keys 'promt'"),
-    ('{"prompt": ""}\n', 1, "found prompt ''"),
-    ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', 2, "duplicate id 'x' (first on line 1)"),
-    ('{"id": [1], "prompt": "a"}\n', 1, "'id' must be a string"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ('{"prompt": "a"}\n{"prompt": "b"\n', 2, "invalid JSON"),
+        ('["a"]\n', 1, "expected a JSON object"),
+        ('{"promt": "a"}\n', 1, "needs a non-empty string 'prompt', found keys 'promt'"),
+        ('{"prompt": ""}\n', 1, "found prompt ''"),
+        ('{"id": "x", "prompt": "a"}\n{"id": "x", "prompt": "b"}\n', 2, "duplicate id 'x' (first on line 1)"),
+        ('{"id": [1], "prompt": "a"}\n', 1, "'id' must be a string"),
+    ],
+)
 def test_bad_user_files_name_file_and_line(tmp_path, text, line, words):
     path = tmp_path / "p.jsonl"
     path.write_text(text)

@@ -45,11 +45,22 @@ def test_one_run_one_host(tmp_path):
     sweep_run(run)
     report = make_report([run], tmp_path / "out")
     text = table_text(report)
-    assert header(text) == ["system", "mode", "budget", "tok/s", "τ", "accept", "TTFT p50 ms", "TTFT p99 ms",
-                            "TPOT p50 ms", "TPOT p99 ms", "speedup"]          # nothing varies: no run/host columns
+    assert header(text) == [
+        "system",
+        "mode",
+        "budget",
+        "tok/s",
+        "τ",
+        "accept",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "speedup",
+    ]  # nothing varies: no run/host columns
     b64 = line_of(text, "ddtree", "B=64")
     assert "260.0" in b64 and "7.50" in b64 and "6.50x" in b64 and "10.2%" in b64
-    assert "3.00x" in line_of(text, "vllm", "dflash", "k=15")              # over vLLM's own ar (150 / 50)
+    assert "3.00x" in line_of(text, "vllm", "dflash", "k=15")  # over vLLM's own ar (150 / 50)
     assert "1.00x" in line_of(text, "ddtree", " ar ")
     assert [p.name for p in report.plots] == ALL_PLOTS
     for plot in report.plots:
@@ -70,7 +81,7 @@ def test_hosts_and_runs_compare_in_one_report(tmp_path):
     assert len(report.rows) == 21
     text = table_text(report)
     assert header(text)[:3] == ["run", "host", "system"]
-    assert "6.50x" in line_of(text, "r1", "gpu2", "B=64")                 # speedup within the host's own run
+    assert "6.50x" in line_of(text, "r1", "gpu2", "B=64")  # speedup within the host's own run
     assert "286.0" in line_of(text, "r2", "gpu1", "B=64")
     md = report.markdown_path.read_text()
     assert "| r1 | gpu2 | ddtree | ddtree | B=64 | 130.0 |" in md
@@ -82,7 +93,7 @@ def test_foreign_results_without_ar_or_budgets(tmp_path):
     src.write_text(json.dumps(vllm_record()))
     import_files("vllm", [src], tmp_path / "run", settings={"mode": "dflash", "num_speculative_tokens": "15"})
     report = make_report([tmp_path / "run"], tmp_path / "run")
-    assert table_text(report).splitlines()[-2].split("│")[-2].strip() == "-"   # no ar cell: no speedup
+    assert table_text(report).splitlines()[-2].split("│")[-2].strip() == "-"  # no ar cell: no speedup
     assert [p.name for p in report.plots] == ["throughput.png", "accepted_length.png"]
     assert_png(tmp_path / "run" / "accepted_length.png")
 
@@ -93,7 +104,7 @@ def test_length_distribution_from_histogram_or_per_position_rates():
     chain = BenchResult(system="vllm", mode="dflash", per_position_acceptance=[0.8, 0.5, 0.1])
     dist = length_distribution(chain)
     assert dist == pytest.approx({1: 0.2, 2: 0.3, 3: 0.4, 4: 0.1})
-    assert sum(k * p for k, p in dist.items()) == pytest.approx(1 + 0.8 + 0.5 + 0.1)   # mean is tau
+    assert sum(k * p for k, p in dist.items()) == pytest.approx(1 + 0.8 + 0.5 + 0.1)  # mean is tau
 
 
 def test_no_results_is_a_clear_error(tmp_path):

@@ -20,7 +20,7 @@ def test_layout_is_run_host_cell(tmp_path):
     assert path == run / "gpu1" / "ddtree-ddtree-b64-math-t0-c1-o256.json"
     loaded = load_result(path)
     assert loaded.run_id == run.name and loaded.tau == 5.0
-    assert [p.name for p in path.parent.iterdir()] == [path.name]   # no temp file left behind
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
 
 
 def test_a_failed_write_never_leaves_a_partial_result(tmp_path, monkeypatch):
@@ -34,7 +34,7 @@ def test_a_failed_write_never_leaves_a_partial_result(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
         native(run, "gpu1", "ddtree", "ar", 41.0)
-    assert first.read_bytes() == before                              # the complete old file is intact
+    assert first.read_bytes() == before  # the complete old file is intact
     assert sorted(p.name for p in first.parent.iterdir()) == [first.name]
 
 

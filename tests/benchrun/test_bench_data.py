@@ -71,32 +71,46 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_shipped_matrices_expand_to_unique_cells():
     quick = load_matrix(REPO_ROOT / "playbooks" / "bench-quick.yaml")
-    assert [s.label for s in quick.servers] == ["ddtree-ar", "ddtree-dflash", "ddtree-ddtree-b8", "ddtree-ddtree-b16"]
+    assert [s.label for s in quick.servers] == [
+        "ddtree-ar",
+        "ddtree-dflash",
+        "ddtree-ddtree-b8",
+        "ddtree-ddtree-b16",
+    ]
     full = load_matrix(REPO_ROOT / "playbooks" / "bench-matrix.yaml")
     assert len({c.cell_id for c in full.cells}) == len(full.cells) == 7 * 3
 
 
 def test_matrix_lists_multiply_and_overrides_apply(tmp_path):
-    matrix = load_matrix(write(tmp_path, """
+    matrix = load_matrix(
+        write(
+            tmp_path,
+            """
 workload: {prompts: [math, code], output_len: [16, 32], num_prompts: 3}
 systems:
   - {system: ddtree, mode: ddtree, budget: [4, 8], workload: {concurrency: [1, 2]}}
   - {system: vllm, mode: dflash, num_speculative_tokens: 7, port: 8200, vars: {extra_args: [--enforce-eager]}}
   - {system: sglang, mode: mtp, enabled: false}
-"""), overrides={"num_prompts": 1})
+""",
+        ),
+        overrides={"num_prompts": 1},
+    )
     assert [s.label for s in matrix.servers] == ["ddtree-ddtree-b4", "ddtree-ddtree-b8", "vllm-dflash-k7"]
     assert len(matrix.servers[0].cells) == 2 * 2 * 2 and len(matrix.servers[2].cells) == 4
     assert {c.num_prompts for c in matrix.cells} == {1}
     assert matrix.servers[2].port == 8200 and matrix.servers[2].template == "bench-vllm.argv.j2"
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("systems:\n  - {system: ddtree, mode: fast}\n", 2, "mode 'fast' is not a ddtree mode"),
-    ("systems:\n  - {system: ddtree, mode: ar, budget: 8}\n", 2, "'budget' applies to"),
-    ("workload: {output_len: [0]}\nsystems:\n  - {system: ddtree, mode: ar}\n", 1, "must be >= 1"),
-    ("systems:\n  - system: ddtree\n    mode: ar\n    budgets: [1]\n", 4, "unknown system key 'budgets'"),
-    ("systems:\n  - {system: ddtree, mode: ar}\n  - {system: ddtree, mode: ar}\n", 3, "appears twice"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("systems:\n  - {system: ddtree, mode: fast}\n", 2, "mode 'fast' is not a ddtree mode"),
+        ("systems:\n  - {system: ddtree, mode: ar, budget: 8}\n", 2, "'budget' applies to"),
+        ("workload: {output_len: [0]}\nsystems:\n  - {system: ddtree, mode: ar}\n", 1, "must be >= 1"),
+        ("systems:\n  - system: ddtree\n    mode: ar\n    budgets: [1]\n", 4, "unknown system key 'budgets'"),
+        ("systems:\n  - {system: ddtree, mode: ar}\n  - {system: ddtree, mode: ar}\n", 3, "appears twice"),
+    ],
+)
 def test_matrix_errors_name_the_line(tmp_path, text, line, words):
     with pytest.raises(InputFileError) as err:
         load_matrix(write(tmp_path, text))
@@ -104,14 +118,26 @@ def test_matrix_errors_name_the_line(tmp_path, text, line, words):
 
 
 def context(tmp_path: Path) -> StepContext:
-    inv = parse_inventory("hosts:\n  gpu1: {address: 10.0.0.5, vars: {profile: hopper}}\n", tmp_path / "inv.yaml")
+    inv = parse_inventory(
+        "hosts:\n  gpu1: {address: 10.0.0.5, vars: {profile: hopper}}\n", tmp_path / "inv.yaml"
+    )
     host = inv.hosts["gpu1"]
-    return StepContext(host=host, playbook_dir=REPO_ROOT / "playbooks", templates_dir=TEMPLATES_DIR,
-                       vars=host.template_vars())
+    return StepContext(
+        host=host,
+        playbook_dir=REPO_ROOT / "playbooks",
+        templates_dir=TEMPLATES_DIR,
+        vars=host.template_vars(),
+    )
 
 
-BASE = {"venv": "/opt/specops/venv", "target": "/m/Qwen3-8B", "drafter": "/m/Qwen3-8B DFlash", "port": 8100,
-        "served_name": "/m/Qwen3-8B", "block_size": None}
+BASE = {
+    "venv": "/opt/specops/venv",
+    "target": "/m/Qwen3-8B",
+    "drafter": "/m/Qwen3-8B DFlash",
+    "port": 8100,
+    "served_name": "/m/Qwen3-8B",
+    "block_size": None,
+}
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -119,38 +145,63 @@ def flag(argv: list[str], name: str) -> str:
 
 
 def test_vllm_dflash_command_line(tmp_path):
-    argv = render_argv("bench-vllm.argv.j2", {**BASE, "mode": "dflash", "num_speculative_tokens": 15,
-                                              "extra_args": ["--max-model-len", "8192"]}, context(tmp_path))
-    assert argv[:3] == ["/opt/specops/venv/bin/vllm", "serve", "/m/Qwen3-8B"] and flag(argv, "--port") == "8100"
+    argv = render_argv(
+        "bench-vllm.argv.j2",
+        {**BASE, "mode": "dflash", "num_speculative_tokens": 15, "extra_args": ["--max-model-len", "8192"]},
+        context(tmp_path),
+    )
+    assert (
+        argv[:3] == ["/opt/specops/venv/bin/vllm", "serve", "/m/Qwen3-8B"] and flag(argv, "--port") == "8100"
+    )
     assert json.loads(flag(argv, "--speculative-config")) == {
-        "method": "dflash", "model": "/m/Qwen3-8B DFlash", "num_speculative_tokens": 15}
+        "method": "dflash",
+        "model": "/m/Qwen3-8B DFlash",
+        "num_speculative_tokens": 15,
+    }
     assert flag(argv, "--attention-backend") == "flash_attn" and argv[-2:] == ["--max-model-len", "8192"]
 
 
 def test_vllm_mtp_and_plain_command_lines(tmp_path):
-    mtp = render_argv("bench-vllm.argv.j2", {**BASE, "mode": "mtp", "num_speculative_tokens": 3}, context(tmp_path))
+    mtp = render_argv(
+        "bench-vllm.argv.j2", {**BASE, "mode": "mtp", "num_speculative_tokens": 3}, context(tmp_path)
+    )
     assert json.loads(flag(mtp, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
     assert "--attention-backend" not in mtp
-    plain = render_argv("bench-vllm.argv.j2", {**BASE, "mode": "ar", "num_speculative_tokens": None}, context(tmp_path))
+    plain = render_argv(
+        "bench-vllm.argv.j2", {**BASE, "mode": "ar", "num_speculative_tokens": None}, context(tmp_path)
+    )
     assert "--speculative-config" not in plain
 
 
 def test_sglang_mtp_sets_all_three_numbers(tmp_path):
-    argv = render_argv("bench-sglang.argv.j2", {**BASE, "mode": "mtp", "num_speculative_tokens": 3,
-                                                "tensor_parallel": 2}, context(tmp_path))
+    argv = render_argv(
+        "bench-sglang.argv.j2",
+        {**BASE, "mode": "mtp", "num_speculative_tokens": 3, "tensor_parallel": 2},
+        context(tmp_path),
+    )
     assert argv[:3] == ["/opt/specops/venv/bin/python", "-m", "sglang.launch_server"]
     assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--tp") == "2"
-    assert (flag(argv, "--speculative-num-steps"), flag(argv, "--speculative-eagle-topk"),
-            flag(argv, "--speculative-num-draft-tokens")) == ("3", "1", "4")
+    assert (
+        flag(argv, "--speculative-num-steps"),
+        flag(argv, "--speculative-eagle-topk"),
+        flag(argv, "--speculative-num-draft-tokens"),
+    ) == ("3", "1", "4")
     assert "--speculative-draft-model-path" not in argv
-    eagle = render_argv("bench-sglang.argv.j2", {**BASE, "mode": "eagle", "num_speculative_tokens": 5},
-                        context(tmp_path))
+    eagle = render_argv(
+        "bench-sglang.argv.j2", {**BASE, "mode": "eagle", "num_speculative_tokens": 5}, context(tmp_path)
+    )
     assert flag(eagle, "--speculative-algorithm") == "EAGLE"
     assert flag(eagle, "--speculative-draft-model-path") == "/m/Qwen3-8B DFlash"
 
 
-BENCH_ARGS = {"matrix": "bench-quick.yaml", "base": "/opt/specops", "target": "/m/t", "drafter": "/m/d",
-              "env_file": "/opt/specops/run/specops-ddtree.env", "run_dir": "/tmp/results/run-1"}
+BENCH_ARGS = {
+    "matrix": "bench-quick.yaml",
+    "base": "/opt/specops",
+    "target": "/m/t",
+    "drafter": "/m/d",
+    "env_file": "/opt/specops/run/specops-ddtree.env",
+    "run_dir": "/tmp/results/run-1",
+}
 HOST_FACTS = {"release": "0.1.0+gabc", "hardware": {"gpu_name": "NVIDIA H200", "gpu_count": 1}, "done": []}
 
 
@@ -164,7 +215,10 @@ def test_bench_plan_runs_pending_cells_only_and_a_finished_run_is_a_noop(tmp_pat
     plan = step.plan(half, args, context(tmp_path))
     assert [c.server.label for c in plan.changes] == ["ddtree-dflash", "ddtree-ddtree-b16"]
     assert plan.data["done_before"] == 2
-    every = {**HOST_FACTS, "done": [c.cell_id for c in load_matrix(REPO_ROOT / "playbooks" / "bench-quick.yaml").cells]}
+    every = {
+        **HOST_FACTS,
+        "done": [c.cell_id for c in load_matrix(REPO_ROOT / "playbooks" / "bench-quick.yaml").cells],
+    }
     plan = step.plan(every, args, context(tmp_path))
     assert not plan.will_change and plan.reason.startswith("all 4 cells of bench-quick.yaml are complete")
 
@@ -178,8 +232,13 @@ def test_bench_without_a_release_says_deploy_first(tmp_path):
 def test_hardware_and_tuned_parsers():
     out = "NVIDIA H200, 9.0, 570.86.15\nNVIDIA H200, 9.0, 570.86.15\nCUDA Version: 12.8\n--\n2.13.0\n"
     assert parse_hardware(CommandResult("hw", 0, out, "")) == {
-        "gpu_name": "NVIDIA H200", "gpu_count": 2, "compute_cap": "9.0", "driver": "570.86.15", "cuda": "12.8",
-        "torch": "2.13.0"}
+        "gpu_name": "NVIDIA H200",
+        "gpu_count": 2,
+        "compute_cap": "9.0",
+        "driver": "570.86.15",
+        "cuda": "12.8",
+        "torch": "2.13.0",
+    }
     assert parse_hardware(CommandResult("hw", 0, "--\n", ""))["gpu_name"] is None
     assert parse_tuned(CommandResult("cat", 0, "", "")) == {}
     record = parse_tuned(CommandResult("cat", 0, '{"serve": {"mode": "ddtree", "budget": "128"}}', ""))

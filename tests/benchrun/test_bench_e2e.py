@@ -51,21 +51,31 @@ serve
 --device
 cpu
 """
-CELLS = {"ddtree-ar-math-t0-c1-o12", "ddtree-dflash-math-t0-c1-o12", "ddtree-ddtree-b8-math-t0-c1-o12",
-         "vllm-dflash-k7-math-t0-c1-o12"}
+CELLS = {
+    "ddtree-ar-math-t0-c1-o12",
+    "ddtree-dflash-math-t0-c1-o12",
+    "ddtree-ddtree-b8-math-t0-c1-o12",
+    "vllm-dflash-k7-math-t0-c1-o12",
+}
 
 
 def requests_between_scrapes(log: Path) -> list[dict]:
     """The server's own records of the measured requests: completions between the two /metrics reads."""
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     scrapes = [i for i, r in enumerate(records) if r.get("path") == "/metrics"]
-    return [r for r in records[scrapes[0]:scrapes[1]] if r.get("path") == "/v1/completions"]
+    return [r for r in records[scrapes[0] : scrapes[1]] if r.get("path") == "/v1/completions"]
 
 
 def kill_after_first_cell(command: list[str], results: Path, env: dict[str, str]) -> Path:
     """Start `fab bench`, kill it (its whole process group) once one cell is home; its run dir."""
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     try:
         while not list(results.glob("*/h1/*.json")):
@@ -78,8 +88,9 @@ def kill_after_first_cell(command: list[str], results: Path, env: dict[str, str]
     return run_dir
 
 
-def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path,
-                                            capsys):
+def test_bench_killed_and_resumed_then_tune(
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, capsys
+):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     port = free_port()
@@ -88,19 +99,23 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
     stand_in.write_text(STAND_IN)
     matrix.write_text(MATRIX % (stand_in, free_port()))
     tune = {"tune_budgets": [4, 8], "tune_output_len": 8, "tune_num_prompts": 1, "tune_warmup": 0}
-    inventory = make_inventory([h1], host_vars={"h1": {**host_vars(tiny_pair, checkout, port),
-                                                       "bench_matrix": str(matrix), **tune}})
+    inventory = make_inventory(
+        [h1], host_vars={"h1": {**host_vars(tiny_pair, checkout, port), "bench_matrix": str(matrix), **tune}}
+    )
     results = tmp_path / "results"
     assert deploy(inventory, tmp_path / "deploy-results").ok
 
     # A bench run killed as soon as its first cell is home, then resumed: every cell exactly once.
     fab = Path(sys.executable).with_name("fab")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    run_dir = kill_after_first_cell([str(fab), "bench", "--inventory", str(inventory), "--results", str(results)],
-                                    results, env)
+    run_dir = kill_after_first_cell(
+        [str(fab), "bench", "--inventory", str(inventory), "--results", str(results)], results, env
+    )
     first = {p.name: p.read_bytes() for p in (run_dir / "h1").glob("*.json")}
     assert 1 <= len(first) < len(CELLS) and set(first) <= {f"{c}.json" for c in CELLS}
-    tasks.bench(Context(), inventory=str(inventory), results=str(results), resume=run_dir.name)  # fab bench --resume
+    tasks.bench(
+        Context(), inventory=str(inventory), results=str(results), resume=run_dir.name
+    )  # fab bench --resume
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["failed"] == 0 and completed_cells(run_dir, "h1") == CELLS
     assert {name: (run_dir / "h1" / name).read_bytes() for name in first} == first  # not measured again
@@ -112,11 +127,19 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
 
     # Afterwards the deployed server answers again with its deployed settings.
     cmdline = Path(f"/proc/{server_pid(base)}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[cmdline.index(b"--mode") + 1 :][:3] == [b"ddtree", b"--budget", b"8"] and complete(port)["choices"]
+    assert (
+        cmdline[cmdline.index(b"--mode") + 1 :][:3] == [b"ddtree", b"--budget", b"8"]
+        and complete(port)["choices"]
+    )
 
     # A third run of the same directory has nothing left to do, and changes nothing.
-    again, _ = run_bench_file(REPO_ROOT / "playbooks" / "bench.yaml", inventory=str(inventory),
-                              results=str(results), resume=run_dir.name, live=False)
+    again, _ = run_bench_file(
+        REPO_ROOT / "playbooks" / "bench.yaml",
+        inventory=str(inventory),
+        results=str(results),
+        resume=run_dir.name,
+        live=False,
+    )
     assert again.ok and not [st.name for st in again.hosts["h1"].steps if st.changed]
 
     # The numbers agree with the server's own records of the measured requests.
@@ -135,7 +158,9 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
         assert r.num_drafts == rounds
         assert abs(r.tau - sum(s["tau"] * s["rounds"] for s in served) / rounds) < 1e-3
         hist = r.accepted_length_histogram
-        assert sum(hist.values()) == rounds and abs(sum(k * n for k, n in hist.items()) / rounds - r.tau) < 1e-9
+        assert (
+            sum(hist.values()) == rounds and abs(sum(k * n for k, n in hist.items()) / rounds - r.tau) < 1e-9
+        )
     report = run_dir / "report.md"
     assert report.is_file() and "ddtree" in report.read_text()
     assert {p.name for p in run_dir.glob("*.png")} >= {"throughput.png", "tau_vs_budget.png"}
@@ -156,11 +181,22 @@ def test_bench_killed_and_resumed_then_tune(sshd_hosts, make_inventory, tiny_pai
 
     # A server that cannot start fails its cells, the run says how to resume, the next servers still run.
     broken = tmp_path / "broken.yaml"
-    broken.write_text("workload: {output_len: [4], num_prompts: 1, warmup: 0}\nsystems:\n"
-                      f"  - {{system: sglang, mode: mtp, num_speculative_tokens: 3, port: {free_port()}}}\n"
-                      "  - {system: ddtree, mode: ar}\n")
-    failed, fail_dir = run_bench_file(REPO_ROOT / "playbooks" / "bench.yaml", inventory=str(inventory),
-                                      results=str(results), extra_vars={"bench_matrix": str(broken)}, live=False)
+    broken.write_text(
+        "workload: {output_len: [4], num_prompts: 1, warmup: 0}\nsystems:\n"
+        f"  - {{system: sglang, mode: mtp, num_speculative_tokens: 3, port: {free_port()}}}\n"
+        "  - {system: ddtree, mode: ar}\n"
+    )
+    failed, fail_dir = run_bench_file(
+        REPO_ROOT / "playbooks" / "bench.yaml",
+        inventory=str(inventory),
+        results=str(results),
+        extra_vars={"bench_matrix": str(broken)},
+        live=False,
+    )
     failure = next(st for st in failed.hosts["h1"].steps if st.step == "bench")
-    assert not failed.ok and "sglang-mtp-k3" in failure.message and f"--resume {fail_dir.name}" in failure.message
+    assert (
+        not failed.ok
+        and "sglang-mtp-k3" in failure.message
+        and f"--resume {fail_dir.name}" in failure.message
+    )
     assert "sglang" in failure.stderr and completed_cells(fail_dir, "h1") == {"ddtree-ar-math-t0-c1-o4"}

@@ -58,9 +58,27 @@ def running_server(tiny_pair, tmp_path):
     """Our DDTree server started by hand, as a user's already running server would be."""
     port = free_port()
     log = (tmp_path / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "ddtree_runtime", "serve", "--target", str(tiny_pair.target),
-                             "--drafter", str(tiny_pair.drafter), "--mode", "dflash", "--port", str(port),
-                             "--device", "cpu"], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_runtime",
+            "serve",
+            "--target",
+            str(tiny_pair.target),
+            "--drafter",
+            str(tiny_pair.drafter),
+            "--mode",
+            "dflash",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+        cwd=REPO_ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 120
     while not healthy(port):
         assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
@@ -73,18 +91,29 @@ def running_server(tiny_pair, tmp_path):
 
 def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
     step = get_step("bench")()
-    args = step.check_args({"matrix": str(matrix), "base": str(base), "venv": str(Path(sys.executable).parents[1]),
-                            "target": str(tiny_pair.target), "drafter": str(tiny_pair.drafter),
-                            "env_file": str(base / "run" / "env"), "backend": "supervisor", "timeout": 60,
-                            "cell_timeout": 120, "run_dir": str(run_dir)})
+    args = step.check_args(
+        {
+            "matrix": str(matrix),
+            "base": str(base),
+            "venv": str(Path(sys.executable).parents[1]),
+            "target": str(tiny_pair.target),
+            "drafter": str(tiny_pair.drafter),
+            "env_file": str(base / "run" / "env"),
+            "backend": "supervisor",
+            "timeout": 60,
+            "cell_timeout": 120,
+            "run_dir": str(run_dir),
+        }
+    )
     plan = step.plan(step.probe(conn, args, ctx), args, ctx)
     with pytest.raises(StepFailed) as failed:
         step.apply(conn, plan, ctx)
     return failed.value
 
 
-def test_hf_prompts_fetched_once_and_a_running_server_reused(sshd_hosts, make_inventory, tiny_pair, running_server,
-                                                             tmp_path):
+def test_hf_prompts_fetched_once_and_a_running_server_reused(
+    sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
+):
     proc, port = running_server
     (h1,) = sshd_hosts(1)
     site = h1.base / "releases" / "r1" / "site"
@@ -95,26 +124,40 @@ def test_hf_prompts_fetched_once_and_a_running_server_reused(sshd_hosts, make_in
     (tmp_path / "rows.json").write_text(json.dumps(ROWS))
     calls = tmp_path / "calls.jsonl"
     (site / "datasets").mkdir()
-    (site / "datasets" / "__init__.py").write_text(STAND_IN.format(calls=str(calls), rows=str(tmp_path / "rows.json")))
+    (site / "datasets" / "__init__.py").write_text(
+        STAND_IN.format(calls=str(calls), rows=str(tmp_path / "rows.json"))
+    )
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(MATRIX % (GOOD, ABSENT, port, port))
     host = load_inventory(make_inventory([h1])).hosts["h1"]
-    ctx = StepContext(host=host, playbook_dir=tmp_path, templates_dir=TEMPLATES_DIR, vars=host.template_vars())
+    ctx = StepContext(
+        host=host, playbook_dir=tmp_path, templates_dir=TEMPLATES_DIR, vars=host.template_vars()
+    )
     conn = connect(host)
     try:
         # First run: the good dataset is fetched and measured on the reused server; the absent one
         # fails in one line; the entry whose served model differs finds the port taken.
         failed = bench(conn, ctx, h1.base, tiny_pair, matrix, tmp_path / "results" / "run-1")
         lines = failed.stderr.splitlines()
-        assert any(f"host h1: prompt set {ABSENT}: dataset test-org/absent: cannot load split 'train': "
-                   "ConnectionError" in line and "fix: the host needs internet access" in line for line in lines)
-        assert any(f"port {port} on h1 is taken" in line and f"lists ['{tiny_pair.target}'], not 'other-model'" in line
-                   for line in lines)
+        assert any(
+            f"host h1: prompt set {ABSENT}: dataset test-org/absent: cannot load split 'train': "
+            "ConnectionError"
+            in line
+            and "fix: the host needs internet access" in line
+            for line in lines
+        )
+        assert any(
+            f"port {port} on h1 is taken" in line
+            and f"lists ['{tiny_pair.target}'], not 'other-model'" in line
+            for line in lines
+        )
         assert completed_cells(tmp_path / "results" / "run-1", "h1") == {REUSED}
         fetched = h1.base / "results" / "prompts" / "hf-test-org-tiny-prompts-test-question.jsonl"
         assert fetched.read_bytes() == rows_to_jsonl(iter(ROWS["test"]), parse_hf_spec(GOOD))
-        assert [json.loads(line)[0] for line in calls.read_text().splitlines()] == ["test-org/tiny-prompts",
-                                                                                     "test-org/absent"]
+        assert [json.loads(line)[0] for line in calls.read_text().splitlines()] == [
+            "test-org/tiny-prompts",
+            "test-org/absent",
+        ]
         result = load_result(tmp_path / "results" / "run-1" / "h1" / f"{REUSED}.json")
         assert result.prompt_set == "hf-test-org-tiny-prompts-test-question" and result.num_requests == 1
         assert result.output_tokens == 4 and result.tau is not None  # measured on the DFlash server
@@ -130,7 +173,10 @@ def test_hf_prompts_fetched_once_and_a_running_server_reused(sshd_hosts, make_in
         assert completed_cells(tmp_path / "results" / "run-2", "h1") == {REUSED}
         assert len(calls.read_text().splitlines()) == 2
         missing = [line for line in failed.stderr.splitlines() if ABSENT in line]
-        assert len(missing) == 1 and "host h1: prompt set hf:test-org/absent: dataset test-org/absent: " in missing[0]
+        assert (
+            len(missing) == 1
+            and "host h1: prompt set hf:test-org/absent: dataset test-org/absent: " in missing[0]
+        )
         assert "has no 'datasets' module (fix: " in missing[0] and "/pip install datasets" in missing[0]
         assert is_running(proc.pid)
     finally:

@@ -125,8 +125,10 @@ def is_running(pid: int) -> bool:
 
 def stop_servers(base: Path) -> None:
     """Kill what the supervisor started under ``base`` (test clean-up; TERM, then KILL)."""
-    pidfiles = sorted((base / "run").glob("*.pid") if (base / "run").is_dir() else [],
-                      key=lambda p: not p.name.endswith(".monitor.pid"))  # monitors first: they restart servers
+    pidfiles = sorted(
+        (base / "run").glob("*.pid") if (base / "run").is_dir() else [],
+        key=lambda p: not p.name.endswith(".monitor.pid"),
+    )  # monitors first: they restart servers
     for pidfile in pidfiles:
         with contextlib.suppress(ValueError, OSError):
             pid = int(pidfile.read_text())

@@ -22,15 +22,30 @@ def compiled() -> dict[str, aot.Compiled]:
 
 
 def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
-    tiles = {(s.row, s.cc, " ".join(s.case.split()[-3:])) for s in aot.specs().values() if s.kernel == "tree_attention"}
+    tiles = {
+        (s.row, s.cc, " ".join(s.case.split()[-3:]))
+        for s in aot.specs().values()
+        if s.kernel == "tree_attention"
+    }
     for row in ROWS.values():
         for cc in row.targets:
             for t in (row.decode, row.small, row.large, row.tail):
-                assert (row.family, cc, f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}") in tiles, (row, cc, t)
+                assert (row.family, cc, f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}") in tiles, (
+                    row,
+                    cc,
+                    t,
+                )
     others = {(s.kernel, s.cc) for s in aot.specs().values() if s.kernel != "tree_attention"}
     assert {cc for _, cc in others} == set(aot.TARGETS) == {90, 100, 120}
-    assert {k for k, _ in others} >= {"merge_splits", "tree_visibility", "marginal_topk.partials", "tree_build.tree",
-                                      "tree_walk.choice", "tree_walk.walk", "kv_compact"}
+    assert {k for k, _ in others} >= {
+        "merge_splits",
+        "tree_visibility",
+        "marginal_topk.partials",
+        "tree_build.tree",
+        "tree_walk.choice",
+        "tree_walk.walk",
+        "kv_compact",
+    }
 
 
 def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> None:
@@ -47,6 +62,7 @@ def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> Non
 @pytest.mark.skipif(aot._cuobjdump() is None, reason="this Triton wheel ships no cuobjdump")
 def test_each_architecture_gets_its_matrix_instructions(compiled) -> None:
     """wgmma on sm_90, tcgen05 (UTCHMMA) on sm_100, warp-level mma.sync (HMMA) on sm_120 for the big-tree tiles."""
+
     def matrix(row: str, cc: int) -> dict[str, int]:
         spec = next(s for s in aot.specs().values() if s.row == row and s.cc == cc and "main" in s.case)
         return compiled[spec.key].matrix
@@ -61,7 +77,8 @@ def test_the_committed_table_is_current(compiled) -> None:
     text = aot.ARCH_MD.read_text()
     for spec in aot.specs().values():
         assert f"| {spec.kernel} | {spec.case} | {spec.row} | sm_{spec.cc} |" in text, (
-            f"{spec.key} is missing from kernels/ARCH.md (fix: python -m kernels.aot --write)")
+            f"{spec.key} is missing from kernels/ARCH.md (fix: python -m kernels.aot --write)"
+        )
     made_by = re.search(r"with Triton (\S+) for", text).group(1)
     if made_by == triton.__version__:
         assert text == aot.table(compiled), "kernels/ARCH.md is stale (fix: python -m kernels.aot --write)"

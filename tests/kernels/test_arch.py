@@ -12,22 +12,27 @@ from kernels.tree_attention import AttentionConfig, _default_config, _plan
 H200, RTX_PRO_6000 = 232448, 101376  # shared_memory_per_block_optin as the devices report it
 
 
-@pytest.mark.parametrize(("capability", "smem", "family"), [
-    ((9, 0), H200, "sm_90"),
-    ((10, 0), H200, "sm_100"),           # B200
-    ((10, 3), H200, "sm_100"),           # B300: same family
-    ((12, 0), RTX_PRO_6000, "sm_120"),
-    ((12, 1), RTX_PRO_6000, "sm_120"),   # GB10
-    ((8, 9), RTX_PRO_6000, "generic"),   # Ada
-    ((8, 0), 167936, "generic"),         # A100
-    ((9, 0), RTX_PRO_6000, "generic"),   # a part of a family that allows less than its row assumes
-])
+@pytest.mark.parametrize(
+    ("capability", "smem", "family"),
+    [
+        ((9, 0), H200, "sm_90"),
+        ((10, 0), H200, "sm_100"),  # B200
+        ((10, 3), H200, "sm_100"),  # B300: same family
+        ((12, 0), RTX_PRO_6000, "sm_120"),
+        ((12, 1), RTX_PRO_6000, "sm_120"),  # GB10
+        ((8, 9), RTX_PRO_6000, "generic"),  # Ada
+        ((8, 0), 167936, "generic"),  # A100
+        ((9, 0), RTX_PRO_6000, "generic"),  # a part of a family that allows less than its row assumes
+    ],
+)
 def test_the_row_follows_capability_and_shared_memory(capability, smem, family) -> None:
     assert arch_row(capability, smem).family == family
 
 
 def test_a_device_below_every_row_is_refused_with_the_fix() -> None:
-    with pytest.raises(RuntimeError, match=r"sm_75 allows 65536 bytes .* less than the 101376 .*\(fix: add a row"):
+    with pytest.raises(
+        RuntimeError, match=r"sm_75 allows 65536 bytes .* less than the 101376 .*\(fix: add a row"
+    ):
         arch_row((7, 5), 65536)
 
 

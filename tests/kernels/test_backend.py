@@ -27,7 +27,9 @@ def test_one_round_matches_torch_backend() -> None:
             s.append(s[int(par[i])] + lp[int(dep[i]) - 1, int(tok[i])].item())
         return sorted(s)
 
-    assert torch.allclose(torch.tensor(scores(tokens, parents, depth)), torch.tensor(scores(t_tokens, t_parents, t_depth)))
+    assert torch.allclose(
+        torch.tensor(scores(tokens, parents, depth)), torch.tensor(scores(t_tokens, t_parents, t_depth))
+    )
 
     n = budget + 1
     q = torch.randn(hq, n, d, generator=gen).to(DEVICE)

@@ -37,8 +37,12 @@ def test_rms_norm(dtype: torch.dtype, rows: int, hidden: int, residual: bool) ->
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("t", "hq", "hkv", "d", "ctx"), [(1, 4, 2, 16, 9), (7, 6, 2, 32, 0), (3, 2, 2, 24, 40)])
-def test_qk_rope_writes_the_cache_and_returns_q(dtype: torch.dtype, t: int, hq: int, hkv: int, d: int, ctx: int) -> None:
+@pytest.mark.parametrize(
+    ("t", "hq", "hkv", "d", "ctx"), [(1, 4, 2, 16, 9), (7, 6, 2, 32, 0), (3, 2, 2, 24, 40)]
+)
+def test_qk_rope_writes_the_cache_and_returns_q(
+    dtype: torch.dtype, t: int, hq: int, hkv: int, d: int, ctx: int
+) -> None:
     gen = torch.Generator().manual_seed(t * d + ctx)
     qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(DEVICE, dtype)
     qw = (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE, dtype)

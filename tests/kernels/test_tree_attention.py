@@ -150,13 +150,25 @@ def test_device_context_length_under_a_static_key_bound(visibility: str, splits:
         kk[:, ctx + n :] = 1e4
         length = torch.tensor(ctx, device=DEVICE)
         out = tree_attention(
-            q, kk, vv, length, vis, d**-0.5, AttentionConfig(16, 16, 4, 1, splits),
-            key_bound=bound, all_visible=visibility == "all",
+            q,
+            kk,
+            vv,
+            length,
+            vis,
+            d**-0.5,
+            AttentionConfig(16, 16, 4, 1, splits),
+            key_bound=bound,
+            all_visible=visibility == "all",
         )
         if visibility == "all":
             mask = torch.ones(n, ctx + n, dtype=torch.bool, device=DEVICE)
-            rep = kk[:, : ctx + n].float().repeat_interleave(2, 0), vv[:, : ctx + n].float().repeat_interleave(2, 0)
-            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), *rep, attn_mask=mask, scale=d**-0.5)
+            rep = (
+                kk[:, : ctx + n].float().repeat_interleave(2, 0),
+                vv[:, : ctx + n].float().repeat_interleave(2, 0),
+            )
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.float(), *rep, attn_mask=mask, scale=d**-0.5
+            )
         else:
             ref = tree_attention_reference(q, kk, vv, ctx, parents if visibility == "tree" else None, d**-0.5)
         assert _rel_err(out, ref) < TOL[torch.float32]

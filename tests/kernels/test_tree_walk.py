@@ -27,7 +27,14 @@ def _logits_following(tokens, parents, vocab, follow, gen) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("shape", "n", "vocab"),
-    [("chain", 1, 9), ("chain", 40, 7), ("star", 50, 60), ("bushy", 200, 300), ("deep", 90, 11), ("random", 1024, 1100)],
+    [
+        ("chain", 1, 9),
+        ("chain", 40, 7),
+        ("star", 50, 60),
+        ("bushy", 200, 300),
+        ("deep", 90, 11),
+        ("random", 1024, 1100),
+    ],
 )
 def test_greedy_walk_matches_reference_and_torch_backend(shape: str, n: int, vocab: int) -> None:
     gen = torch.Generator().manual_seed(n)

@@ -7,7 +7,9 @@ import os
 import torch
 
 # TRITON_INTERPRET=0 on a CUDA machine runs the same tests on the GPU.
-DEVICE = torch.device("cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu")
+DEVICE = torch.device(
+    "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"
+)
 
 
 def make_parents(shape: str, n: int, gen: torch.Generator) -> list[int]:
@@ -34,7 +36,9 @@ def depths_of(parents: list[int]) -> list[int]:
     return depth
 
 
-def make_tree(shape: str, n: int, vocab: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_tree(
+    shape: str, n: int, vocab: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """tokens, parents, depth (int64); siblings get distinct tokens (vocab must exceed the fan-out)."""
     parents = make_parents(shape, n, gen)
     used: dict[int, set[int]] = {}

@@ -12,9 +12,17 @@ from drafter_config.serve import load_serve_config
 from tests.lint import corpus
 
 
-def lint_case(tmp_path: Path, drafter: dict[str, Any] | None = None, *, target: dict[str, Any] | None = None,
-              tokenizer: bool = True, tensors: dict[str, np.ndarray] | None = None,
-              spec: dict[str, Any] | None = None, serve: str | None = None, with_target: bool = True) -> LintReport:
+def lint_case(
+    tmp_path: Path,
+    drafter: dict[str, Any] | None = None,
+    *,
+    target: dict[str, Any] | None = None,
+    tokenizer: bool = True,
+    tensors: dict[str, np.ndarray] | None = None,
+    spec: dict[str, Any] | None = None,
+    serve: str | None = None,
+    with_target: bool = True,
+) -> LintReport:
     drafter = corpus.qwen3_drafter() if drafter is None else drafter
     target = corpus.qwen3_target() if target is None else target
     if tensors is None:

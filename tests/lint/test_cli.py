@@ -16,8 +16,9 @@ Q3 = corpus.qwen3_drafter()
 
 
 def specops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def _pair(tmp_path, drafter=Q3):
@@ -28,7 +29,9 @@ def _pair(tmp_path, drafter=Q3):
 
 def test_clean_pair_exits_0(tmp_path):
     d, t = _pair(tmp_path)
-    (tmp_path / "serve.json").write_text('{"speculative_config": {"method": "dflash", "num_speculative_tokens": 15}}')
+    (tmp_path / "serve.json").write_text(
+        '{"speculative_config": {"method": "dflash", "num_speculative_tokens": 15}}'
+    )
     run = specops("config", "lint", d, "--target", t, "--serve-config", str(tmp_path / "serve.json"))
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().endswith("0 error(s), 0 warning(s)")
@@ -39,7 +42,9 @@ def test_errors_exit_1_with_ruff_like_lines(tmp_path):
     run = specops("config", "lint", d, "--target", t)
     assert run.returncode == 1
     first, hint = run.stdout.splitlines()[:2]
-    assert re.fullmatch(r".+/drafter/config\.json:\d+:\d+: DFL012 error \[dflash_config\.mask_token_id\] .+", first)
+    assert re.fullmatch(
+        r".+/drafter/config\.json:\d+:\d+: DFL012 error \[dflash_config\.mask_token_id\] .+", first
+    )
     assert hint.startswith("    fix: ")
 
 
@@ -64,7 +69,9 @@ def test_json_format(tmp_path):
 
 def test_unusable_input_exits_2(tmp_path):
     d, _ = _pair(tmp_path)
-    (tmp_path / "drafter" / "config.json").write_text('{"architectures": ["DFlashDraftModel"] "block_size": 16}')
+    (tmp_path / "drafter" / "config.json").write_text(
+        '{"architectures": ["DFlashDraftModel"] "block_size": 16}'
+    )
     run = specops("config", "lint", d, "--format", "json")
     assert run.returncode == 2
     (finding,) = json.loads(run.stdout)["findings"]
@@ -75,7 +82,7 @@ def test_unusable_input_exits_2(tmp_path):
     run = specops("config", "lint", d, "--spec", "qwen3-8b-dflash-b61")
     assert run.returncode == 2 and "did you mean 'qwen3-8b-dflash-b16'" in run.stderr
     assert specops("config", "lint").returncode == 2
-    assert specops("config", "patch", d).returncode == 2      # --spec is required
+    assert specops("config", "patch", d).returncode == 2  # --spec is required
 
 
 def test_patch_check_then_write_then_nothing(tmp_path):
@@ -85,11 +92,13 @@ def test_patch_check_then_write_then_nothing(tmp_path):
     before = config.read_text()
 
     check = specops("config", "patch", d, "--spec", spec, "--check")
-    assert check.returncode == 0 and "-  \"block_size\": 8," in check.stdout and "nothing written" in check.stdout
+    assert (
+        check.returncode == 0 and '-  "block_size": 8,' in check.stdout and "nothing written" in check.stdout
+    )
     assert config.read_text() == before
 
     write = specops("config", "patch", d, "--spec", spec, "--target", t)
-    assert write.returncode == 0 and "+  \"block_size\": 16," in write.stdout and "backup:" in write.stdout
+    assert write.returncode == 0 and '+  "block_size": 16,' in write.stdout and "backup:" in write.stdout
     assert json.loads(config.read_text())["block_size"] == 16
 
     again = specops("config", "patch", d, "--spec", spec)
@@ -106,7 +115,9 @@ def test_patch_refusal_exits_1(tmp_path):
 
 def test_the_runtime_api_imports_no_torch(tmp_path):
     d, t = _pair(tmp_path, mutated(Q3, dflash_config__mask_token_id=151645))
-    code = ("import sys; from drafter_config import format_findings, lint_pair; "
-            f"report = lint_pair({d!r}, {t!r}); print(len(report.errors), 'torch' in sys.modules)")
+    code = (
+        "import sys; from drafter_config import format_findings, lint_pair; "
+        f"report = lint_pair({d!r}, {t!r}); print(len(report.errors), 'torch' in sys.modules)"
+    )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.stdout.split() == ["1", "False"], run.stderr

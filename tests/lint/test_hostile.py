@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def specops(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 class RecordingStore(LocalStore):
@@ -60,29 +61,41 @@ def _rewrite_header(path: Path, edit) -> None:
     """Rewrite a safetensors file's JSON header through `edit(header)`, keeping its data bytes."""
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
+    header = json.loads(raw[8 : 8 + length])
     edit(header)
     text = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length:])
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length :])
 
 
 def test_index_paths_outside_the_checkpoint_are_findings_and_never_opened(place):
     folder, store = place
     d = corpus.write_drafter(folder / "drafter", Q3, shards=2)
-    outside = corpus.write_drafter(folder / "elsewhere", Q3)   # a valid file: were it opened, its tensors would count
+    outside = corpus.write_drafter(
+        folder / "elsewhere", Q3
+    )  # a valid file: were it opened, its tensors would count
     index = d / "model.safetensors.index.json"
     data = json.loads(index.read_text())
-    data["weight_map"] |= {"stolen.a": str(outside / "model.safetensors"), "stolen.b": "../elsewhere/model.safetensors",
-                           "stolen.c": "sub/../../elsewhere/model.safetensors", "stolen.d": "/etc/shadow"}
+    data["weight_map"] |= {
+        "stolen.a": str(outside / "model.safetensors"),
+        "stolen.b": "../elsewhere/model.safetensors",
+        "stolen.c": "sub/../../elsewhere/model.safetensors",
+        "stolen.d": "/etc/shadow",
+    }
     index.write_text(json.dumps(data))
     report = lint(str(d), store=store)
     (finding,) = by_code(report, "DFL062")
-    assert finding.message.startswith("weight_map names 4 file(s) outside the checkpoint directory, not read: ")
-    for name in ("/etc/shadow", "../elsewhere/model.safetensors", "sub/../../elsewhere/model.safetensors",
-                 str(outside / "model.safetensors")):
+    assert finding.message.startswith(
+        "weight_map names 4 file(s) outside the checkpoint directory, not read: "
+    )
+    for name in (
+        "/etc/shadow",
+        "../elsewhere/model.safetensors",
+        "sub/../../elsewhere/model.safetensors",
+        str(outside / "model.safetensors"),
+    ):
         assert repr(name) in finding.message
     assert finding.file == str(index) and finding.severity == "error"
-    assert report.codes() == ["DFL062"]      # the shards inside are read as usual, nothing else is said
+    assert report.codes() == ["DFL062"]  # the shards inside are read as usual, nothing else is said
     if isinstance(store, LocalStore):
         recorder = RecordingStore()
         lint(str(d), store=recorder)
@@ -94,9 +107,9 @@ def test_devices_and_fifos_are_never_read(place):
     d = corpus.write_drafter(folder / "drafter", Q3)
     t = corpus.write_target(folder / "target", corpus.qwen3_target())
     (t / "tokenizer.json").unlink()
-    (t / "tokenizer.json").symlink_to("/dev/zero")            # would exhaust memory if read to the end
+    (t / "tokenizer.json").symlink_to("/dev/zero")  # would exhaust memory if read to the end
     (t / "special_tokens_map.json").unlink()
-    os.mkfifo(t / "special_tokens_map.json")                    # would block forever if opened
+    os.mkfifo(t / "special_tokens_map.json")  # would block forever if opened
     (d / "model.safetensors").rename(d / "real.bin")
     os.mkfifo(d / "model.safetensors")
     report = lint(str(d), str(t), store=store)
@@ -132,7 +145,7 @@ def test_deep_json_in_tokenizer_index_and_header_is_a_finding_not_a_crash(tmp_pa
     deep = "[" * 100_000 + "]" * 100_000
     d = corpus.write_drafter(tmp_path / "drafter", Q3, shards=2)
     t = corpus.write_target(tmp_path / "target", corpus.qwen3_target())
-    (t / "tokenizer.json").write_text(deep)                 # an unreadable tokenizer file is skipped
+    (t / "tokenizer.json").write_text(deep)  # an unreadable tokenizer file is skipped
     (t / "config.json").write_text('{"a": ' + "{" * 300 + "}" * 300 + "}")
     report = lint(str(d), str(t))
     (finding,) = report.findings
@@ -148,13 +161,16 @@ def test_deep_json_in_tokenizer_index_and_header_is_a_finding_not_a_crash(tmp_pa
     assert any("header is not JSON" in f.message for f in by_code(lint(str(d), str(t)), "DFL061"))
 
 
-@pytest.mark.parametrize(("offsets", "expected"), [
-    ({"fc.weight": [-2, 0]}, "negative or reversed"),
-    ({"norm.weight": "x"}, "no [begin, end] data_offsets"),
-    ({"fc.weight": [0, 10**9]}, "past the end of the data"),
-    ({"hidden_norm.weight": None}, "overlap"),        # None: move it onto the first tensor's bytes
-    ({"norm.weight": [0, 2]}, "needs 128"),
-])
+@pytest.mark.parametrize(
+    ("offsets", "expected"),
+    [
+        ({"fc.weight": [-2, 0]}, "negative or reversed"),
+        ({"norm.weight": "x"}, "no [begin, end] data_offsets"),
+        ({"fc.weight": [0, 10**9]}, "past the end of the data"),
+        ({"hidden_norm.weight": None}, "overlap"),  # None: move it onto the first tensor's bytes
+        ({"norm.weight": [0, 2]}, "needs 128"),
+    ],
+)
 def test_bad_safetensors_offsets_are_findings(place, offsets, expected):
     folder, store = place
     d = corpus.write_drafter(folder / "drafter", Q3)
@@ -163,13 +179,19 @@ def test_bad_safetensors_offsets_are_findings(place, offsets, expected):
         first = min((v["data_offsets"] for k, v in header.items() if k != "__metadata__"), key=lambda o: o[0])
         for name, value in offsets.items():
             span = header[name]["data_offsets"]
-            header[name]["data_offsets"] = [first[0], first[0] + span[1] - span[0]] if value is None else value
+            header[name]["data_offsets"] = (
+                [first[0], first[0] + span[1] - span[0]] if value is None else value
+            )
 
     _rewrite_header(d / "model.safetensors", edit)
     report = lint(str(d), store=store)
     (finding,) = by_code(report, "DFL063")
-    assert expected in finding.message and finding.file == str(d / "model.safetensors") and finding.severity == "error"
-    assert not by_code(report, "DFL061")     # the tensors are still known: only the offsets are wrong
+    assert (
+        expected in finding.message
+        and finding.file == str(d / "model.safetensors")
+        and finding.severity == "error"
+    )
+    assert not by_code(report, "DFL061")  # the tensors are still known: only the offsets are wrong
 
 
 def _hf_cache(folder: Path, config: dict) -> tuple[Path, Path]:
@@ -191,7 +213,9 @@ def test_patch_through_a_symlinked_config_writes_the_target(place, tmp_path):
     link = snapshot / "config.json"
     assert result.written and result.target == str(blob) and result.path == str(link)
     assert link.is_symlink() and os.readlink(link) == "../../blobs/0f1e2d"
-    assert json.loads(blob.read_text())["dflash_config"]["mask_token_id"] == Q3["dflash_config"]["mask_token_id"]
+    assert (
+        json.loads(blob.read_text())["dflash_config"]["mask_token_id"] == Q3["dflash_config"]["mask_token_id"]
+    )
     (backup,) = snapshot.glob("config.json.bak-*")
     assert json.loads(backup.read_text()) == broken
     assert not patch(store, str(snapshot), spec).changed
@@ -221,7 +245,9 @@ def test_cli_patch_on_a_full_or_read_only_disk_is_a_message(tmp_path, small_fs):
     assert run.returncode == 1 and "cannot write: Read-only file system" in run.stderr, run.stderr
 
 
-def test_fab_patch_drafter_on_a_full_disk_keeps_config_and_backup(sshd_hosts, make_inventory, small_fs, tmp_path):
+def test_fab_patch_drafter_on_a_full_disk_keeps_config_and_backup(
+    sshd_hosts, make_inventory, small_fs, tmp_path
+):
     (h1,) = sshd_hosts(1)
     disk = small_fs(h1.base / "models", "512k")
     d = corpus.write_drafter(disk / "drafter", mutated(Q3, dflash_config__mask_token_id=5))
@@ -229,11 +255,14 @@ def test_fab_patch_drafter_on_a_full_disk_keeps_config_and_backup(sshd_hosts, ma
     spec = corpus.write_spec(tmp_path / "spec.yaml", "tiny", corpus.qwen3_spec_values(Q3))
     inventory = make_inventory([h1], host_vars={"h1": {"drafter": str(d), "drafter_spec": str(spec)}})
     fill(disk)
-    result = run_file(REPO_ROOT / "playbooks" / "patch-drafter.yaml", inventory=str(inventory),
-                      results=str(tmp_path / "results"))
+    result = run_file(
+        REPO_ROOT / "playbooks" / "patch-drafter.yaml",
+        inventory=str(inventory),
+        results=str(tmp_path / "results"),
+    )
     step = json.loads((result.run_dir / "summary.json").read_text())["hosts"]["h1"]["steps"][0]
     assert step["status"] == "failed"
     assert "writing" in step["message"] and "is unchanged (fix: free space on the host" in step["message"]
     assert (d / "config.json").read_bytes() == original
     assert all(b.read_bytes() == original for b in d.glob("config.json.bak-*"))
-    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []    # no temp file left
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []  # no temp file left

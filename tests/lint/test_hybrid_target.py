@@ -24,8 +24,11 @@ CASES = [
     ("not-dflash", {"drafter": mutated(Q36, architectures=["Qwen3ForCausalLM"])}, "DFL002"),
     ("mask-missing", {"drafter": mutated(Q36, dflash_config__mask_token_id=DELETE)}, "DFL010"),
     ("mask-at-vocab-end", {"drafter": mutated(Q36, dflash_config__mask_token_id=248320)}, "DFL011"),
-    ("mask-spec", {"drafter": mutated(Q36, dflash_config__mask_token_id=248071),
-                   "spec": {"mask_token_id": 248070}}, "DFL011"),
+    (
+        "mask-spec",
+        {"drafter": mutated(Q36, dflash_config__mask_token_id=248071), "spec": {"mask_token_id": 248070}},
+        "DFL011",
+    ),
     ("mask-is-eos", {"drafter": mutated(Q36, dflash_config__mask_token_id=corpus.QWEN35_EOS)}, "DFL012"),
     ("ids-missing", {"drafter": mutated(Q36, dflash_config__target_layer_ids=DELETE)}, "DFL020"),
     ("ids-unsorted", {"drafter": mutated(Q36, dflash_config__target_layer_ids=[1, 12, 4, 8, 10])}, "DFL021"),
@@ -34,8 +37,11 @@ CASES = [
     ("ids-vs-fc", {"drafter": mutated(Q36, dflash_config__target_layer_ids=[1, 4, 7, 10])}, "DFL024"),
     ("ids-spec-shift", {"spec": {"target_layer_ids": [i - 1 for i in corpus.default_ids(16, 5)]}}, "DFL025"),
     ("types-length", {"drafter": mutated(Q36, layer_types=["sliding_attention"] * 4)}, "DFL030"),
-    ("types-linear", {"drafter": mutated(Q36, layer_types=["linear_attention"] * 4 + ["full_attention"])},
-     "DFL031"),
+    (
+        "types-linear",
+        {"drafter": mutated(Q36, layer_types=["linear_attention"] * 4 + ["full_attention"])},
+        "DFL031",
+    ),
     ("sliding-no-window", {"drafter": mutated(Q36, sliding_window=None)}, "DFL032"),
     ("window-unused", {"drafter": mutated(Q36, layer_types=["full_attention"] * 5)}, "DFL033"),
     ("window-below-block", {"drafter": mutated(Q36, sliding_window=8)}, "DFL034"),
@@ -46,8 +52,11 @@ CASES = [
     ("rms-eps", {"drafter": mutated(Q36, rms_norm_eps=1e-5)}, "DFL044"),
     ("max-position", {"drafter": mutated(Q36, max_position_embeddings=40960)}, "DFL045"),
     ("block-missing", {"drafter": mutated(Q36, block_size=DELETE)}, "DFL050"),
-    ("serve-tokens", {"serve": "serve:\n  mode: dflash\n  speculative_config:\n    num_speculative_tokens: 7\n"},
-     "DFL051"),
+    (
+        "serve-tokens",
+        {"serve": "serve:\n  mode: dflash\n  speculative_config:\n    num_speculative_tokens: 7\n"},
+        "DFL051",
+    ),
     ("dtype", {"drafter": mutated(Q36, dtype="bfloat16")}, "DFL060"),
     ("weight-missing", {"tensors": _without("layers.4.mlp.down_proj.weight")}, "DFL061"),
 ]
@@ -74,9 +83,12 @@ def test_the_good_hybrid_pair_is_clean(tmp_path):
 def test_counts_and_vocab_come_from_text_config(tmp_path):
     """A one-based id list ends at the text_config's layer count; the mask must sit inside the
     text_config's vocabulary, and the messages cite the text_config lines."""
-    report = lint_case(tmp_path, mutated(Q36, dflash_config__mask_token_id=248320,
-                                         dflash_config__target_layer_ids=[2, 5, 8, 11, 16]),
-                       target=T35, tokenizer=False)
+    report = lint_case(
+        tmp_path,
+        mutated(Q36, dflash_config__mask_token_id=248320, dflash_config__target_layer_ids=[2, 5, 8, 11, 16]),
+        target=T35,
+        tokenizer=False,
+    )
     (mask,) = by_code(report, "DFL011")
     assert "248320" in mask.message and "vocab_size" in mask.message
     (beyond,) = [f for f in by_code(report, "DFL022") if f.severity == "error"]

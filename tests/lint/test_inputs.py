@@ -22,13 +22,15 @@ def test_parser_agrees_with_json_and_records_positions(config):
     doc = parse(text)
     assert doc.data == json.loads(text)
     for path, span in doc.spans.items():
-        assert json.loads(text[span.start:span.end]) == doc.get(path), format_path(path)
+        assert json.loads(text[span.start : span.end]) == doc.get(path), format_path(path)
         if span.key_start is not None:
-            assert text[span.key_start:].startswith(json.dumps(path[-1]))
+            assert text[span.key_start :].startswith(json.dumps(path[-1]))
 
 
-@pytest.mark.parametrize("text", ['{"a": 1,}', '{"a" 1}', "[1, 2", '{"a": tru}', '{"a": 1} x', '', '{"a": "\\q"}',
-                                  '\n\n  {"a": [1 2]}'])
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": 1,}', '{"a" 1}', "[1, 2", '{"a": tru}', '{"a": 1} x', "", '{"a": "\\q"}', '\n\n  {"a": [1 2]}'],
+)
 def test_syntax_errors_match_json_positions(text):
     with pytest.raises(json.JSONDecodeError) as expected:
         json.loads(text)
@@ -65,7 +67,7 @@ def test_tokenizer_files(tmp_path):
     info = read_tokenizer(LocalStore(), str(tmp_path))
     assert info is not None and len(info.files) == 3
     assert info.use_of(151645).content == "<|im_end|>" and info.use_of(151645).kind == "eos_token"
-    assert info.use_of(151667).kind == "added"          # <think> is added, not special
+    assert info.use_of(151667).kind == "added"  # <think> is added, not special
     assert info.use_of(corpus.QWEN3_MASK) is None and info.vocab["tok42"] == 42
     (tmp_path / "tokenizer.json").unlink()
     (tmp_path / "special_tokens_map.json").unlink()

@@ -34,8 +34,8 @@ def test_50gb_sparse_file_reads_only_the_header(tmp_path):
     d = corpus.write_drafter(tmp_path / "drafter", config)
     weights = d / "model.safetensors"
     header_end = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
-    os.truncate(weights, header_end)           # keep the valid header, drop the data
-    os.truncate(weights, SIZE)                 # then a 50 GB hole
+    os.truncate(weights, header_end)  # keep the valid header, drop the data
+    os.truncate(weights, SIZE)  # then a 50 GB hole
     assert weights.stat().st_size == SIZE and weights.stat().st_blocks * 512 < 10 * 1024**2
 
     store = CountingStore()
@@ -43,8 +43,10 @@ def test_50gb_sparse_file_reads_only_the_header(tmp_path):
     report = lint(str(d), store=store)
     elapsed, read = time.perf_counter() - start, _rchar() - rchar
 
-    assert report.findings == []               # the header describes every tensor the config expects
+    assert report.findings == []  # the header describes every tensor the config expects
     assert store.bytes_read < 1024**2, store.bytes_read
     assert read < 1024**2, read
-    print(f"50 GB sparse safetensors: {read} bytes read (rchar), {store.bytes_read} via the store, {elapsed:.3f} s")
+    print(
+        f"50 GB sparse safetensors: {read} bytes read (rchar), {store.bytes_read} via the store, {elapsed:.3f} s"
+    )
     assert elapsed < 5

@@ -21,36 +21,74 @@ PLAYBOOKS = REPO_ROOT / "playbooks"
 
 
 def _ctx(tmp_path: Path) -> StepContext:
-    host = Host(name="gpu1", connection="ssh", address="10.0.0.5", port=22, user="u", key_file=None,
-                base="/opt/specops", host_key_policy="strict", known_hosts=(), sudo=False, connect_timeout=10.0,
-                vars={}, groups=())
+    host = Host(
+        name="gpu1",
+        connection="ssh",
+        address="10.0.0.5",
+        port=22,
+        user="u",
+        key_file=None,
+        base="/opt/specops",
+        host_key_policy="strict",
+        known_hosts=(),
+        sudo=False,
+        connect_timeout=10.0,
+        vars={},
+        groups=(),
+    )
     return StepContext(host=host, playbook_dir=tmp_path, templates_dir=tmp_path, vars={})
 
 
 def test_patch_plan_from_facts(tmp_path):
     step = get_step("drafter_patch")()
     args = step.check_args({"drafter": "/m/d", "spec": "qwen3-8b-dflash-b16"})
-    facts = {"config": "/m/d/config.json", "target": "/m/d/config.json", "spec": "s", "refused": None,
-             "old": '{"a": 1}\n', "new": '{"a": 2}\n', "diff": "-a\n+a\n",
-             "backup": "/m/d/config.json.bak-20261202T000000Z"}
+    facts = {
+        "config": "/m/d/config.json",
+        "target": "/m/d/config.json",
+        "spec": "s",
+        "refused": None,
+        "old": '{"a": 1}\n',
+        "new": '{"a": 2}\n',
+        "diff": "-a\n+a\n",
+        "backup": "/m/d/config.json.bak-20261202T000000Z",
+    }
     plan = step.plan(facts, args, _ctx(tmp_path))
     backup, config = plan.changes
-    assert isinstance(backup, Write) and backup.path.endswith(".bak-20261202T000000Z") and backup.data == b'{"a": 1}\n'
+    assert (
+        isinstance(backup, Write)
+        and backup.path.endswith(".bak-20261202T000000Z")
+        and backup.data == b'{"a": 1}\n'
+    )
     assert config.path == "/m/d/config.json" and config.data == b'{"a": 2}\n' and plan.diff == "-a\n+a\n"
-    linked = step.plan({**facts, "target": "/m/blobs/0f1e"}, args, _ctx(tmp_path))   # the Hugging Face cache layout
+    linked = step.plan(
+        {**facts, "target": "/m/blobs/0f1e"}, args, _ctx(tmp_path)
+    )  # the Hugging Face cache layout
     assert [c.path for c in linked.changes] == [backup.path, "/m/blobs/0f1e"]
     assert "patched /m/d/config.json through the link: wrote /m/blobs/0f1e" in linked.reason
     again = step.plan({**facts, "old": facts["new"], "backup": None}, args, _ctx(tmp_path))
     assert not again.will_change and again.reason == "/m/d/config.json already matches spec s"
     with pytest.raises(StepFailed, match="refusing to patch"):
-        step.plan({**facts, "refused": "text", "errors": [{"code": "DFL042", "path": "x", "file": "c.json",
-                                                           "line": 3}]}, args, _ctx(tmp_path))
+        step.plan(
+            {
+                **facts,
+                "refused": "text",
+                "errors": [{"code": "DFL042", "path": "x", "file": "c.json", "line": 3}],
+            },
+            args,
+            _ctx(tmp_path),
+        )
 
 
 def test_lint_plan_from_facts(tmp_path):
     step = get_step("drafter_lint")()
     args = step.check_args({"drafter": "/m/d"})
-    warning = {"code": "DFL044", "severity": "warning", "path": "rms_norm_eps", "file": "/m/d/config.json", "line": 9}
+    warning = {
+        "code": "DFL044",
+        "severity": "warning",
+        "path": "rms_norm_eps",
+        "file": "/m/d/config.json",
+        "line": 9,
+    }
     plan = step.plan({"findings": [warning], "text": ""}, args, _ctx(tmp_path))
     assert not plan.will_change and "1 warning(s): DFL044 rms_norm_eps (config.json:9)" in plan.reason
     error = {**warning, "code": "DFL025", "severity": "error", "path": "dflash_config.target_layer_ids"}
@@ -61,7 +99,7 @@ def test_lint_plan_from_facts(tmp_path):
 def _host_checkpoints(base: Path, drafter: dict, sparse: bool = False) -> dict[str, str]:
     d = corpus.write_drafter(base / "models" / "drafter", drafter, corpus.drafter_tensors(GOOD))
     t = corpus.write_target(base / "models" / "target", corpus.qwen35_target(), tokenizer=False)
-    if sparse:   # a 50 GB weights file: only its header may travel over SFTP
+    if sparse:  # a 50 GB weights file: only its header may travel over SFTP
         weights = d / "model.safetensors"
         os.truncate(weights, 8 + int.from_bytes(weights.read_bytes()[:8], "little"))
         os.truncate(weights, 50 * 1024**3)
@@ -74,8 +112,11 @@ def test_fab_lint_and_patch_drafter_over_sshd(sshd_hosts, make_inventory, tmp_pa
     broken = mutated(GOOD, **WRONG_MASK, **SHIFTED_IDS, **FULL_LAYERS)
     host_vars = {
         "h1": {**_host_checkpoints(h1.base, broken), "drafter_spec": str(spec)},
-        "h2": {**_host_checkpoints(h2.base, GOOD, sparse=True), "drafter_spec": str(spec),
-               "serve": {"mode": "dflash", "num_speculative_tokens": 15}},
+        "h2": {
+            **_host_checkpoints(h2.base, GOOD, sparse=True),
+            "drafter_spec": str(spec),
+            "serve": {"mode": "dflash", "num_speculative_tokens": 15},
+        },
     }
     inventory = str(make_inventory([h1, h2], host_vars=host_vars))
     config = h1.base / "models" / "drafter" / "config.json"

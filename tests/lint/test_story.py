@@ -31,7 +31,9 @@ FAULTS = {"mask": WRONG_MASK, "ids": SHIFTED_IDS, "types": FULL_LAYERS}
 
 
 def _setup(tmp_path, changes):
-    drafter = corpus.write_drafter(tmp_path / "drafter", mutated(GOOD, **changes), corpus.drafter_tensors(GOOD))
+    drafter = corpus.write_drafter(
+        tmp_path / "drafter", mutated(GOOD, **changes), corpus.drafter_tensors(GOOD)
+    )
     target = corpus.write_target(tmp_path / "target", corpus.qwen35_target(), tokenizer=False)
     spec = load_spec(str(corpus.write_spec(tmp_path / "card.yaml", "qwen3.6-tiny-dflash", CARD)))
     return str(drafter), str(target), spec

@@ -44,8 +44,9 @@ def test_each_fault_alone(tmp_path, spec, fault):
 
 
 def test_all_three_at_once_then_patch_fixes_them(tmp_path, spec):
-    drafter, target = qwen36.write_pair(tmp_path, mutated(qwen36.drafter(), **WRONG_MASK, **SHIFTED_IDS,
-                                                          **FULL_LAYERS))
+    drafter, target = qwen36.write_pair(
+        tmp_path, mutated(qwen36.drafter(), **WRONG_MASK, **SHIFTED_IDS, **FULL_LAYERS)
+    )
     report = lint(drafter, target, spec=spec)
     assert set(report.codes()) == set().union(*EXPECTED.values())
     (shift,) = [f for f in report.findings if f.code == "DFL025"]

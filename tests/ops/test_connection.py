@@ -36,7 +36,7 @@ def test_run_exit_codes_streams_stdin_and_quoting(backend):
     result = conn.run("echo out; echo err >&2; exit 3")
     assert (result.exit_code, result.stdout, result.stderr, result.ok) == (3, "out\n", "err\n", False)
     assert conn.run(["cat"], stdin="line one\nline two").stdout == "line one\nline two"
-    tricky = "it's a $HOME `x` \"quoted\" ; rm -rf /"
+    tricky = 'it\'s a $HOME `x` "quoted" ; rm -rf /'
     result = conn.run(["printf", "%s", tricky])
     assert result.ok and result.stdout == tricky
     assert result.command == join(["printf", "%s", tricky])

@@ -27,23 +27,29 @@ def test_write_on_a_full_disk_fails_and_keeps_the_original(full_host, tmp_path):
     original = b'{"release": "r1"}\n' * 400
     conn.write_bytes(target, original)
     fill(disk)
-    with pytest.raises(WriteFailed, match=r"writing .*state\.json failed: .*; .*state\.json is unchanged \(fix: free"):
+    with pytest.raises(
+        WriteFailed, match=r"writing .*state\.json failed: .*; .*state\.json is unchanged \(fix: free"
+    ):
         conn.write_bytes(target, b"x" * 200_000)
     assert (disk / "state.json").read_bytes() == original
     wheel = tmp_path / "specops-0.1.0-py3-none-any.whl"
-    wheel.write_bytes(bytes(range(256)) * 1058)   # 270,848 bytes, as the wheel that arrived as 4,096
-    with pytest.raises(WriteFailed, match=r"\.whl failed: the host kept 0 of 270848 bytes \(is its disk full\?\)"):
+    wheel.write_bytes(bytes(range(256)) * 1058)  # 270,848 bytes, as the wheel that arrived as 4,096
+    with pytest.raises(
+        WriteFailed, match=r"\.whl failed: the host kept 0 of 270848 bytes \(is its disk full\?\)"
+    ):
         conn.put_file(wheel, str(disk / wheel.name))
-    with pytest.raises(WriteFailed, match=r"state\.json failed"):   # > 100 requests in flight: refused mid-way
+    with pytest.raises(WriteFailed, match=r"state\.json failed"):  # > 100 requests in flight: refused mid-way
         conn.write_bytes(target, b"y" * 4_000_000)
     small = b"short but not tiny " * 300
     with pytest.raises(WriteFailed):
         conn.write_bytes(target, small)
-    assert sorted(p.name for p in disk.iterdir()) == ["filler", "state.json"]   # no temp file left behind
+    assert sorted(p.name for p in disk.iterdir()) == ["filler", "state.json"]  # no temp file left behind
     assert (disk / "state.json").read_bytes() == original
     (disk / "filler").unlink()
     conn.write_bytes(target, small)
     conn.put_file(wheel, str(disk / wheel.name), mode=0o644)
-    assert (disk / "state.json").read_bytes() == small and (disk / wheel.name).read_bytes() == wheel.read_bytes()
+    assert (disk / "state.json").read_bytes() == small and (
+        disk / wheel.name
+    ).read_bytes() == wheel.read_bytes()
     conn.write_bytes(str(disk / "empty"), b"")
     assert (disk / "empty").read_bytes() == b""

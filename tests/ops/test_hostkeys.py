@@ -50,8 +50,9 @@ def test_fingerprint_in_the_message_is_the_one_ssh_keygen_prints(sshd_hosts, mak
     host = load_inventory(make_inventory([h1], known=False)).hosts["h1"]
     with pytest.raises(HostKeyError) as exc:
         connect(host).run("true")
-    listed = subprocess.run(["ssh-keygen", "-lf", f"{h1.host_key_path}.pub"], capture_output=True, text=True,
-                            check=True).stdout.split()[1]
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", f"{h1.host_key_path}.pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
     assert listed.startswith("SHA256:") and listed in str(exc.value)
 
 

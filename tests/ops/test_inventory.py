@@ -90,14 +90,20 @@ def test_shipped_inventory_has_the_local_demo_host():
 
 
 def test_known_hosts_list_is_resolved_beside_the_inventory(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         defaults:
           known_hosts: [project_known_hosts, ~/.ssh/known_hosts]
         hosts:
           a: {address: 1.2.3.4, host_key_policy: accept-new, sudo: true}
-    """)
+    """,
+    )
     host = load_inventory(path).hosts["a"]
-    assert host.known_hosts == (str(tmp_path / "project_known_hosts"), os.path.expanduser("~/.ssh/known_hosts"))
+    assert host.known_hosts == (
+        str(tmp_path / "project_known_hosts"),
+        os.path.expanduser("~/.ssh/known_hosts"),
+    )
     assert host.host_key_policy == "accept-new" and host.sudo is True
 
 
@@ -108,31 +114,66 @@ def test_known_hosts_list_is_resolved_beside_the_inventory(tmp_path):
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    port: http\n", 4, ["'port'", "1-65535"]),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    port: true\n", 4, ["'port'"]),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    sudo: yes please\n", 4, ["'sudo'", "true or false"]),
-        ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    connection: sssh\n", 4, ["ssh, local", "did you mean 'ssh'"]),
+        (
+            "hosts:\n  gpu1:\n    address: 1.2.3.4\n    connection: sssh\n",
+            4,
+            ["ssh, local", "did you mean 'ssh'"],
+        ),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    host_key_policy: yolo\n", 4, ["strict, accept-new"]),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    connect_timeout: -1\n", 4, ["connect_timeout"]),
-        ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    vars: [1, 2]\n", 4, ["vars of host 'gpu1' must be a mapping"]),
+        (
+            "hosts:\n  gpu1:\n    address: 1.2.3.4\n    vars: [1, 2]\n",
+            4,
+            ["vars of host 'gpu1' must be a mapping"],
+        ),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    known_hosts: [1]\n", 4, ["known_hosts"]),
         ("hosts:\n  gpu1:\n    address: [1]\n", 3, ["'address'", "non-empty string"]),
-        ("hosts:\n  gpu1:\n    address: 1.2.3.4\n  gpu1:\n    address: 1.2.3.5\n", 4,
-         ["duplicate key 'gpu1'", "first defined at line 2"]),
+        (
+            "hosts:\n  gpu1:\n    address: 1.2.3.4\n  gpu1:\n    address: 1.2.3.5\n",
+            4,
+            ["duplicate key 'gpu1'", "first defined at line 2"],
+        ),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    address: 1.2.3.5\n", 4, ["duplicate key 'address'"]),
-        ("groups:\n  g:\n    hosts: [gpu1, gpu9]\nhosts:\n  gpu1: {address: 1.2.3.4}\n", 3,
-         ["group 'g' names host 'gpu9'", "not under hosts"]),
+        (
+            "groups:\n  g:\n    hosts: [gpu1, gpu9]\nhosts:\n  gpu1: {address: 1.2.3.4}\n",
+            3,
+            ["group 'g' names host 'gpu9'", "not under hosts"],
+        ),
         ("groups:\n  g:\n    hosts: gpu1\nhosts:\n  gpu1: {address: 1.2.3.4}\n", 3, ["list of host names"]),
         ("groups:\n  gpu1:\n    hosts: []\nhosts:\n  gpu1: {address: 1.2.3.4}\n", 2, ["same name as a host"]),
-        ("groups:\n  g:\n    hots: []\nhosts:\n  gpu1: {address: 1.2.3.4}\n", 3, ["unknown key 'hots'", "'hosts'"]),
+        (
+            "groups:\n  g:\n    hots: []\nhosts:\n  gpu1: {address: 1.2.3.4}\n",
+            3,
+            ["unknown key 'hots'", "'hosts'"],
+        ),
         ("hosts:\n  gpu1:\n    port: 22\n", 2, ["host 'gpu1' uses connection ssh but has no 'address'"]),
         ("hosts:\n  gpu1:\n    address: 1.2.3.4\n    base: relative/dir\n", 4, ["absolute path"]),
-        ("defaults:\n  profile: cpu\nhosts:\n  a: {connection: local}\n", 2,
-         ["unknown key 'profile' in defaults", "defaults.vars"]),
+        (
+            "defaults:\n  profile: cpu\nhosts:\n  a: {connection: local}\n",
+            2,
+            ["unknown key 'profile' in defaults", "defaults.vars"],
+        ),
         ("hostz:\n  a: {connection: local}\n", 1, ["unknown key 'hostz'", "did you mean 'hosts'"]),
-        ("hosts:\n  a:\n    connection: local\n    vars:\n      port: 8000\n", 5,
-         ["variable 'port'", "clashes with the host field"]),
-        ("hosts:\n  a:\n    connection: local\n    secrets:\n      TOKEN: hunter22\n", 5,
-         ["secret 'TOKEN'", "{env: VAR} or {file: PATH}"]),
-        ("hosts:\n  a:\n    connection: local\n    secrets:\n      TOKEN: {env: A, file: b}\n", 5, ["secret 'TOKEN'"]),
-        ("hosts:\n  a:\n    connection: local\n  b:\n    connection: local\n    addr: x\n", 6, ["did you mean 'address'"]),
+        (
+            "hosts:\n  a:\n    connection: local\n    vars:\n      port: 8000\n",
+            5,
+            ["variable 'port'", "clashes with the host field"],
+        ),
+        (
+            "hosts:\n  a:\n    connection: local\n    secrets:\n      TOKEN: hunter22\n",
+            5,
+            ["secret 'TOKEN'", "{env: VAR} or {file: PATH}"],
+        ),
+        (
+            "hosts:\n  a:\n    connection: local\n    secrets:\n      TOKEN: {env: A, file: b}\n",
+            5,
+            ["secret 'TOKEN'"],
+        ),
+        (
+            "hosts:\n  a:\n    connection: local\n  b:\n    connection: local\n    addr: x\n",
+            6,
+            ["did you mean 'address'"],
+        ),
         ("hosts:\n  a b:\n    connection: local\n", 2, ["without commas, spaces"]),
         ("hosts:\n  a:\n    connection: local\n   bad: [\n", 4, ["invalid YAML"]),
         ("hosts: {}\n", 1, ["defines no hosts"]),
@@ -160,14 +201,17 @@ def test_secrets_resolve_from_env_and_0600_file_and_register(tmp_path, monkeypat
     secret_file = tmp_path / "sudo.txt"
     secret_file.write_text("file-secret-value\n")
     secret_file.chmod(0o600)
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
         defaults:
           secrets: {{HF_TOKEN: {{env: SPECOPS_TEST_HF}}}}
         hosts:
           a:
             connection: local
             secrets: {{sudo_password: {{file: {secret_file.name}}}}}
-    """)
+    """,
+    )
     monkeypatch.setenv("SPECOPS_TEST_HF", "hf_env_secret_value")
     host = load_inventory(path).hosts["a"]
     assert "secrets" not in host.template_vars() and "hf_env_secret_value" not in repr(host)
@@ -181,14 +225,17 @@ def test_secret_errors_say_how_to_fix(tmp_path, monkeypatch):
     loose = tmp_path / "loose.txt"
     loose.write_text("loose-secret\n")
     loose.chmod(0o644)
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
         hosts:
           a:
             connection: local
             secrets:
               MISSING: {{env: SPECOPS_TEST_UNSET}}
               LOOSE: {{file: {loose}}}
-    """)
+    """,
+    )
     monkeypatch.delenv("SPECOPS_TEST_UNSET", raising=False)
     host = load_inventory(path).hosts["a"]
     with pytest.raises(SpecopsError) as exc:
@@ -209,6 +256,10 @@ def test_yaml_anchors_merge_under_x_keys_and_merged_typos_are_still_caught(tmp_p
     inv = load_inventory(write(tmp_path, text))
     assert (inv.hosts["a"].user, inv.hosts["a"].port, inv.hosts["a"].sudo) == ("ubuntu", 2222, True)
     assert inv.hosts["b"].port == 22  # the host's own key wins over the merged one
-    bad = write(tmp_path, "x-gpu: &gpu {usr: ubuntu}\nhosts:\n  a:\n    <<: *gpu\n    address: 10.0.0.1\n", "bad.yaml")
-    with pytest.raises(InputFileError, match=r"bad.yaml:4: unknown key 'usr' in host 'a' \(fix: did you mean 'user'"):
+    bad = write(
+        tmp_path, "x-gpu: &gpu {usr: ubuntu}\nhosts:\n  a:\n    <<: *gpu\n    address: 10.0.0.1\n", "bad.yaml"
+    )
+    with pytest.raises(
+        InputFileError, match=r"bad.yaml:4: unknown key 'usr' in host 'a' \(fix: did you mean 'user'"
+    ):
         load_inventory(bad)

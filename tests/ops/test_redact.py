@@ -37,7 +37,8 @@ def fake_sudo(folder: Path) -> Path:
     bindir = folder / "bin"
     bindir.mkdir(parents=True)
     script = bindir / "sudo"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         log={folder}
         printf '%s\\n' "$@" > "$log/argv"
@@ -47,7 +48,8 @@ def fake_sudo(folder: Path) -> Path:
         while [ "$1" != "--" ]; do shift; done
         shift
         exec "$@"
-        """))
+        """)
+    )
     script.chmod(0o755)
     return bindir
 
@@ -75,8 +77,9 @@ def sudo_host(sshd_hosts, make_inventory, tmp_path):
     bindir = fake_sudo(folder)
     (h1,) = sshd_hosts(1, env={"PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin"})
     password = secret_file(tmp_path, PASSWORD)
-    path = make_inventory([h1], host_fields={"h1": {
-        "sudo": True, "secrets": {"sudo_password": {"file": str(password)}}}})
+    path = make_inventory(
+        [h1], host_fields={"h1": {"sudo": True, "secrets": {"sudo_password": {"file": str(password)}}}}
+    )
     return load_inventory(path).hosts["h1"], folder
 
 
@@ -115,8 +118,11 @@ def test_sudo_password_travels_on_stdin_locally(make_inventory, tmp_path, monkey
     folder = tmp_path / "sudo-log"
     monkeypatch.setenv("PATH", f"{fake_sudo(folder)}:{os.environ['PATH']}")
     path = make_inventory([], local=True, host_fields={})
-    text = path.read_text().replace("    connection: local\n", "    connection: local\n    sudo: true\n"
-                                    f"    secrets: {{sudo_password: {{file: {secret_file(tmp_path, PASSWORD)}}}}}\n")
+    text = path.read_text().replace(
+        "    connection: local\n",
+        "    connection: local\n    sudo: true\n"
+        f"    secrets: {{sudo_password: {{file: {secret_file(tmp_path, PASSWORD)}}}}}\n",
+    )
     path.write_text(text)
     with connect(load_inventory(path).hosts["local"]) as conn:
         assert conn.run("cat", sudo=True, stdin="rest").stdout == "rest"
@@ -130,7 +136,9 @@ def test_sudo_wrap_quotes_through_the_shell_module():
 
 
 @pytest.mark.parametrize("kind", ["ssh", "local"])
-def test_secret_never_appears_in_returned_output_or_logs(kind, sshd_hosts, make_inventory, monkeypatch, caplog):
+def test_secret_never_appears_in_returned_output_or_logs(
+    kind, sshd_hosts, make_inventory, monkeypatch, caplog
+):
     monkeypatch.setenv("SPECOPS_TEST_TOKEN", TOKEN)
     secrets = {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_TOKEN"}}}
     if kind == "ssh":
@@ -139,8 +147,12 @@ def test_secret_never_appears_in_returned_output_or_logs(kind, sshd_hosts, make_
         base = str(h1.base)
     else:
         path = make_inventory([], local=True)
-        path.write_text(path.read_text().replace(
-            "    connection: local\n", "    connection: local\n    secrets: {HF_TOKEN: {env: SPECOPS_TEST_TOKEN}}\n"))
+        path.write_text(
+            path.read_text().replace(
+                "    connection: local\n",
+                "    connection: local\n    secrets: {HF_TOKEN: {env: SPECOPS_TEST_TOKEN}}\n",
+            )
+        )
         host = load_inventory(path).hosts["local"]
         base = host.base
         os.makedirs(base)

@@ -26,8 +26,12 @@ def inventory(tmp_path: Path) -> Path:
     data = {
         "hosts": {
             "local": {"connection": "local", "base": str(tmp_path / "base"), "vars": {"profile": "cpu"}},
-            "dead": {"address": "127.0.0.1", "port": dead_port, "connect_timeout": 1,
-                     "known_hosts": [str(tmp_path / "known_hosts")]},
+            "dead": {
+                "address": "127.0.0.1",
+                "port": dead_port,
+                "connect_timeout": 1,
+                "known_hosts": [str(tmp_path / "known_hosts")],
+            },
         }
     }
     path = tmp_path / "inventory.yaml"
@@ -48,20 +52,27 @@ def steps(result: RunResult, host: str = "local") -> list[tuple[str, str]]:
 
 
 def test_retries_then_success(tmp_path: Path, inventory: Path) -> None:
-    result = run(tmp_path, inventory, f"""\
+    result = run(
+        tmp_path,
+        inventory,
+        f"""\
         name: retry
         steps:
           - step: command
             args: {{cmd: "test -e {tmp_path}/second || {{ touch {tmp_path}/second; exit 1; }}"}}
             retries: 1
-    """)
+    """,
+    )
     assert result.ok and steps(result)[0][0] == "changed"
     log = (result.run_dir / "run.log").read_text()
     assert "retry 1/1 of 'command': command exited 1" in log
 
 
 def test_ignore_errors_register_when(tmp_path: Path, inventory: Path) -> None:
-    result = run(tmp_path, inventory, """\
+    result = run(
+        tmp_path,
+        inventory,
+        """\
         name: flow
         steps:
           - name: probe a thing
@@ -78,7 +89,8 @@ def test_ignore_errors_register_when(tmp_path: Path, inventory: Path) -> None:
             step: command
             args: {cmd: "exit 1"}
             when: "{{ fallback.stdout.strip() != 'fallback' }}"
-    """)
+    """,
+    )
     assert result.ok and result.hosts["local"].status == "changed"
     (s1, m1), (s2, _), (s3, m3) = steps(result)
     assert (s1, s2, s3) == ("failed", "changed", "skipped")
@@ -90,7 +102,10 @@ def test_ignore_errors_register_when(tmp_path: Path, inventory: Path) -> None:
 
 
 def test_tags_select_steps(tmp_path: Path, inventory: Path) -> None:
-    result = run(tmp_path, inventory, """\
+    result = run(
+        tmp_path,
+        inventory,
+        """\
         name: tagged
         steps:
           - step: directory
@@ -98,20 +113,26 @@ def test_tags_select_steps(tmp_path: Path, inventory: Path) -> None:
             tags: [layout]
           - step: directory
             args: {path: "{{ base }}/b"}
-    """, tags={"layout"})
+    """,
+        tags={"layout"},
+    )
     assert [s for s, _ in steps(result)] == ["changed", "skipped"]
     assert not (tmp_path / "base" / "b").exists()
 
 
 def test_undefined_variable_names_step_host_and_variable(tmp_path: Path, inventory: Path) -> None:
-    result = run(tmp_path, inventory, """\
+    result = run(
+        tmp_path,
+        inventory,
+        """\
         name: undefined
         steps:
           - name: model dir
             step: directory
             args: {path: "{{ model_root }}/m"}
           - step: facts
-    """)
+    """,
+    )
     assert not result.ok and result.failed == 1
     status, message = steps(result)[0]
     assert status == "failed"
@@ -120,13 +141,18 @@ def test_undefined_variable_names_step_host_and_variable(tmp_path: Path, invento
 
 
 def test_unreachable_host_fails_alone(tmp_path: Path, inventory: Path, capsys) -> None:
-    result = run(tmp_path, inventory, """\
+    result = run(
+        tmp_path,
+        inventory,
+        """\
         name: two
         steps:
           - step: directory
             args: {path: "{{ base }}/x"}
           - step: facts
-    """, limit=None)
+    """,
+        limit=None,
+    )
     assert result.failed == 1 and result.hosts["local"].status == "changed"
     assert result.hosts["dead"].status == "failed"
     assert "unreachable" in result.hosts["dead"].steps[0].message
@@ -182,8 +208,15 @@ def test_output_stream_is_host_prefixed(tmp_path: Path, inventory: Path) -> None
     book = tmp_path / "b.yaml"
     book.write_text("name: b\nsteps:\n  - step: facts\n")
     stream = io.StringIO()
-    reporter = Reporter(load_playbook(book), ["local", "a-long-host"], check=False, log_path=tmp_path / "log",
-                        redactor=Redactor(["s3cr3t-value"]), live=False, stream=stream)
+    reporter = Reporter(
+        load_playbook(book),
+        ["local", "a-long-host"],
+        check=False,
+        log_path=tmp_path / "log",
+        redactor=Redactor(["s3cr3t-value"]),
+        live=False,
+        stream=stream,
+    )
     with reporter:
         reporter.note("token s3cr3t-value")
     assert stream.getvalue() == "token ********\n"

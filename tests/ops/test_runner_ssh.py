@@ -44,7 +44,9 @@ def statuses(result: RunResult) -> dict[str, list[str]]:
     return {name: [s.status for s in host.steps] for name, host in result.hosts.items()}
 
 
-def test_converge_parallel_check_serial_idempotent(sshd_hosts, make_inventory, tmp_path: Path, capsys) -> None:
+def test_converge_parallel_check_serial_idempotent(
+    sshd_hosts, make_inventory, tmp_path: Path, capsys
+) -> None:
     hosts = sshd_hosts(3)
     inventory = make_inventory(hosts, host_vars={"h2": {"mode": "dflash"}})
     results = tmp_path / "results"
@@ -86,7 +88,9 @@ def test_converge_parallel_check_serial_idempotent(sshd_hosts, make_inventory, t
 def test_secret_never_appears(sshd_hosts, make_inventory, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SPECOPS_TEST_TOKEN", TOKEN)
     hosts = sshd_hosts(1)
-    inventory = make_inventory(hosts, host_fields={"h1": {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_TOKEN"}}}})
+    inventory = make_inventory(
+        hosts, host_fields={"h1": {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_TOKEN"}}}}
+    )
     results = tmp_path / "results"
     checked = play("leak.yaml", inventory, results, check=True)
     result = play("leak.yaml", inventory, results)
@@ -107,8 +111,9 @@ def test_host_down_mid_run_fails_alone(sshd_hosts, make_inventory, tmp_path: Pat
     gate = tmp_path / "gate"
     inventory = make_inventory(hosts, defaults={"vars": {"victim": "h2", "gate": str(gate)}})
     outcome: dict[str, RunResult] = {}
-    runner = threading.Thread(target=lambda: outcome.setdefault(
-        "run", play("gate.yaml", inventory, tmp_path / "results", forks=3)))
+    runner = threading.Thread(
+        target=lambda: outcome.setdefault("run", play("gate.yaml", inventory, tmp_path / "results", forks=3))
+    )
     runner.start()
     deadline = time.monotonic() + 30
     while not (hosts[1].base / "at-gate").exists():
@@ -131,10 +136,16 @@ def test_host_down_mid_run_fails_alone(sshd_hosts, make_inventory, tmp_path: Pat
 
 
 @pytest.mark.parametrize("forks", [1, 4])
-def test_many_hosts_serial_and_parallel_same_outcome(sshd_hosts, make_inventory, tmp_path: Path, forks: int) -> None:
+def test_many_hosts_serial_and_parallel_same_outcome(
+    sshd_hosts, make_inventory, tmp_path: Path, forks: int
+) -> None:
     hosts = sshd_hosts(4)
     inventory = make_inventory(hosts, defaults={"vars": {"victim": "nobody", "gate": "/nonexistent"}})
     result = play("gate.yaml", inventory, tmp_path / "results", forks=forks, limit="h1,h3,h4")
-    assert list(result.hosts) == ["h1", "h3", "h4"] and result.ok  # in inventory order, whatever finished first
-    assert statuses(result) == {name: ["changed", "skipped", "changed", "changed"] for name in ("h1", "h3", "h4")}
+    assert (
+        list(result.hosts) == ["h1", "h3", "h4"] and result.ok
+    )  # in inventory order, whatever finished first
+    assert statuses(result) == {
+        name: ["changed", "skipped", "changed", "changed"] for name in ("h1", "h3", "h4")
+    }
     assert not (hosts[1].base / "before").exists()  # not selected by --limit

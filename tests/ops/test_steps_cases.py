@@ -26,9 +26,21 @@ CASE_FILES = sorted(CASES.glob("*/*.yaml"))
 
 
 def make_host(**fields) -> Host:
-    values = dict(name="gpu1", connection="ssh", address="10.0.0.5", port=22, user="ubuntu", key_file=None,
-                  base="/opt/specops", host_key_policy="strict", known_hosts=(), sudo=False,
-                  connect_timeout=10.0, vars={}, groups=())
+    values = dict(
+        name="gpu1",
+        connection="ssh",
+        address="10.0.0.5",
+        port=22,
+        user="ubuntu",
+        key_file=None,
+        base="/opt/specops",
+        host_key_policy="strict",
+        known_hosts=(),
+        sudo=False,
+        connect_timeout=10.0,
+        vars={},
+        groups=(),
+    )
     values.update(fields)
     return Host(**values)
 
@@ -49,8 +61,9 @@ def test_step_case(case_file: Path) -> None:
     step = get_step(case_file.parent.name)()
     host = make_host(**case.get("host", {}))
     variables = {**host.template_vars(), **case.get("vars", {})}
-    ctx = StepContext(host=host, playbook_dir=case_file.parent, templates_dir=case_file.parent,
-                      vars=variables)
+    ctx = StepContext(
+        host=host, playbook_dir=case_file.parent, templates_dir=case_file.parent, vars=variables
+    )
     args = step.check_args(render(case["args"], variables))
     if "error" in case:
         with pytest.raises(StepFailed, match=case["error"]):
@@ -103,14 +116,17 @@ def test_facts_step_is_read_only_noop() -> None:
     assert plan.data["gpus"][0]["compute_cap"] == "12.0"
 
 
-@pytest.mark.parametrize(("step", "args", "message"), [
-    ("directory", {"path": "/x", "mode": "rwx"}, "argument 'mode': expected an octal mode"),
-    ("directory", {"mode": "0755"}, "argument 'path' is required"),
-    ("http_wait", {"url": "http://x", "timeout": "soon"}, "argument 'timeout'"),
-    ("pip_install", {"venv": "/v", "requirements": ["torch>=2"]}, "must be 'name==version'"),
-    ("line_in_file", {"path": "/x", "line": "a", "regexp": "("}, "bad regular expression"),
-    ("command", {"cmd": []}, "argument 'cmd'"),
-])
+@pytest.mark.parametrize(
+    ("step", "args", "message"),
+    [
+        ("directory", {"path": "/x", "mode": "rwx"}, "argument 'mode': expected an octal mode"),
+        ("directory", {"mode": "0755"}, "argument 'path' is required"),
+        ("http_wait", {"url": "http://x", "timeout": "soon"}, "argument 'timeout'"),
+        ("pip_install", {"venv": "/v", "requirements": ["torch>=2"]}, "must be 'name==version'"),
+        ("line_in_file", {"path": "/x", "line": "a", "regexp": "("}, "bad regular expression"),
+        ("command", {"cmd": []}, "argument 'cmd'"),
+    ],
+)
 def test_bad_arguments_name_the_argument(step: str, args: dict, message: str) -> None:
     with pytest.raises(ArgError, match=message):
         get_step(step)().check_args(args)

@@ -24,19 +24,36 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 @pytest.fixture
 def local(tmp_path: Path):
-    host = Host(name="local", connection="local", address=None, port=22, user=None, key_file=None,
-                base=str(tmp_path / "base"), host_key_policy="strict", known_hosts=(), sudo=False,
-                connect_timeout=5.0, vars={"greeting": "hi"}, groups=())
+    host = Host(
+        name="local",
+        connection="local",
+        address=None,
+        port=22,
+        user=None,
+        key_file=None,
+        base=str(tmp_path / "base"),
+        host_key_policy="strict",
+        known_hosts=(),
+        sudo=False,
+        connect_timeout=5.0,
+        vars={"greeting": "hi"},
+        groups=(),
+    )
     with connect(host) as conn:
         yield host, conn
 
 
-def converge(local, name: str, args: dict[str, Any], playbook_dir: Path, apply: bool = True,
-             **extra_vars) -> tuple[Plan, Applied]:
+def converge(
+    local, name: str, args: dict[str, Any], playbook_dir: Path, apply: bool = True, **extra_vars
+) -> tuple[Plan, Applied]:
     host, conn = local
     step = get_step(name)()
-    ctx = StepContext(host=host, playbook_dir=playbook_dir, templates_dir=TEMPLATES,
-                      vars={**host.template_vars(), "secrets": {}, **extra_vars})
+    ctx = StepContext(
+        host=host,
+        playbook_dir=playbook_dir,
+        templates_dir=TEMPLATES,
+        vars={**host.template_vars(), "secrets": {}, **extra_vars},
+    )
     typed = step.check_args(args)
     plan = step.plan(step.probe(conn, typed, ctx), typed, ctx)
     if apply and plan.will_change:
@@ -75,7 +92,9 @@ def test_file_copy_by_checksum(local, tmp_path: Path) -> None:
     twice(local, "file_copy", {"src": "payload.bin", "dest": str(dest), "mode": "0640"}, tmp_path)
     assert dest.read_bytes() == src.read_bytes() and mode_of(dest) == "0640"
     src.write_bytes(os.urandom(4096))
-    plan, _ = converge(local, "file_copy", {"src": "payload.bin", "dest": str(dest), "mode": "0640"}, tmp_path)
+    plan, _ = converge(
+        local, "file_copy", {"src": "payload.bin", "dest": str(dest), "mode": "0640"}, tmp_path
+    )
     assert "content differs (sha256" in plan.diff and dest.read_bytes() == src.read_bytes()
 
 
@@ -85,8 +104,12 @@ def test_template_beside_playbook_then_templates_dir(local, tmp_path: Path) -> N
     twice(local, "template", {"src": "motd.j2", "dest": str(dest)}, tmp_path)
     assert dest.read_text() == "hi from local\n"
     env = tmp_path / "demo.env"
-    twice(local, "template", {"src": "env.j2", "dest": str(env), "mode": "0600",
-                              "vars": {"env": {"MODE": "ddtree"}}}, tmp_path)
+    twice(
+        local,
+        "template",
+        {"src": "env.j2", "dest": str(env), "mode": "0600", "vars": {"env": {"MODE": "ddtree"}}},
+        tmp_path,
+    )
     assert "MODE=ddtree" in env.read_text() and mode_of(env) == "0600"
 
 
@@ -101,11 +124,13 @@ def test_line_in_file(local, tmp_path: Path) -> None:
 
 def test_command_guards(local, tmp_path: Path) -> None:
     marker = tmp_path / "made"
-    applied, again = twice(local, "command", {"cmd": f"echo built; touch {marker}", "creates": str(marker)},
-                           tmp_path)
+    applied, again = twice(
+        local, "command", {"cmd": f"echo built; touch {marker}", "creates": str(marker)}, tmp_path
+    )
     assert applied.data["stdout"] == "built\n" and again.reason == f"{marker} exists"
-    _, again = twice(local, "command", {"cmd": f"echo x > {tmp_path}/u", "unless": f"test -s {tmp_path}/u"},
-                     tmp_path)
+    _, again = twice(
+        local, "command", {"cmd": f"echo x > {tmp_path}/u", "unless": f"test -s {tmp_path}/u"}, tmp_path
+    )
     assert again.reason == "'unless' check succeeded"
     with pytest.raises(StepFailed) as info:
         converge(local, "command", {"cmd": "echo oops >&2; exit 3"}, tmp_path)
@@ -119,8 +144,12 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     with zipfile.ZipFile(path, "w") as whl:
         whl.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
         whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        whl.writestr(f"{info}/RECORD", f"{name}/__init__.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+        whl.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        whl.writestr(
+            f"{info}/RECORD", f"{name}/__init__.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n"
+        )
     return path
 
 
@@ -133,13 +162,19 @@ def test_python_venv_and_pip_install(local, tmp_path: Path) -> None:
     wheels.mkdir()
     _wheel(wheels, "specops_tiny", "1.0")
     _wheel(wheels, "specops_tiny", "2.0")
-    args = {"venv": str(venv), "requirements": ["specops-tiny==1.0"], "no_index": True, "find_links": str(wheels)}
+    args = {
+        "venv": str(venv),
+        "requirements": ["specops-tiny==1.0"],
+        "no_index": True,
+        "find_links": str(wheels),
+    }
     _, again = twice(local, "pip_install", args, tmp_path)
     assert again.data["installed"]["specops-tiny"] == "1.0"
     (tmp_path / "reqs.txt").write_text("# pinned\nspecops_tiny==2.0\n")
     plan, _ = converge(local, "pip_install", {**args, "requirements": "reqs.txt"}, tmp_path, apply=False)
     assert plan.reason.startswith("install specops-tiny 1.0 -> 2.0") and plan.changes[0].command.endswith(
-        " specops_tiny==2.0")
+        " specops_tiny==2.0"
+    )
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):

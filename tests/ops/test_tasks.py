@@ -37,8 +37,17 @@ def test_fab_play_converges_then_changes_nothing(sshd_hosts, make_inventory, tmp
     assert second.returncode == 0 and "2 host(s): 0 changed, 0 failed" in second.stdout
     summary = json.loads((results / "latest" / "summary.json").read_text())
     assert set(summary["hosts"]) == {"h1", "local"} and summary["changed"] == 0
-    limited = fab("play", CONVERGE, "--inventory", str(inventory), "--results", str(results), "--limit", "local",
-                  "--check")
+    limited = fab(
+        "play",
+        CONVERGE,
+        "--inventory",
+        str(inventory),
+        "--results",
+        str(results),
+        "--limit",
+        "local",
+        "--check",
+    )
     assert limited.returncode == 0 and "1 host(s): 0 would change, 0 failed" in limited.stdout
 
 
@@ -46,7 +55,9 @@ def test_fab_exit_codes(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f"hosts:\n  local: {{connection: local, base: {tmp_path / 'base'}}}\n")
     failing = tmp_path / "fail.yaml"
-    failing.write_text("name: fail\nsteps:\n  - name: boom\n    step: command\n    args: {cmd: 'echo bad >&2; exit 7'}\n")
+    failing.write_text(
+        "name: fail\nsteps:\n  - name: boom\n    step: command\n    args: {cmd: 'echo bad >&2; exit 7'}\n"
+    )
     done = fab("play", str(failing), "--inventory", str(inventory), "--results", str(tmp_path / "r"))
     assert done.returncode == 1
     assert "FAILED local / boom (command): command exited 7" in done.stdout and "stderr: bad" in done.stdout
@@ -73,7 +84,9 @@ def test_fab_facts_status_and_provision_check(sshd_hosts, make_inventory, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert "host status" in done.stdout and "release none: not running" in done.stdout
     before = sorted(p.name for p in hosts[0].base.iterdir())
-    done = fab("provision", "--check", "--inventory", str(inventory), "--limit", "h1", "--results", str(results))
+    done = fab(
+        "provision", "--check", "--inventory", str(inventory), "--limit", "h1", "--results", str(results)
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(check mode)" in done.stdout
     assert sorted(p.name for p in hosts[0].base.iterdir()) == before

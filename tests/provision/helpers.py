@@ -15,8 +15,11 @@ SYNTH = CAPTURES / "synthesized"
 
 def h200(name: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of one command captured on the H200."""
-    return (int((H200 / f"{name}.rc").read_text()), (H200 / f"{name}.out").read_text(),
-            (H200 / f"{name}.err").read_text())
+    return (
+        int((H200 / f"{name}.rc").read_text()),
+        (H200 / f"{name}.out").read_text(),
+        (H200 / f"{name}.err").read_text(),
+    )
 
 
 def synth(name: str) -> str:
@@ -32,7 +35,8 @@ def fake_nvidia_smi(bin_dir: Path, query: Path | None, version: Path | None, que
         'case "$1" in\n'
         f"  --query-gpu=*) cat {query}; exit {query_rc};;\n"
         f"  --version) cat {version}; exit 0;;\n"
-        "esac\nexit 2\n")
+        "esac\nexit 2\n"
+    )
     script.chmod(0o755)
     return script
 
@@ -56,7 +60,9 @@ def write_checkpoint(directory: Path, shards: int = 2, index: bool = True) -> Pa
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
         (directory / name).write_bytes(safetensors_bytes(f"w{i}"))
         weight_map[f"w{i}"] = name
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     return directory
 
 
@@ -85,9 +91,17 @@ def path_with(bin_dir: Path) -> str:
 
 def run_remote_scripts(*scripts: tuple[str, dict[str, str]]) -> list[tuple[int, str, str]]:
     """Feed each script to this Python on stdin, as the steps do on a host; all at once, to save time."""
-    procs = [subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-             for _, env in scripts]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for _, env in scripts
+    ]
     for proc, (source, _) in zip(procs, scripts, strict=True):
         proc.stdin.write(source)  # small scripts fit the pipe; every process starts right away
         proc.stdin.close()

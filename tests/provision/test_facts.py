@@ -10,7 +10,13 @@ import pytest
 from ops.gpu import facts
 from tests.provision.helpers import H200, SYNTH, fake_nvidia_smi, h200, path_with, synth
 
-H200_GPU = {"index": 0, "name": "NVIDIA H200", "compute_cap": "9.0", "driver": "580.159.04", "memory_mib": 143771}
+H200_GPU = {
+    "index": 0,
+    "name": "NVIDIA H200",
+    "compute_cap": "9.0",
+    "driver": "580.159.04",
+    "memory_mib": 143771,
+}
 
 
 @pytest.mark.parametrize("capture", ["query_csv_noheader_nounits", "query_csv_noheader", "query_csv"])
@@ -27,7 +33,9 @@ def test_gpu_query_blackwell_and_eight_gpus() -> None:
     assert [g["index"] for g in b200] == list(range(8)) and {g["compute_cap"] for g in b200} == {"10.0"}
 
 
-@pytest.mark.parametrize("text", ["NVIDIA H200, 9.0, 580.159.04", "NVIDIA H200, nine, 580.1, 1", "X, 9.0, abc, 1"])
+@pytest.mark.parametrize(
+    "text", ["NVIDIA H200, 9.0, 580.159.04", "NVIDIA H200, nine, 580.1, 1", "X, 9.0, abc, 1"]
+)
 def test_gpu_query_rejects_other_shapes(text: str) -> None:
     with pytest.raises(facts.FactError):
         facts.parse_gpu_query(text)
@@ -46,7 +54,8 @@ def test_nvidia_facts_present_and_every_way_of_missing() -> None:
     assert ok == {"present": True, "error": None, "gpus": [H200_GPU], "driver": "580.159.04", "cuda": "13.0"}
     bad_field = h200("query_bad_field")
     assert facts.nvidia_facts(bad_field[:2], None)["error"] == (
-        'nvidia-smi failed (exit 2): Field "no_such_field" is not a valid field to query.')
+        'nvidia-smi failed (exit 2): Field "no_such_field" is not a valid field to query.'
+    )
     no_module = facts.nvidia_facts((9, synth("no_driver.query.out")), None)
     assert not no_module["present"] and "couldn't communicate with the NVIDIA driver" in no_module["error"]
     assert facts.nvidia_facts((127, ""), None)["error"] == "nvidia-smi not found"
@@ -61,7 +70,10 @@ def test_df_os_release_python_version_on_the_h200() -> None:
     with pytest.raises(facts.FactError):
         facts.parse_df(h200("df_missing")[2])
     assert facts.parse_os_release(h200("os_release")[1]) == {
-        "id": "ubuntu", "version_id": "24.04", "pretty_name": "Ubuntu 24.04.3 LTS"}
+        "id": "ubuntu",
+        "version_id": "24.04",
+        "pretty_name": "Ubuntu 24.04.3 LTS",
+    }
     assert facts.parse_python_version(h200("python_version")[1]) == "3.12.3"
     assert facts.parse_python_version("sh: 1: python3: not found") is None
 
@@ -71,11 +83,24 @@ def test_python_probe_of_the_h200_and_the_facts_row() -> None:
     assert code == 0
     env = facts.parse_probe(out)
     assert env["torch"]["arch_list"][-1] == "sm_120" and env["torch"]["devices"][0]["capability"] == [9, 0]
-    host = {"nvidia": facts.nvidia_facts(h200("query_csv")[:2], h200("nvidia_smi_version")[:2]), "python": "3.12.3"}
+    host = {
+        "nvidia": facts.nvidia_facts(h200("query_csv")[:2], h200("nvidia_smi_version")[:2]),
+        "python": "3.12.3",
+    }
     row = facts.summary(host, env)
-    assert row == {"gpu": "1x NVIDIA H200", "capability": "sm_90", "driver": "580.159.04", "cuda": "13.0",
-                   "torch": "2.11.0", "torch_cuda": "13.0", "triton": "3.6.0", "vllm": None, "sglang": None,
-                   "flashinfer": None, "python": "3.12.3"}
+    assert row == {
+        "gpu": "1x NVIDIA H200",
+        "capability": "sm_90",
+        "driver": "580.159.04",
+        "cuda": "13.0",
+        "torch": "2.11.0",
+        "torch_cuda": "13.0",
+        "triton": "3.6.0",
+        "vllm": None,
+        "sglang": None,
+        "flashinfer": None,
+        "python": "3.12.3",
+    }
     with pytest.raises(facts.FactError, match="did not print JSON"):
         facts.parse_probe("Traceback (most recent call last):\n  boom")
 
@@ -86,8 +111,9 @@ def test_the_real_host_command_with_a_stand_in_nvidia_smi(tmp_path: Path) -> Non
     fake_nvidia_smi(bin_dir, H200 / "query_csv_noheader_nounits.out", H200 / "nvidia_smi_version.out")
     base = tmp_path / "not" / "yet" / "base"
     command = facts.host_command(str(base), "python3")
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
-                         env={"PATH": path_with(bin_dir)}, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, env={"PATH": path_with(bin_dir)}, check=True
+    ).stdout
     host = facts.parse_host(out)
     assert host["nvidia"]["gpus"] == [H200_GPU] and host["nvidia"]["cuda"] == "13.0"
     assert host["disk"]["path"] == str(tmp_path) and host["disk"]["free_bytes"] > 0
@@ -95,8 +121,13 @@ def test_the_real_host_command_with_a_stand_in_nvidia_smi(tmp_path: Path) -> Non
 
 
 def test_the_real_host_command_without_nvidia_smi(tmp_path: Path) -> None:
-    out = subprocess.run(["sh", "-c", facts.host_command(str(tmp_path))], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin"}, check=True).stdout
+    out = subprocess.run(
+        ["sh", "-c", facts.host_command(str(tmp_path))],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
     assert facts.parse_host(out)["nvidia"]["error"] == "nvidia-smi not found"
 
 

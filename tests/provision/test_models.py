@@ -24,7 +24,13 @@ TOKEN = "hf_ProvisionTestToken_0123456789"
 
 def test_models_arg_validates_each_entry() -> None:
     [model] = models_arg([{"name": "target", "repo": "Qwen/Qwen3-8B", "size_gb": 16}])
-    assert model == {"name": "target", "repo": "Qwen/Qwen3-8B", "revision": "main", "size_gb": 16.0, "include": []}
+    assert model == {
+        "name": "target",
+        "repo": "Qwen/Qwen3-8B",
+        "revision": "main",
+        "size_gb": 16.0,
+        "include": [],
+    }
     for bad, message in [
         ({"name": "../x", "repo": "a/b"}, "models[0].name '../x' must be a unique directory name"),
         ({"name": "t", "repo": "Qwen3-8B"}, "models[0].repo 'Qwen3-8B' must be a Hugging Face id"),
@@ -36,22 +42,27 @@ def test_models_arg_validates_each_entry() -> None:
         models_arg([{"name": "t", "repo": "a/b"}, {"name": "t", "repo": "a/c"}])
 
 
-@pytest.mark.parametrize(("files", "index", "missing"), [
-    (["config.json", "a.safetensors", "b.safetensors"], ["a.safetensors", "b.safetensors"], []),
-    (["config.json", "a.safetensors"], ["a.safetensors", "b.safetensors"], ["b.safetensors"]),
-    (["a.safetensors", "b.safetensors"], ["a.safetensors", "b.safetensors"], ["config.json"]),
-    (["config.json", "model.safetensors"], None, []),
-    (["config.json", "tokenizer.json"], None, ["*.safetensors"]),
-    ([], None, ["config.json", "*.safetensors"]),
-])
+@pytest.mark.parametrize(
+    ("files", "index", "missing"),
+    [
+        (["config.json", "a.safetensors", "b.safetensors"], ["a.safetensors", "b.safetensors"], []),
+        (["config.json", "a.safetensors"], ["a.safetensors", "b.safetensors"], ["b.safetensors"]),
+        (["a.safetensors", "b.safetensors"], ["a.safetensors", "b.safetensors"], ["config.json"]),
+        (["config.json", "model.safetensors"], None, []),
+        (["config.json", "tokenizer.json"], None, ["*.safetensors"]),
+        ([], None, ["config.json", "*.safetensors"]),
+    ],
+)
 def test_completeness_rule(files, index, missing) -> None:
     assert missing_files(files, index) == missing
 
 
 def local_host(tmp_path: Path):
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(f"hosts:\n  local:\n    connection: local\n    base: {tmp_path / 'base'}\n"
-                         "    vars: {profile: cpu}\n")
+    inventory.write_text(
+        f"hosts:\n  local:\n    connection: local\n    base: {tmp_path / 'base'}\n"
+        "    vars: {profile: cpu}\n"
+    )
     return load_inventory(inventory).hosts["local"]
 
 
@@ -67,36 +78,59 @@ def test_probe_on_tiny_real_checkpoints(tmp_path: Path) -> None:
         assert missing_files(**probe_checkpoint(conn, str(full))) == []
         assert missing_files(**probe_checkpoint(conn, str(single))) == []
         assert missing_files(**probe_checkpoint(conn, str(partial))) == ["model-00002-of-00002.safetensors"]
-        assert missing_files(**probe_checkpoint(conn, str(models / "absent"))) == ["config.json", "*.safetensors"]
+        assert missing_files(**probe_checkpoint(conn, str(models / "absent"))) == [
+            "config.json",
+            "*.safetensors",
+        ]
 
 
 def test_download_command_sources_the_token_file_and_quotes_everything() -> None:
-    model = models_arg([{"name": "d", "repo": "z-lab/Qwen3-8B-DFlash-b16", "revision": "a b",
-                         "include": ["*.json"]}])[0]
+    model = models_arg(
+        [{"name": "d", "repo": "z-lab/Qwen3-8B-DFlash-b16", "revision": "a b", "include": ["*.json"]}]
+    )[0]
     command = download_command("/v/bin/hf", model, "/opt/specops/models/d", "/opt/specops/run/hf.env")
-    assert command == ("set -a && . /opt/specops/run/hf.env && set +a && HF_HUB_DISABLE_PROGRESS_BARS=1 "
-                       "/v/bin/hf download z-lab/Qwen3-8B-DFlash-b16 --revision 'a b' --local-dir "
-                       "/opt/specops/models/d --include '*.json'")
+    assert command == (
+        "set -a && . /opt/specops/run/hf.env && set +a && HF_HUB_DISABLE_PROGRESS_BARS=1 "
+        "/v/bin/hf download z-lab/Qwen3-8B-DFlash-b16 --revision 'a b' --local-dir "
+        "/opt/specops/models/d --include '*.json'"
+    )
     assert download_command("hf", model, "/m", None).startswith("HF_HUB_DISABLE_PROGRESS_BARS=1 hf download")
 
 
-def test_models_step_downloads_once_with_the_token_only_in_hf_environment(tmp_path: Path, monkeypatch) -> None:
+def test_models_step_downloads_once_with_the_token_only_in_hf_environment(
+    tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.setenv("SPECOPS_TEST_HF_TOKEN", TOKEN)
     log = tmp_path / "hf.log"
     hf = fake_hf(tmp_path / "bin", log)
     base = tmp_path / "base"
     write_checkpoint(base / "models" / "ready")  # already complete: never downloaded
     inventory = tmp_path / "inventory.yaml"
-    inventory.write_text(json.dumps({"hosts": {"local": {
-        "connection": "local", "base": str(base),
-        "secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}},
-        "vars": {"hf_cli": str(hf), "models": [
-            {"name": "target", "repo": "Qwen/Qwen3-8B"},
-            {"name": "drafter", "repo": "z-lab/Qwen3-8B-DFlash-b16", "revision": "main"},
-            {"name": "ready", "repo": "Qwen/Qwen3-0.6B"}]}}}}))
+    inventory.write_text(
+        json.dumps(
+            {
+                "hosts": {
+                    "local": {
+                        "connection": "local",
+                        "base": str(base),
+                        "secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}},
+                        "vars": {
+                            "hf_cli": str(hf),
+                            "models": [
+                                {"name": "target", "repo": "Qwen/Qwen3-8B"},
+                                {"name": "drafter", "repo": "z-lab/Qwen3-8B-DFlash-b16", "revision": "main"},
+                                {"name": "ready", "repo": "Qwen/Qwen3-0.6B"},
+                            ],
+                        },
+                    }
+                }
+            }
+        )
+    )
     playbook = tmp_path / "models.yaml"
-    playbook.write_text("name: models\nsteps:\n  - step: models\n"
-                        "    args: {models: '{{ models }}', hf: '{{ hf_cli }}'}\n")
+    playbook.write_text(
+        "name: models\nsteps:\n  - step: models\n    args: {models: '{{ models }}', hf: '{{ hf_cli }}'}\n"
+    )
     results = tmp_path / "results"
 
     def run(check: bool = False):
@@ -112,7 +146,10 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(tmp_pa
     assert step.status == "changed", step.message
     assert step.message == "download target, drafter with the token file"
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [c["argv"][:2] for c in calls] == [["download", "Qwen/Qwen3-8B"], ["download", "z-lab/Qwen3-8B-DFlash-b16"]]
+    assert [c["argv"][:2] for c in calls] == [
+        ["download", "Qwen/Qwen3-8B"],
+        ["download", "z-lab/Qwen3-8B-DFlash-b16"],
+    ]
     assert all(c["token"] == TOKEN and TOKEN not in " ".join(c["argv"]) for c in calls)
     env_file = base / "run" / "hf.env"
     assert env_file.read_text() == f"HF_TOKEN={TOKEN}\n" and stat.S_IMODE(env_file.stat().st_mode) == 0o600
@@ -136,4 +173,5 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(tmp_pa
     third = run()
     [step] = third.hosts["local"].steps
     assert step.status == "failed" and step.message == (
-        f"{env_file} has mode 0644; a token file must be private (fix: chmod 600 {env_file})")
+        f"{env_file} has mode 0644; a token file must be private (fix: chmod 600 {env_file})"
+    )

@@ -60,6 +60,9 @@ def mixed_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
 def small_vocab_hybrid_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
     """The hybrid twin of `small_vocab_pair`, for the chi-square test."""
     return write_tiny_hybrid_pair(
-        tmp_path_factory.mktemp("small_hybrid") / "pair", n_words=12, block_size=4, fit_steps=150,
+        tmp_path_factory.mktemp("small_hybrid") / "pair",
+        n_words=12,
+        block_size=4,
+        fit_steps=150,
         logit_scale=0.35,
     )

@@ -114,12 +114,24 @@ def write_hf_qwen3_5(directory: Path, *, seed: int = 0, layers: int = 6, shard: 
         "linear_conv_kernel_dim": 4,
         "max_position_embeddings": 512,
         "full_attention_interval": 3,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                            "mrope_section": [1, 1, 0], "mrope_interleaved": True},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [1, 1, 0],
+            "mrope_interleaved": True,
+        },
         "eos_token_id": 0,
     }
-    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
-              "patch_size": 4, "num_position_embeddings": 16}
+    vision = {
+        "depth": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 4,
+        "num_position_embeddings": 16,
+    }
     cfg = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=False)
     model = Qwen3_5ForConditionalGeneration(cfg)
     with torch.no_grad():
@@ -133,8 +145,10 @@ def write_hf_qwen3_5(directory: Path, *, seed: int = 0, layers: int = 6, shard: 
             else:
                 p.normal_(0.0, p.shape[-1] ** -0.5 if p.ndim == 2 and "embed" not in name else 1.0)
     model.save_pretrained(directory, max_shard_size="60KB" if shard else "5GB")
-    save_file({"mtp.fc.weight": torch.randn(64, 128), "mtp.norm.weight": torch.ones(64)},
-              str(directory / "mtp.safetensors"))
+    save_file(
+        {"mtp.fc.weight": torch.randn(64, 128), "mtp.norm.weight": torch.ones(64)},
+        str(directory / "mtp.safetensors"),
+    )
     index = directory / "model.safetensors.index.json"
     if index.exists():
         doc = json.loads(index.read_text())

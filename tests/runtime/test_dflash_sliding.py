@@ -22,12 +22,21 @@ HIDDEN, VOCAB, BLOCK, WINDOW = 64, 50, 4, 6
 
 def drafter(tmp_path: Path) -> DFlashDrafter:
     raw = {
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
-        "hidden_size": HIDDEN, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "num_target_layers": 8, "block_size": BLOCK,
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": 96,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_target_layers": 8,
+        "block_size": BLOCK,
         "dflash_config": {"mask_token_id": 49, "target_layer_ids": [1, 5]},
         "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
-        "use_sliding_window": True, "sliding_window": WINDOW,
+        "use_sliding_window": True,
+        "sliding_window": WINDOW,
     }
     torch.manual_seed(0)
     model = DFlashDrafter(DFlashConfig.from_dict(raw, tmp_path / "config.json"))

@@ -63,7 +63,9 @@ def _compiled() -> int:
 
 
 def test_no_compile_after_warmup(tiny_pair: TinyPair) -> None:
-    engine = Engine(*load_pair(tiny_pair.target, tiny_pair.drafter, torch.device("cuda"), torch.bfloat16), 512)
+    engine = Engine(
+        *load_pair(tiny_pair.target, tiny_pair.drafter, torch.device("cuda"), torch.bfloat16), 512
+    )
     engine.warmup(["ar", "dflash", "ddtree"], [4, 16], max_prompt=300)
     before = _compiled()
     assert before > 0, f"no compiled kernels seen: has Triton {triton.__version__} moved its cache?"
@@ -71,7 +73,14 @@ def test_no_compile_after_warmup(tiny_pair: TinyPair) -> None:
     for prompt in _prompts(5, 12, longest=300):
         mode, budget = rng.choice([("ar", 4), ("dflash", 4), ("ddtree", 4), ("ddtree", 16)])
         temperature = rng.choice([0.0, 0.8])
-        engine.generate(prompt, mode=mode, budget=budget, max_new_tokens=rng.randint(1, 60), temperature=temperature, seed=1)
+        engine.generate(
+            prompt,
+            mode=mode,
+            budget=budget,
+            max_new_tokens=rng.randint(1, 60),
+            temperature=temperature,
+            seed=1,
+        )
     assert _compiled() == before
     with pytest.raises(GenerationError, match="not warmed"):
         engine.generate([5, 6, 7], mode="ddtree", budget=8, max_new_tokens=4)

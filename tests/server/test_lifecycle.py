@@ -108,9 +108,10 @@ def test_dropped_non_streamed_request_frees_the_engine(small_server: Server) -> 
     after = _until(s, lambda m: m["vllm:num_requests_running"] == 0 and m[key] - before[key] == 1)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert 0 < generated < LONG / 2
-    assert after['vllm:request_success_total{finished_reason="length"}'] == before[
-        'vllm:request_success_total{finished_reason="length"}'
-    ]
+    assert (
+        after['vllm:request_success_total{finished_reason="length"}']
+        == before['vllm:request_success_total{finished_reason="length"}']
+    )
     status, body = s.post("/v1/completions", {"prompt": "the city of", "max_tokens": 3})
     assert status == 200 and body["usage"]["completion_tokens"] == 3
     log = [json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{")]

@@ -128,7 +128,10 @@ def test_big_prompt_is_refused_without_stalling_health(main_server: Server) -> N
     (issue 17, defect 2: a 15 MB prompt used to hold every request, /health included, for 12 s)."""
     huge = {"model": MODEL, "prompt": "the " * 2_000_000, "max_tokens": 2}
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "the " * 2_000_000}], "max_tokens": 2}
-    for path, body, param in (("/v1/completions", huge, "prompt"), ("/v1/chat/completions", chat, "messages")):
+    for path, body, param in (
+        ("/v1/completions", huge, "prompt"),
+        ("/v1/chat/completions", chat, "messages"),
+    ):
         answer: list[tuple[int, dict[str, object]]] = []
         sender = threading.Thread(target=lambda p=path, b=body, a=answer: a.append(main_server.post(p, b)))
         sender.start()

@@ -76,6 +76,8 @@ def test_new_histograms_count_each_request(main_server: Server) -> None:
         after["vllm:request_prompt_tokens_sum"] - before["vllm:request_prompt_tokens_sum"]
         == out["usage"]["prompt_tokens"]
     )
-    rounds = after["vllm:inter_token_latency_seconds_count"] - before["vllm:inter_token_latency_seconds_count"]
+    rounds = (
+        after["vllm:inter_token_latency_seconds_count"] - before["vllm:inter_token_latency_seconds_count"]
+    )
     assert 1 <= rounds < 12  # one gap per round after the first; a speculative round brings several tokens
     assert after["vllm:kv_cache_usage_perc"] == 0  # idle: nothing in the cache is in use

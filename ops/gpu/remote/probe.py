@@ -41,7 +41,9 @@ def torch_info():
             info["arch_list"] = torch.cuda.get_arch_list()
             for index in range(torch.cuda.device_count()):
                 major, minor = torch.cuda.get_device_capability(index)
-                info["devices"].append({"name": torch.cuda.get_device_name(index), "capability": [major, minor]})
+                info["devices"].append(
+                    {"name": torch.cuda.get_device_name(index), "capability": [major, minor]}
+                )
     except Exception as exc:
         info["error"] = f"{type(exc).__name__}: {exc}"
     return info

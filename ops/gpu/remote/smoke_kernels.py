@@ -23,8 +23,12 @@ def _error(exc):
 
 # (name, nodes, tree?) at 8/2 heads (GQA group 4, as Qwen3-8B), head_dim 128: 4, 68, 260 (two
 # large tiles and a 4-row tail) and 256 packed rows reach every tile choice of the row
-ATTENTION_CASES = [("attention decode", 1, False), ("attention tree small", 17, True),
-                   ("attention tree large + tail", 65, True), ("attention chain", 64, False)]
+ATTENTION_CASES = [
+    ("attention decode", 1, False),
+    ("attention tree small", 17, True),
+    ("attention tree large + tail", 65, True),
+    ("attention chain", 64, False),
+]
 
 
 def run_attention(entry, k, torch, device, row, nodes, tree):
@@ -39,15 +43,21 @@ def run_attention(entry, k, torch, device, row, nodes, tree):
     parents = None
     vis = None
     if tree:
-        parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, nodes)],
-                               device=device)
+        parents = torch.tensor(
+            [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, nodes)], device=device
+        )
         depth = ta.ancestors_reference(parents).sum(1) - 1
         vis = ta.tree_visibility(parents, depth)
     rows = nodes * hq // hkv
     cfg = ta._default_config(rows, row)
-    launches = ta._plan(rows, hq // hkv, ctx + nodes, hkv, cfg, k["host"].num_sms(device), ta.AttentionConfig(*row.tail))
-    entry["config"] = " + ".join(f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
-                                 f"s{launch.config.num_stages} splits {launch.splits}" for launch in launches)
+    launches = ta._plan(
+        rows, hq // hkv, ctx + nodes, hkv, cfg, k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
+    )
+    entry["config"] = " + ".join(
+        f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
+        f"s{launch.config.num_stages} splits {launch.splits}"
+        for launch in launches
+    )
     out = ta.tree_attention(q, k_cache, v_cache, ctx, vis, 0.088)
     ref = ta.tree_attention_reference(q, k_cache, v_cache, ctx, parents, 0.088)
     err = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
@@ -59,7 +69,9 @@ def run_topk(entry, k, torch, device):
     logits = torch.randn(15, 5000, generator=torch.Generator().manual_seed(1)).to(device)
     vals, toks = k["marginal_topk"].marginal_topk(logits, 64)
     want_vals, want_toks = k["marginal_topk"].marginal_topk_reference(logits, 64)
-    err = float((vals.cpu() - want_vals.cpu()).abs().max()) if torch.equal(toks.cpu(), want_toks.cpu()) else 1.0
+    err = (
+        float((vals.cpu() - want_vals.cpu()).abs().max()) if torch.equal(toks.cpu(), want_toks.cpu()) else 1.0
+    )
     entry["max_error"], entry["tolerance"] = err, 2e-5
 
 
@@ -106,8 +118,9 @@ def run_compact(entry, k, torch, device):
     ctx, path = 40, [0, 3, 7, 20]
     entry["config"] = f"{len(path)} rows, 2 layers"
     k_cache, v_cache = cache.clone().to(device), (cache * 2).to(device)
-    k["kv_compact"].compact(k_cache, v_cache, ctx, torch.tensor(path, device=device),
-                            torch.tensor(len(path), device=device))
+    k["kv_compact"].compact(
+        k_cache, v_cache, ctx, torch.tensor(path, device=device), torch.tensor(len(path), device=device)
+    )
     k_ref, v_ref = cache.clone(), cache * 2
     k["kv_compact"].compact_reference(k_ref, v_ref, ctx, path)
     err = max(float((k_cache.cpu() - k_ref).abs().max()), float((v_cache.cpu() - v_ref).abs().max()))
@@ -125,16 +138,26 @@ def main():
     result.update(torch=torch.__version__, triton=triton.__version__)
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if not interpret and not torch.cuda.is_available():
-        print(json.dumps({**result, "skipped": f"no CUDA device visible to torch {torch.__version__} "
-                                               f"(CUDA build: {torch.version.cuda or 'none, CPU-only'})"}))
+        print(
+            json.dumps(
+                {
+                    **result,
+                    "skipped": f"no CUDA device visible to torch {torch.__version__} "
+                    f"(CUDA build: {torch.version.cuda or 'none, CPU-only'})",
+                }
+            )
+        )
         return
     device = torch.device("cpu" if interpret else "cuda:0")
     if interpret:
         result.update(device="cpu (TRITON_INTERPRET=1)", capability=None, smem_optin=None)
     else:
         props = torch.cuda.get_device_properties(device)
-        result.update(device=props.name, capability=[props.major, props.minor],
-                      smem_optin=props.shared_memory_per_block_optin)
+        result.update(
+            device=props.name,
+            capability=[props.major, props.minor],
+            smem_optin=props.shared_memory_per_block_optin,
+        )
     with tempfile.TemporaryDirectory(prefix="specops-kernels-") as tmp:
         result.update(run_kernels(import_kernels(tmp), torch, device))
     print(json.dumps(result))
@@ -149,8 +172,18 @@ def import_kernels(tmp):
         with open(os.path.join(tmp, "kernels", name), "w") as f:
             f.write(text)
     sys.path.insert(0, tmp)
-    return {name: importlib.import_module(f"kernels.{name}") for name in
-            ("arch", "host", "tree_attention", "marginal_topk", "tree_build", "tree_walk", "kv_compact")}
+    return {
+        name: importlib.import_module(f"kernels.{name}")
+        for name in (
+            "arch",
+            "host",
+            "tree_attention",
+            "marginal_topk",
+            "tree_build",
+            "tree_walk",
+            "kv_compact",
+        )
+    }
 
 
 def run_kernels(k, torch, device):
@@ -159,11 +192,19 @@ def run_kernels(k, torch, device):
         row = k["arch"].device_row(device)
     except RuntimeError as exc:
         return {"row": None, "row_error": _error(exc), "kernels": []}
-    cases = [(name, lambda e, n=nodes, t=tree: run_attention(e, k, torch, device, row, n, t))
-             for name, nodes, tree in ATTENTION_CASES]
-    cases += [(name, lambda e, f=fn: f(e, k, torch, device)) for name, fn in
-              (("marginal_topk", run_topk), ("tree_build", run_tree_build), ("tree_walk", run_walk),
-               ("kv_compact", run_compact))]
+    cases = [
+        (name, lambda e, n=nodes, t=tree: run_attention(e, k, torch, device, row, n, t))
+        for name, nodes, tree in ATTENTION_CASES
+    ]
+    cases += [
+        (name, lambda e, f=fn: f(e, k, torch, device))
+        for name, fn in (
+            ("marginal_topk", run_topk),
+            ("tree_build", run_tree_build),
+            ("tree_walk", run_walk),
+            ("kv_compact", run_compact),
+        )
+    ]
     kernels = []
     for name, run in cases:
         entry = {"name": name}
@@ -175,5 +216,6 @@ def run_kernels(k, torch, device):
             entry["error"] = _error(exc)
         kernels.append(entry)
     return {"row": row.describe(), "kernels": kernels}
+
 
 main()

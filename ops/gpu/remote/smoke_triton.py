@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 
-KERNEL = '''
+KERNEL = """
 import triton
 import triton.language as tl
 
@@ -22,7 +22,7 @@ def scale_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     x = tl.load(x_ptr + offsets, mask=mask)
     y = tl.load(y_ptr + offsets, mask=mask)
     tl.store(out_ptr + offsets, 2.0 * x + y, mask=mask)
-'''
+"""
 
 result = {"triton": None, "error": None}
 try:

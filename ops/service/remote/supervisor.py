@@ -107,15 +107,35 @@ def start(args: argparse.Namespace) -> int:
         return 3
     with contextlib.suppress(FileNotFoundError):
         os.unlink(args.pidfile)
-    monitor = [sys.executable, os.path.abspath(__file__), "monitor", "--pidfile", args.pidfile, "--log", args.log,
-               "--cwd", args.cwd, "--restart-backoff", str(args.restart_backoff), "--crash-limit",
-               str(args.crash_limit), "--crash-window", str(args.crash_window)]
+    monitor = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "monitor",
+        "--pidfile",
+        args.pidfile,
+        "--log",
+        args.log,
+        "--cwd",
+        args.cwd,
+        "--restart-backoff",
+        str(args.restart_backoff),
+        "--crash-limit",
+        str(args.crash_limit),
+        "--crash-window",
+        str(args.crash_window),
+    ]
     monitor += ["--env-file", args.env_file] if args.env_file else []
     for item in args.setenv:
         monitor += ["--setenv", item]
     with open(args.log, "ab") as log:
-        subprocess.Popen([*monitor, "--", *args.argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, close_fds=True)
+        subprocess.Popen(
+            [*monitor, "--", *args.argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
     deadline = time.monotonic() + 30
     while (pid := read_pid(args.pidfile)) is None:
         if time.monotonic() > deadline:
@@ -138,8 +158,16 @@ def launch(args: argparse.Namespace, env: dict[str, str], log) -> subprocess.Pop
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     log.write(f"--- specops-supervisor: start {stamp} in {args.cwd}\n".encode())
     log.flush()
-    proc = subprocess.Popen(args.argv, cwd=args.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        args.argv,
+        cwd=args.cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+    )
     write_pidfile(args.pidfile, proc.pid)
     return proc
 
@@ -167,12 +195,16 @@ def monitor(args: argparse.Namespace) -> int:
             now = time.monotonic()
             crashes = [t for t in crashes if now - t < args.crash_window] + [now]
             if len(crashes) > args.crash_limit:
-                log.write(f"--- specops-supervisor: crash loop: exit {code}, {len(crashes) - 1} restarts in "
-                          f"{args.crash_window:g}s; not restarting\n".encode())
+                log.write(
+                    f"--- specops-supervisor: crash loop: exit {code}, {len(crashes) - 1} restarts in "
+                    f"{args.crash_window:g}s; not restarting\n".encode()
+                )
                 write_status(args, state="crash-loop", pid=None, restarts=len(crashes) - 1, last_exit=code)
                 return 1
             delay = min(args.restart_backoff * 2 ** (len(crashes) - 1), BACKOFF_CAP_S)
-            log.write(f"--- specops-supervisor: pid {proc.pid} exited with {code}; restart in {delay:g}s\n".encode())
+            log.write(
+                f"--- specops-supervisor: pid {proc.pid} exited with {code}; restart in {delay:g}s\n".encode()
+            )
             log.flush()
             write_status(args, state="restarting", pid=None, restarts=len(crashes), last_exit=code)
             deadline = time.monotonic() + delay
