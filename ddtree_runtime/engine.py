@@ -271,10 +271,12 @@ class Engine:
         budget and context bucket, a sampled round of each (the sampling kernels), and prefills
         at lengths covering every launch plan the prefill can take, so that no request pays a
         Triton compile. After it, a request for a mode or budget outside these is refused."""
-        if self.graphs is None:
-            return
         block = self.drafter.config.block_size if self.drafter is not None else 2
         pairs = sorted({(m, b if m == "ddtree" else 0) for m in modes for b in budgets})
+        if self.graphs is None:  # nothing to compile or capture: one short run per pair
+            for mode, budget in pairs:
+                self.generate([0] * 8, mode=mode, budget=max(budget, 1), max_new_tokens=2 * block, eos_ids=())
+            return
         for mode, budget in pairs:
             for bound in buckets(self.max_context):
                 if self._rows(mode, budget, block) < bound:
