@@ -84,6 +84,7 @@ def add_openai_routes(app: FastAPI, st: State) -> None:
 
 
 async def _generate(st: State, request: Request, chat: bool) -> Response:
+    """Admit and queue one completion, then answer it whole (here) or as a stream (`_stream`)."""
     record = record_of(request)
     body = await read_json(request)
     limits, tokenizer, _ = st.ready()
