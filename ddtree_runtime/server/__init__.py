@@ -1,8 +1,12 @@
 """The OpenAI-compatible HTTP server (`python -m ddtree_runtime serve`), one module per concept:
 
 - `settings`: flags, the `--env-file`, defaults;
-- `protocol`: the OpenAI request/response models, validation, stream chunks;
-- `app`: the FastAPI routes and the per-request log line;
+- `protocol/`: the OpenAI wire format (errors, the field-support table, request models,
+  validation, response bodies and streamed text);
+- `app`: the FastAPI app, assembled from `openai_routes` (`/v1/...`) and `aux_routes` (`/health`,
+  `/ping`, `/version`, `/metrics`, `/tokenize`, `/detokenize`), with OpenAI-shaped errors;
+- `admission`: the bounded JSON body and the queue's 503; `state`: what every route reads;
+- `request_log`: the per-request log line; `openapi`: the `/docs` schemas;
 - `worker`: the FIFO queue and the engine thread (batch 1);
 - `metrics`: `/metrics` through prometheus_client under vLLM's names;
 - `events`: the JSON-lines log;

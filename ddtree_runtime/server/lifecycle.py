@@ -33,11 +33,12 @@ import uvicorn
 from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
-from ddtree_runtime.server.app import State, build_app
+from ddtree_runtime.server.app import build_app
 from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
-from ddtree_runtime.server.protocol import Limits
+from ddtree_runtime.server.protocol.validation import Limits
 from ddtree_runtime.server.settings import DEFAULT_MAX_CONTEXT, SettingsError, settings_from
+from ddtree_runtime.server.state import State
 from ddtree_runtime.server.worker import Worker
 from ddtree_runtime.tokenizer import Tokenizer
 

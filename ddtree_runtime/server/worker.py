@@ -23,7 +23,8 @@ from typing import Any
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
-from ddtree_runtime.server.protocol import APIError, Request
+from ddtree_runtime.server.protocol.errors import APIError
+from ddtree_runtime.server.protocol.validation import Request
 
 
 @dataclass

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from ddtree_runtime.server.lifecycle import generation_defaults
-from ddtree_runtime.server.protocol import Limits, parse_request
+from ddtree_runtime.server.protocol.validation import Limits, parse_request
 from ddtree_runtime.tokenizer import Tokenizer
 from tests.server.client import Server, sse_events, stream_text
 from tests.server.conftest import BUDGET, BUDGETS, MODEL, MODES, Launched

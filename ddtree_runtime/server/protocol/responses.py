@@ -1,0 +1,154 @@
+"""Response bodies, stream chunks and streamed text, in OpenAI's shapes.
+
+The pydantic models document the bodies at `/docs`; `Reply` builds them for one request, and
+`TextStream` decides how much of the engine's text a stream may send so far.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from ddtree_runtime.server.protocol.validation import Request
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Reply:
+    """Response bodies and stream chunks of one request, in OpenAI's shapes."""
+
+    def __init__(self, request: Request, model: str) -> None:
+        self.request, self.model = request, model
+        self.id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.request.chat else "text_completion"
+        return {
+            "id": self.id,
+            "object": f"{kind}.chunk" if chunk and self.request.chat else kind,
+            "created": self.created,
+            "model": self.model,
+        }
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        n = len(self.request.prompt_ids)
+        return {
+            "prompt_tokens": n,
+            "completion_tokens": completion_tokens,
+            "total_tokens": n + completion_tokens,
+        }
+
+    def body(self, text: str, stop_reason: str, completion_tokens: int) -> dict[str, Any]:
+        """The whole, non-streamed response."""
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH[stop_reason]}
+        if self.request.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._head(False), "choices": [choice], "usage": self.usage(completion_tokens)}
+
+    def chunk(self, text: str, stop_reason: str | None = None, first: bool = False) -> dict[str, Any]:
+        """One stream event carrying `text` (chat: the role rides on the first one)."""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": FINISH[stop_reason] if stop_reason else None,
+        }
+        if self.request.chat:
+            choice["delta"] = (
+                {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            )
+        else:
+            choice["text"] = text
+        out = {**self._head(True), "choices": [choice]}
+        if self.request.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        """The last event with `stream_options.include_usage`: no choices, the usage."""
+        return {**self._head(True), "choices": [], "usage": self.usage(completion_tokens)}
+
+
+class TextStream:
+    """Streamed text that always ends up equal to the engine's final text.
+
+    Each round decodes all tokens so far and releases only what can no longer change: text before
+    the first stop string, minus a tail that could still grow into one, minus a trailing partial
+    UTF-8 character (U+FFFD while a multi-byte token sequence is incomplete).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
+        self.decode, self.stop = decode, stop
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, tokens: list[int]) -> str:
+        """New tokens in; the text that is now safe to send out."""
+        self.ids.extend(tokens)
+        text = self.decode(self.ids)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        text = text[: min(cuts)] if cuts else text[: len(text) - self._held(text)]
+        return self._release(text.rstrip("\ufffd"))
+
+    def finish(self, final_text: str) -> str:
+        """The rest of the engine's final text."""
+        return self._release(final_text)
+
+    def _held(self, text: str) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+        return max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+    def _release(self, text: str) -> str:
+        if not text.startswith(self.sent) or len(text) == len(self.sent):
+            return ""
+        delta, self.sent = text[len(self.sent) :], text
+        return delta
