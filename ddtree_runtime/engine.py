@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from ddtree_runtime.backend import Backend, select_backend
+from ddtree_runtime.generation import GenerationResult, Output, PhaseClock
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
@@ -31,114 +32,9 @@ from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
 from specops_contract import MODES
 
-# "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
-PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
-
 
 class GenerationError(ValueError):
     """A request the engine cannot serve as given; the message says what to change."""
-
-
-@dataclass
-class GenerationResult:
-    """Tokens and statistics of one generation, as data (callers choose how to show them)."""
-
-    output_ids: list[int]
-    prompt_len: int
-    mode: str
-    accepted_per_round: list[int]  # drafts the target accepted in each verify round
-    stop_reason: str  # "eos" | "length" | "stop" | "cancelled"
-    phase_s: dict[str, float] = field(default_factory=dict)
-    total_s: float = 0.0
-    text: str | None = None
-
-    @property
-    def rounds(self) -> int:
-        return len(self.accepted_per_round)
-
-    @property
-    def mean_accepted(self) -> float:
-        """τ: accepted drafts + 1 (the target's own token), averaged over rounds."""
-        return sum(a + 1 for a in self.accepted_per_round) / self.rounds if self.rounds else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.output_ids) / self.total_s if self.total_s > 0 else 0.0
-
-    def as_json(self) -> dict[str, object]:
-        out: dict[str, object] = {
-            "mode": self.mode,
-            "output_ids": self.output_ids,
-            "prompt_tokens": self.prompt_len,
-            "rounds": self.rounds,
-            "accepted_per_round": self.accepted_per_round,
-            "mean_accepted": self.mean_accepted,
-            "tokens_per_s": self.tokens_per_s,
-            "total_s": self.total_s,
-            "phase_s": self.phase_s,
-            "stop_reason": self.stop_reason,
-        }
-        if self.text is not None:
-            out["text"] = self.text
-        return out
-
-
-class _Clock:
-    """Phase timer; on CUDA it synchronizes at phase boundaries only when profiling."""
-
-    def __init__(self, sync: bool) -> None:
-        self.sync = sync
-        self.phase_s = dict.fromkeys(PHASES, 0.0)
-        self.t = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        if self.sync:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        self.phase_s[phase] += now - self.t
-        self.t = now
-
-
-class _Output:
-    """Emitted tokens with the stopping rules: EOS, max_new_tokens, stop strings."""
-
-    def __init__(
-        self,
-        max_new_tokens: int,
-        eos_ids: set[int],
-        stop: Sequence[str],
-        decode: Callable[[list[int]], str] | None,
-        on_tokens: Callable[[list[int]], bool] | None,
-    ) -> None:
-        self.ids: list[int] = []
-        self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
-        self.on_tokens = on_tokens
-        self.reason: str | None = None
-
-    def emit(self, tokens: list[int]) -> bool:
-        """Append tokens one by one until a rule fires, then hand the round's tokens to
-        `on_tokens` (False from it cancels); True when generation is over."""
-        first = len(self.ids)
-        for t in tokens:
-            self.ids.append(t)
-            if t in self.eos:
-                self.reason = "eos"
-            elif self.stop and self.decode is not None and any(s in self.decode(self.ids) for s in self.stop):
-                self.reason = "stop"
-            elif len(self.ids) >= self.max_new:
-                self.reason = "length"
-            if self.reason:
-                break
-        if self.on_tokens is not None and not self.on_tokens(self.ids[first:]) and not self.reason:
-            self.reason = "cancelled"
-        return self.reason is not None
-
-    def text(self) -> str | None:
-        if self.decode is None:
-            return None
-        text = self.decode(self.ids)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        return text[: min(cuts)] if cuts else text
 
 
 def tree_capacity(vocab: int, depth: int, cap: int = 1 << 30) -> int:
@@ -323,6 +219,40 @@ class Engine:
         full_block = self.drafter.config.block_size if self.drafter is not None else 2
         block = block_size or full_block
         self._check(mode, prompt_ids, max_new_tokens, budget, block)
+        sampling = self._sampling(temperature, top_p, seed)
+        eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
+        out = Output(max_new_tokens, eos, stop, decode, on_tokens)
+        clock = PhaseClock(profile and self.device.type == "cuda")
+        start_time = time.perf_counter()
+        buf, root = self._prefill(prompt_ids, mode, sampling, block)
+        done = out.emit([int(root)])  # a sync: the prefill's GPU time stays in its own phase
+        clock.lap("prefill")
+        accepted: list[int] = []
+        if not done:
+            graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
+            self._rounds(
+                mode,
+                budget if mode == "ddtree" else 0,
+                buf,
+                len(prompt_ids),
+                sampling,
+                graphed,
+                out,
+                clock,
+                accepted,
+            )
+        return GenerationResult(
+            output_ids=out.ids,
+            prompt_len=len(prompt_ids),
+            mode=mode,
+            accepted_per_round=accepted,
+            stop_reason=out.reason or "length",
+            phase_s=clock.phase_s,
+            total_s=time.perf_counter() - start_time,
+            text=out.text(),
+        )
+
+    def _sampling(self, temperature: float, top_p: float, seed: int | None) -> Sampling:
         if temperature < 0:
             raise GenerationError(f"temperature {temperature} is negative (fix: 0 for greedy, > 0 to sample)")
         if not 0 < top_p <= 1:
@@ -330,40 +260,46 @@ class Engine:
         generator = None
         if temperature > 0 and seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
-        sampling = Sampling(temperature, top_p, generator)
-        eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
-        out = _Output(max_new_tokens, eos, stop, decode, on_tokens)
-        clock = _Clock(profile and self.device.type == "cuda")
-        start_time = time.perf_counter()
+        return Sampling(temperature, top_p, generator)
 
+    def _prefill(
+        self, prompt_ids: Sequence[int], mode: str, sampling: Sampling, block: int
+    ) -> tuple[RoundBuffers, Tensor]:
+        """The prompt through the target (and its features into the drafter); the first token and
+        the round buffers set up after it (a test's other block size gets buffers of its own)."""
         prompt = torch.tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
         n = prompt.shape[0]
+        positions = torch.arange(n, device=self.device)
         logits, hidden = self.target(
-            prompt,
-            torch.arange(n, device=self.device),
-            0,
-            None,
-            self.backend,
-            capture=mode != "ar",
-            last_logits_only=True,
+            prompt, positions, 0, None, self.backend, capture=mode != "ar", last_logits_only=True
         )
         root = choose(logits[-1], sampling)
         if mode != "ar":
             assert self.drafter is not None and hidden is not None
             self.drafter.ingest(hidden, 0, self.backend)
         buf = self.buffers
-        if block != full_block:  # a test's other block size: buffers of its own, never graphed
-            buf = RoundBuffers.allocate(
-                block, self.buffers.feats.shape[1], self.device, self.buffers.feats.dtype
-            )
+        if block != buf.feats.shape[0] and mode != "ar":
+            buf = RoundBuffers.allocate(block, buf.feats.shape[1], self.device, buf.feats.dtype)
         buf.start(root, n)
-        accepted: list[int] = []
-        done = out.emit([int(root)])  # a sync: the prefill's GPU time stays in its own phase
-        clock.lap("prefill")
-        budget = budget if mode == "ddtree" else 0
-        rows = self._rows(mode, budget, block)
-        graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
+        return buf, root
+
+    def _rounds(
+        self,
+        mode: str,
+        budget: int,
+        buf: RoundBuffers,
+        n: int,
+        sampling: Sampling,
+        graphed: bool,
+        out: Output,
+        clock: PhaseClock,
+        accepted: list[int],
+    ) -> None:
+        """Rounds until a stopping rule fires: a replayed graph (or the phases one by one), then
+        the round's one host sync, which reads the accepted tokens."""
+        rows = self._rows(mode, budget, buf.feats.shape[0])
         phases: dict[int, list[Phase]] = {}
+        done = False
         while not done:
             # CUDA buckets the key bound with or without graphs, so that both run the same launches
             bound = key_bound(n + rows, self.max_context, bucketed=self.device.type == "cuda")
@@ -378,24 +314,12 @@ class Engine:
                 for name, run in phases[bound]:
                     run()
                     clock.lap(name)
-            result = buf.out.tolist()  # the round's one host sync
+            result = buf.out.tolist()
             if graphed:
                 clock.lap("round")
-            accepted_rows = result[0]
-            n += accepted_rows
-            accepted.append(accepted_rows - 1)
-            done = out.emit(result[1 : 1 + accepted_rows])
-        total = time.perf_counter() - start_time
-        return GenerationResult(
-            output_ids=out.ids,
-            prompt_len=prompt.shape[0],
-            mode=mode,
-            accepted_per_round=accepted,
-            stop_reason=out.reason or "length",
-            phase_s=clock.phase_s,
-            total_s=total,
-            text=out.text(),
-        )
+            n += result[0]
+            accepted.append(result[0] - 1)
+            done = out.emit(result[1 : 1 + result[0]])
 
 
 def prefill_lengths(max_prompt: int, max_context: int) -> list[int]:

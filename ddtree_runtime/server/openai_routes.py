@@ -19,7 +19,7 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ddtree_runtime.engine import GenerationResult
+from ddtree_runtime.generation import GenerationResult
 from ddtree_runtime.server.admission import enqueue, read_json
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError

@@ -1,0 +1,117 @@
+"""What one generation returns (tokens and statistics, as data) and what decides when it ends.
+
+`Engine.generate` fills these; the CLI and the server choose how to show them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
+PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
+
+
+@dataclass
+class GenerationResult:
+    """Tokens and statistics of one generation, as data (callers choose how to show them)."""
+
+    output_ids: list[int]
+    prompt_len: int
+    mode: str
+    accepted_per_round: list[int]  # drafts the target accepted in each verify round
+    stop_reason: str  # "eos" | "length" | "stop" | "cancelled"
+    phase_s: dict[str, float] = field(default_factory=dict)
+    total_s: float = 0.0
+    text: str | None = None
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted_per_round)
+
+    @property
+    def mean_accepted(self) -> float:
+        """τ: accepted drafts + 1 (the target's own token), averaged over rounds."""
+        return sum(a + 1 for a in self.accepted_per_round) / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.output_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def as_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "mode": self.mode,
+            "output_ids": self.output_ids,
+            "prompt_tokens": self.prompt_len,
+            "rounds": self.rounds,
+            "accepted_per_round": self.accepted_per_round,
+            "mean_accepted": self.mean_accepted,
+            "tokens_per_s": self.tokens_per_s,
+            "total_s": self.total_s,
+            "phase_s": self.phase_s,
+            "stop_reason": self.stop_reason,
+        }
+        if self.text is not None:
+            out["text"] = self.text
+        return out
+
+
+class PhaseClock:
+    """Phase timer; on CUDA it synchronizes at phase boundaries only when profiling."""
+
+    def __init__(self, sync: bool) -> None:
+        self.sync = sync
+        self.phase_s = dict.fromkeys(PHASES, 0.0)
+        self.t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.phase_s[phase] += now - self.t
+        self.t = now
+
+
+class Output:
+    """Emitted tokens with the stopping rules: EOS, max_new_tokens, stop strings."""
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        stop: Sequence[str],
+        decode: Callable[[list[int]], str] | None,
+        on_tokens: Callable[[list[int]], bool] | None,
+    ) -> None:
+        self.ids: list[int] = []
+        self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
+        self.on_tokens = on_tokens
+        self.reason: str | None = None
+
+    def emit(self, tokens: list[int]) -> bool:
+        """Append tokens one by one until a rule fires, then hand the round's tokens to
+        `on_tokens` (False from it cancels); True when generation is over."""
+        first = len(self.ids)
+        for t in tokens:
+            self.ids.append(t)
+            if t in self.eos:
+                self.reason = "eos"
+            elif self.stop and self.decode is not None and any(s in self.decode(self.ids) for s in self.stop):
+                self.reason = "stop"
+            elif len(self.ids) >= self.max_new:
+                self.reason = "length"
+            if self.reason:
+                break
+        if self.on_tokens is not None and not self.on_tokens(self.ids[first:]) and not self.reason:
+            self.reason = "cancelled"
+        return self.reason is not None
+
+    def text(self) -> str | None:
+        if self.decode is None:
+            return None
+        text = self.decode(self.ids)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return text[: min(cuts)] if cuts else text
