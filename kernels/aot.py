@@ -53,7 +53,7 @@ from kernels import (
     tree_build,
     tree_walk,
 )
-from kernels.arch import ROWS, ArchRow, Tiles
+from kernels.arch import ROWS, WIDE_ROWS, ArchRow, Tiles
 from kernels.host import cdiv, next_pow2
 
 # Opt-in shared memory per block of each compiled target (the row limits of kernels/arch.py are
@@ -139,17 +139,26 @@ def _strides(names: str, tensor: torch.Tensor) -> dict[str, int]:
 
 
 def _attention(
-    case: str, row: ArchRow, cc: int, tiles: Tiles, nodes: int, row0: int, tree: bool, split: bool
+    case: str,
+    row: ArchRow,
+    cc: int,
+    tiles: Tiles,
+    nodes: int,
+    row0: int,
+    tree: bool,
+    split: bool,
+    head_dim: int = HEAD_DIM,
 ) -> Spec:
-    """One ``_tree_attention_kernel`` launch over packed rows [row0, nodes * G) of a Qwen3-8B layer."""
-    q = _empty(HQ, nodes, HEAD_DIM, dtype=torch.bfloat16)
+    """One ``_tree_attention_kernel`` launch over packed rows [row0, nodes * G) of a Qwen3-8B layer
+    (with ``head_dim`` 256: the shape of a Qwen3.6 gated full-attention layer's heads)."""
+    q = _empty(HQ, nodes, head_dim, dtype=torch.bfloat16)
     cache_rows = CONTEXT + BUDGET + 1
-    k_cache = _empty(HKV, cache_rows, HEAD_DIM, dtype=torch.bfloat16)
+    k_cache = _empty(HKV, cache_rows, head_dim, dtype=torch.bfloat16)
     desc = TensorDescriptor(
-        k_cache, [HKV, cache_rows, HEAD_DIM], list(k_cache.stride()), [1, tiles.block_n, HEAD_DIM]
+        k_cache, [HKV, cache_rows, head_dim], list(k_cache.stride()), [1, tiles.block_n, head_dim]
     )
     node0 = row0 // (HQ // HKV)
-    part = _empty(4, HQ, nodes - node0, HEAD_DIM) if split else q
+    part = _empty(4, HQ, nodes - node0, head_dim) if split else q
     part_ml = _empty(4, HQ, nodes - node0, 2) if split else q
     bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32) if tree else q
     args = dict(
@@ -172,8 +181,8 @@ def _attention(
     )
     constexprs = dict(
         GROUP=HQ // HKV,
-        HEAD_DIM=HEAD_DIM,
-        D_PAD=HEAD_DIM,
+        HEAD_DIM=head_dim,
+        D_PAD=head_dim,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         TREE=tree,
@@ -195,26 +204,50 @@ def _attention(
     )
 
 
-def attention_specs(row: ArchRow, cc: int) -> list[Spec]:
+def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spec]:
     """Every config the planner can choose from ``row``, at the shapes that choose it."""
     group = HQ // HKV
     tail_row0 = ((BUDGET // 4 + 1) * group // row.large.block_m) * row.large.block_m
     return [
-        _attention("decode N=1", row, cc, row.decode, 1, 0, tree=False, split=True),
-        _attention("tree B=16 N=17", row, cc, row.small, 17, 0, tree=True, split=True),
-        _attention("tree B=256 N=257 main", row, cc, row.large, BUDGET // 4 + 1, 0, tree=True, split=True),
+        _attention("decode N=1", row, cc, row.decode, 1, 0, tree=False, split=True, head_dim=head_dim),
+        _attention("tree B=16 N=17", row, cc, row.small, 17, 0, tree=True, split=True, head_dim=head_dim),
         _attention(
-            "tree B=256 N=257 tail", row, cc, row.tail, BUDGET // 4 + 1, tail_row0, tree=True, split=True
+            "tree B=256 N=257 main",
+            row,
+            cc,
+            row.large,
+            BUDGET // 4 + 1,
+            0,
+            tree=True,
+            split=True,
+            head_dim=head_dim,
         ),
-        _attention("tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False),
-        _attention("chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False),
-        _drafter_attention(row, cc),
+        _attention(
+            "tree B=256 N=257 tail",
+            row,
+            cc,
+            row.tail,
+            BUDGET // 4 + 1,
+            tail_row0,
+            tree=True,
+            split=True,
+            head_dim=head_dim,
+        ),
+        _attention(
+            "tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False, head_dim=head_dim
+        ),
+        _attention(
+            "chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False, head_dim=head_dim
+        ),
+        _drafter_attention(row, cc, head_dim),
     ]
 
 
-def _drafter_attention(row: ArchRow, cc: int) -> Spec:
+def _drafter_attention(row: ArchRow, cc: int, head_dim: int) -> Spec:
     """The DFlash drafter's block of 16 queries, each seeing the context and the whole block."""
-    spec = _attention("drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True)
+    spec = _attention(
+        "drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True, head_dim=head_dim
+    )
     return Spec(
         spec.kernel,
         spec.case,
@@ -621,6 +654,9 @@ def specs() -> dict[str, Spec]:
     for row in ROWS.values():
         for cc in row.targets:
             found += attention_specs(row, cc)
+    for row in WIDE_ROWS.values():
+        for cc in row.targets:
+            found += attention_specs(row, cc, head_dim=256)
     for cc in TARGETS:
         found += [
             merge_spec(cc),
@@ -746,7 +782,7 @@ def table(results: dict[str, Compiled]) -> str:
         "| row | targets | shared limit B | decode | small (<= 256 rows) | large | tail |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for row in ROWS.values():
+    for row in (*ROWS.values(), *WIDE_ROWS.values()):
         tiles = [
             f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
             for t in (row.decode, row.small, row.large, row.tail)

@@ -6,8 +6,9 @@ RTX 5090, GB10) to 99 KB. The tree-attention tiles tuned on the H200 (128 x 64 k
 KB) would fail at the first launch on sm_120. Each family therefore gets a row of launch choices
 whose every config is compiled ahead of time for that family's architecture and checked to fit
 ``smem_per_block`` without register spills (``kernels/aot.py``, ``tests/kernels/test_aot.py``;
-figures in ``kernels/ARCH.md``). The row is valid for head_dim <= 128 in a 2-byte dtype (the
-compiled shapes); larger head dims need rows of their own.
+figures in ``kernels/ARCH.md``). ``ROWS`` hold for head_dim <= 128 in a 2-byte dtype; ``WIDE_ROWS``
+for head_dim <= 256 (the gated full-attention layers of Qwen3.5/3.6), whose K and V tiles are twice
+as large.
 
 The planner picks the device's family by compute capability and keeps it only if the device's
 ``shared_memory_per_block_optin`` reaches the row's limit; otherwise it falls back to the generic
@@ -110,15 +111,52 @@ ROWS: dict[str, ArchRow] = {
         **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)},
     ),
 }
+# head_dim 256: K+V of a 64-key tile is 64 KB a stage. Compiled for sm_90: 128x64 tiles need two
+# stages (198 KB); 128x32 at three fit in 166 KB (it spills on sm_100, where big trees take 64x64 on
+# two stages). On sm_120 64x32 tiles on 8 warps, 2 stages (70 KB), fit 99 KB without spilling (on 4
+# warps they spill at 1025 nodes); decode keeps 3 stages on 32-key tiles. Pre-Hopper parts (sm_80,
+# mma.sync with no TMA) spilled at every tile tried, so the generic wide row is checked on sm_120 only.
+_HOPPER_D256 = dict(
+    decode=Tiles(16, 64, 4, 3),
+    small=Tiles(64, 64, 8, 2),
+    large=Tiles(128, 32, 8, 3),
+    tail=Tiles(16, 64, 4, 3),
+)
+_SMALL_SMEM_D256 = dict(
+    decode=Tiles(16, 32, 4, 3),
+    small=Tiles(64, 32, 8, 2),
+    large=Tiles(64, 32, 8, 2),
+    tail=Tiles(16, 32, 4, 3),
+)
+WIDE_ROWS: dict[str, ArchRow] = {
+    "sm_90": ArchRow("sm_90/d256", SMEM_SM90, targets=(90,), **_HOPPER_D256),
+    "sm_100": ArchRow(
+        "sm_100/d256", SMEM_SM100, targets=(100,), **{**_HOPPER_D256, "large": Tiles(64, 64, 8, 2)}
+    ),
+    "sm_120": ArchRow("sm_120/d256", SMEM_SM120, targets=(120,), **_SMALL_SMEM_D256),
+    "generic": ArchRow("generic/d256", SMEM_SM120, targets=(120,), **_SMALL_SMEM_D256),
+}
 _FAMILIES = {9: "sm_90", 10: "sm_100", 12: "sm_120"}
 
 
-def arch_row(capability: tuple[int, int], smem_optin: int) -> ArchRow:
-    """The row for a device of ``capability`` that allows ``smem_optin`` bytes of shared memory per block."""
-    row = ROWS[_FAMILIES.get(capability[0], "generic")]
+def _table(head_dim: int) -> dict[str, ArchRow]:
+    if head_dim <= 128:
+        return ROWS
+    if head_dim <= 256:
+        return WIDE_ROWS
+    raise RuntimeError(
+        f"tree attention has launch rows for head_dim <= 256, got {head_dim} (fix: add rows to kernels/arch.py)"
+    )
+
+
+def arch_row(capability: tuple[int, int], smem_optin: int, head_dim: int = 128) -> ArchRow:
+    """The row for a device of ``capability`` that allows ``smem_optin`` bytes of shared memory per
+    block, for attention heads of ``head_dim``."""
+    table = _table(head_dim)
+    row = table[_FAMILIES.get(capability[0], "generic")]
     if smem_optin >= row.smem_per_block:
         return row
-    generic = ROWS["generic"]
+    generic = table["generic"]
     if smem_optin >= generic.smem_per_block:
         return generic
     raise RuntimeError(
@@ -129,12 +167,13 @@ def arch_row(capability: tuple[int, int], smem_optin: int) -> ArchRow:
 
 
 @lru_cache(maxsize=16)
-def device_row(device: torch.device) -> ArchRow:
-    """The row for ``device``, read once. The CPU interpreter has no shared-memory limit: the sm_90 row."""
+def device_row(device: torch.device, head_dim: int = 128) -> ArchRow:
+    """The row for ``device`` and ``head_dim``, read once. The CPU interpreter has no shared-memory
+    limit: the sm_90 row."""
     if device.type != "cuda":
-        return ROWS["sm_90"]
+        return _table(head_dim)["sm_90"]
     props = torch.cuda.get_device_properties(device)
-    return arch_row((props.major, props.minor), props.shared_memory_per_block_optin)
+    return arch_row((props.major, props.minor), props.shared_memory_per_block_optin, head_dim)
 
 
-__all__ = ["ROWS", "ArchRow", "Tiles", "arch_row", "device_row"]
+__all__ = ["ROWS", "WIDE_ROWS", "ArchRow", "Tiles", "arch_row", "device_row"]

@@ -451,7 +451,7 @@ def tree_attention(
     hkv = k_cache.shape[0]
     group = hq // hkv
     d_pad = max(16, next_pow2(d))
-    arch = device_row(q.device)
+    arch = device_row(q.device, d)
     cfg = config or _default_config(n * group, arch)
     launches = _plan(n * group, group, key_bound, hkv, cfg, num_sms(q.device), AttentionConfig(*arch.tail))
 

@@ -13,7 +13,7 @@ import pytest
 import triton
 
 from kernels import aot
-from kernels.arch import ROWS
+from kernels.arch import ROWS, WIDE_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
         for s in aot.specs().values()
         if s.kernel == "tree_attention"
     }
-    for row in ROWS.values():
+    for row in (*ROWS.values(), *WIDE_ROWS.values()):
         for cc in row.targets:
             for t in (row.decode, row.small, row.large, row.tail):
                 assert (row.family, cc, f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}") in tiles, (
