@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ops import hostlock
 from ops.connection import connect
 from ops.errors import SpecopsError
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.layout import HostLayout
 from ops.output import Reporter
 from ops.playbook import Playbook, RenderError, StepSpec, evaluate_when, render
