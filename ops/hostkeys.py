@@ -22,7 +22,7 @@ from pathlib import Path
 import paramiko
 
 from ops.errors import HostKeyError
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.shell import quote
 
 _KEYSCAN_TYPES = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "rsa-sha2-256": "rsa", "rsa-sha2-512": "rsa"}

@@ -21,7 +21,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from ops.playbook import Playbook, StepSpec
     from ops.redact import Redactor
-    from ops.runner import HostResult, RunResult, StepResult
+    from ops.results import HostResult, RunResult, StepResult
 
 STYLES = {"ok": "green", "changed": "yellow", "failed": "bold red", "skipped": "dim"}
 STDERR_TAIL = 12

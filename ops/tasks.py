@@ -29,17 +29,8 @@ from ops.bench.store import find_results
 from ops.errors import SpecopsError
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.runner import (
-    DEFAULT_FORKS,
-    DEFAULT_RESULTS,
-    REPO_ROOT,
-    RunResult,
-    interrupted_message,
-    make_run_dir,
-    new_run_id,
-    point_latest,
-    run_playbook,
-)
+from ops.results import RunResult, interrupted_message, make_run_dir, new_run_id, point_latest
+from ops.runner import DEFAULT_FORKS, DEFAULT_RESULTS, REPO_ROOT, run_playbook
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
 

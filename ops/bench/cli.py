@@ -13,9 +13,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ops.bench.cells import SETTABLE
 from ops.bench.importers import DEFAULT_HOST, FORMATS, import_files
 from ops.bench.report import make_report
-from ops.bench.schema import SETTABLE
 from ops.errors import SpecopsError
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2

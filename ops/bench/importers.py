@@ -36,16 +36,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ops.bench.cells import SETTABLE, cell_id_for, set_field, slug
 from ops.bench.schema import (
     LATENCY_METRICS,
     LATENCY_STATS,
-    SETTABLE,
     BenchResult,
     Latency,
     SchemaError,
-    cell_id_for,
-    set_field,
-    slug,
 )
 from ops.bench.store import write_result
 from ops.errors import InputFileError

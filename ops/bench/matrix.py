@@ -3,7 +3,7 @@
 Why a file: a benchmark is a product of choices (system x mode x budget x prompts x temperature x
 concurrency x output length); writing it as data keeps ``fab bench`` and ``fab tune`` one code path,
 lets a user keep their own matrix beside the shipped ones, and gives every cell a stable id
-(``schema.cell_id_for``) so a resumed run skips exactly the cells already done. Format::
+(``cells.cell_id_for``) so a resumed run skips exactly the cells already done. Format::
 
     workload:                       # defaults for every system; scalars or lists (lists multiply)
       prompts: [math]               # shipped set names, JSONL files (beside the matrix file), or
@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.bench.cells import cell_id_for, slug
 from ops.bench.prompts import HF_PREFIX, HF_SYNTAX, parse_hf_spec, prompt_set_name
-from ops.bench.schema import SYSTEMS, BenchResult, cell_id_for, slug
+from ops.bench.schema import SYSTEMS, BenchResult
 from ops.errors import InputFileError
 from ops.yamlfile import line_of, load_yaml, plain
 from specops_contract import MODES

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from drafter_config.jsonpos import JsonSyntaxError, parse
 from drafter_config.store import LocalStore
-from ops.bench.schema import SCHEMA_ID, BenchResult, SchemaError, slug
+from ops.bench.cells import slug
+from ops.bench.schema import SCHEMA_ID, BenchResult, SchemaError
 from ops.errors import InputFileError, SpecopsError
 
 
@@ -37,7 +38,7 @@ def write_result(run_dir: str | Path, result: BenchResult) -> Path:
             "(fix: use the inventory host name: letters, digits, . _ -)"
         )
     if not result.cell_id:
-        raise SpecopsError("result has no cell_id (fix: set it, e.g. with schema.cell_id_for(result))")
+        raise SpecopsError("result has no cell_id (fix: set it, e.g. with cells.cell_id_for(result))")
     if result.run_id is None:
         result.run_id = Path(run_dir).resolve().name
     data = json.dumps(result.to_dict(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ops.bench.cells import cell_id_for, slug
 from ops.bench.matrix import DEFAULT_TEMPLATES, Cell, Server
 from ops.bench.prompts import prompt_set_name
-from ops.bench.schema import BenchResult, cell_id_for, slug
+from ops.bench.schema import BenchResult
 from ops.bench.session import Session
 
 

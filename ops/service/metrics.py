@@ -2,7 +2,7 @@
 
 ``fab status`` reads a few counters from it (:func:`status_metrics`) and the benchmark client
 reads the speculative-decoding counters before and after a measured phase
-(``ops.bench.client``). Both go through :func:`samples`, which drops the ``_total`` suffix that
+(``ops.bench.spec_counters``). Both go through :func:`samples`, which drops the ``_total`` suffix that
 Prometheus adds to counters, so either spelling of a name matches. Standard library only: the
 client runs on the host.
 """

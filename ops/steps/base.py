@@ -72,7 +72,7 @@ from ops.errors import SpecopsError
 if TYPE_CHECKING:
     from ops.bench.progress import BenchProgress
     from ops.connection import CommandResult, Connection
-    from ops.inventory import Host
+    from ops.hosts import Host
     from ops.output import Reporter
 
 T = TypeVar("T")

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ops.bench.schema import BenchResult, Hardware, Latency, acceptance_from_counters, cell_id_for
+from ops.bench.cells import cell_id_for
+from ops.bench.schema import BenchResult, Hardware, Latency, acceptance_from_counters
 from ops.bench.store import write_result
 
 

@@ -7,14 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from ops.bench.cells import cell_id_for, set_field
 from ops.bench.schema import (
     SCHEMA_ID,
     BenchResult,
     Latency,
     SchemaError,
     acceptance_from_counters,
-    cell_id_for,
-    set_field,
 )
 from tests.bench.samples import HW
 

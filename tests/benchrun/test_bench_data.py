@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench.client import parse_spec_counters, spec_delta
 from ops.bench.hardware import parse_hardware
 from ops.bench.matrix import load_matrix
 from ops.bench.session import render_argv
+from ops.bench.spec_counters import parse_spec_counters, spec_delta
 from ops.bench.tune import peaked
 from ops.connection import CommandResult
 from ops.errors import InputFileError

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ops.runner import RunResult
+from ops.results import RunResult
 from ops.tasks import run_file
 from ops.wheel import REPO_ROOT, packaged_files
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ops.connection import CommandResult
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.service.backends import Preflight, Wait
 from ops.service.metrics import status_metrics as parse_metrics
 from ops.service.releases import parse_layout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.runner import REPO_ROOT
 from ops.steps import get_step
 from ops.steps.base import StepContext, StepFailed, Write

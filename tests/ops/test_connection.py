@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.connection import SshConnection, connect
+from ops.connection import connect
+from ops.connection.ssh import SshConnection
 from ops.errors import HostUnreachable
 from ops.inventory import load_inventory
 from ops.shell import join

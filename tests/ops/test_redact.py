@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.connection import connect, sudo_wrap
+from ops.connection import connect
+from ops.connection.base import sudo_wrap
 from ops.inventory import load_inventory
 from ops.redact import MASK, Redactor
 

@@ -15,7 +15,8 @@ import yaml
 from ops.errors import SpecopsError
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.runner import RunResult, run_playbook
+from ops.results import RunResult
+from ops.runner import run_playbook
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import pytest
 
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.runner import RunResult, run_playbook
+from ops.results import RunResult
+from ops.runner import run_playbook
 
 PLAYBOOKS = Path(__file__).parent / "playbooks"
 TOKEN = "hf_TestToken_0123456789abcdef"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ops.connection import CommandResult
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.playbook import load_yaml, render
 from ops.steps import REGISTRY, get_step
 from ops.steps.base import ArgError, Plan, Run, StepContext, StepFailed

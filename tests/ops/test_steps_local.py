@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ops.connection import connect
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.steps import get_step
 from ops.steps.base import Applied, Plan, StepContext, StepFailed
 

@@ -13,7 +13,7 @@ from ddtree_runtime.engine import Engine
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from drafter_config.lint import lint
-from ops.inventory import Host
+from ops.hosts import Host
 from ops.steps import get_step
 from ops.steps.base import StepContext
 

@@ -1,28 +1,9 @@
-"""One interface over SSH hosts (Fabric/Paramiko) and the local machine (subprocess).
+"""A host over SSH: Fabric builds the client; we own host keys, channel exec and SFTP.
 
-Steps talk to a `Connection` only: `run` a shell command, ranged `read_bytes`, atomic
-`write_bytes`/`put_file`, `get_file`, `stat`, `listdir`, `realpath`. Both backends share the
-behaviour that steps rely on:
-
-- `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
-  name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does):
-  locally the process group is killed, over SSH the channel is closed (the remote command then
-  dies on its next write; wrap it in `timeout` on the host when it must die at once).
-- Every command, stdout and stderr string returned or logged goes through the `Redactor`, after
-  the host's resolvable secrets were registered with it.
-- ``run(..., sudo=True)`` goes through sudo only when the host says ``sudo: true`` (otherwise the
-  connecting user is trusted to have the rights, e.g. root or a user-owned base). The password
-  never touches argv: ``sudo -k -S -p ''`` reads the host's ``sudo_password`` secret from stdin,
-  and without that secret ``sudo -n`` fails at once instead of waiting for a prompt.
-- Writes are atomic: a temp file in the target's directory, then a rename; over SSH the temp
-  file's size and SHA-256 are checked first, and a short or corrupt copy raises `WriteFailed`
-  with the target untouched (a full disk must never replace a file by a short one). With mode None a
-  replaced file keeps its mode; a new one gets the source file's mode (put) or 0644 (write).
-- Paths that are not absolute are relative to the login directory on both backends.
-
-The SSH side opens lazily on first use, with a bounded retry on connect (never on host-key or
-authentication errors), and executes through Paramiko channels so stdin is closed once sent
-and stdout/stderr are read together (no deadlock on large stderr).
+The transport opens lazily on first use, with a bounded retry on connect (never on host-key or
+authentication errors). Commands run through Paramiko channels, so stdin is closed once sent and
+stdout/stderr are read together (no deadlock on large stderr). Writes go to a temp file whose size
+and SHA-256 are checked before the rename, so a short copy never replaces the target.
 """
 
 from __future__ import annotations
@@ -32,42 +13,32 @@ import hashlib
 import logging
 import os
 import posixpath
-import pwd
 import re
-import signal
 import socket
 import stat as stat_mod
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 import fabric
 import paramiko
 
+from ops.connection.base import (
+    CHUNK,
+    TIMEOUT_EXIT,
+    Connection,
+    FileStat,
+    copy_stream,
+    write_local_atomically,
+)
 from ops.errors import HostKeyError, HostUnreachable, SpecopsError, WriteFailed
 from ops.hostkeys import changed_key_error, prepare_client
-from ops.inventory import SUDO_PASSWORD, Host
+from ops.hosts import Host
 from ops.redact import Redactor
-from ops.shell import join
 
-__all__ = [
-    "CommandResult",
-    "Connection",
-    "FileStat",
-    "HostKeyError",
-    "HostUnreachable",
-    "LocalConnection",
-    "SshConnection",
-    "connect",
-]
-
-log = logging.getLogger("specops.connection")
 # Paramiko logs each transport failure with its traceback; we report every one as HostUnreachable,
 # so keep its records away from logging's last-resort stderr printer (a configured handler still sees them).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -77,262 +48,13 @@ OPEN_BUDGET = 3  # connect timeouts one attempt may take in all: TCP connect, ba
 _NO_HANDSHAKE = re.compile(r"protocol banner|Indecipherable protocol version|No existing session")
 CONNECT_BACKOFF_S = (0.2, 0.5)
 KEEPALIVE_S = 30
-TIMEOUT_EXIT = 124
 SIGNALLED_EXIT = 255  # what ssh(1) reports when the remote command dies without an exit status
-_CHUNK = 1 << 16
-_NEW_FILE_MODE = 0o644
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a command did, already redacted."""
-
-    command: str
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
-@dataclass(frozen=True)
-class FileStat:
-    """The few stat fields steps compare; `mode` holds permission bits only (0o755)."""
-
-    size: int
-    mode: int
-    is_dir: bool
-    is_file: bool  # a regular file, after following links
-
-
-def sudo_wrap(command: str, password: str | None) -> str:
-    """The command line that runs `command` as root; the password, if any, goes on stdin.
-
-    With a password, ``-k`` makes sudo ignore cached credentials, so it always reads the password
-    line (on a NOPASSWD rule the line reaches the command's stdin instead; output stays redacted).
-    """
-    inner = join(["/bin/sh", "-c", command])
-    if password is None:
-        return f"sudo -n -- {inner}"
-    return f"sudo -k -S -p '' -- {inner}"
-
-
-def _as_bytes(data: bytes | str | None) -> bytes:
-    if data is None:
-        return b""
-    return data.encode() if isinstance(data, str) else bytes(data)
 
 
 def _temp_name(path: str) -> str:
     """A unique name beside `path`, so the final rename stays on one filesystem."""
     head, tail = posixpath.split(path)
     return posixpath.join(head, f".{tail}.specops-{uuid.uuid4().hex[:12]}.tmp")
-
-
-class Connection:
-    """Base class: the shared run/sudo/redaction logic; subclasses move bytes."""
-
-    host: Host
-
-    def __init__(self, host: Host, redactor: Redactor | None = None):
-        self.host = host
-        self.redactor = redactor if redactor is not None else Redactor()
-        self._secrets: dict[str, str] | None = None
-
-    # -- public API
-
-    def run(
-        self,
-        command: str | Sequence[str],
-        *,
-        sudo: bool = False,
-        stdin: bytes | str | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
-        """Run a shell command line (a sequence is quoted through ops.shell.join)."""
-        line = command if isinstance(command, str) else join(command)
-        self._load_secrets()
-        feed = _as_bytes(stdin)
-        wire = line
-        if sudo and self.host.sudo:
-            password = None
-            if SUDO_PASSWORD in self.host.secrets:  # resolved again here to raise the precise reason
-                password = (self._secrets or {}).get(SUDO_PASSWORD) or self.host.secrets[
-                    SUDO_PASSWORD
-                ].resolve(self.host.name)
-            wire = sudo_wrap(line, password)
-            if password is not None:
-                feed = password.encode() + b"\n" + feed
-        shown = self.redactor.redact(line)
-        log.debug("%s: run %s", self.host.name, shown)
-        code, out, err = self._execute(wire, feed, timeout)
-        return CommandResult(
-            command=shown,
-            exit_code=code,
-            stdout=self.redactor.redact(out.decode("utf-8", "replace")),
-            stderr=self.redactor.redact(err.decode("utf-8", "replace")),
-        )
-
-    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        """Read `length` bytes (None: to the end) from `offset`, without reading the rest."""
-        raise NotImplementedError
-
-    def write_bytes(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self._atomic(path, lambda fh: fh.write(data), mode, _NEW_FILE_MODE)
-
-    def put_file(self, local_path: str | Path, remote_path: str, mode: int | None = None) -> None:
-        """Upload atomically; without `mode` the file keeps the local file's permission bits."""
-        src = Path(local_path)
-        src_mode = stat_mod.S_IMODE(src.stat().st_mode)
-        with open(src, "rb") as source:
-            self._atomic(remote_path, lambda fh: _copy(source, fh), mode, src_mode)
-
-    def get_file(self, remote_path: str, local_path: str | Path) -> None:
-        raise NotImplementedError
-
-    def stat(self, path: str) -> FileStat | None:
-        raise NotImplementedError
-
-    def listdir(self, path: str) -> list[str]:
-        raise NotImplementedError
-
-    def realpath(self, path: str) -> str:
-        """`path` with every symlink resolved (the file a write through the link should replace)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Connection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- shared helpers
-
-    def _load_secrets(self) -> None:
-        if self._secrets is None:
-            self._secrets = self.host.resolve_secrets(self.redactor, strict=False)
-
-    def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
-        raise NotImplementedError
-
-    def _atomic(
-        self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int
-    ) -> None:
-        """Write through `write` into a temp file beside `path`, then rename it over `path`."""
-        raise NotImplementedError
-
-    @staticmethod
-    def _check_range(offset: int, length: int | None) -> None:
-        if offset < 0 or (length is not None and length < 0):
-            raise ValueError(f"offset and length must be >= 0, got offset={offset} length={length}")
-
-    @staticmethod
-    def _timeout_note(timeout: float) -> bytes:
-        return f"\n[specops] command timed out after {timeout:g}s\n".encode()
-
-
-# ---------------------------------------------------------------- local
-
-
-class LocalConnection(Connection):
-    """The controller itself, through subprocess and the os module (the demo host)."""
-
-    def __init__(self, host: Host, redactor: Redactor | None = None):
-        super().__init__(host, redactor)
-        entry = pwd.getpwuid(os.getuid())
-        self._home = Path(entry.pw_dir)
-        self._shell = entry.pw_shell if os.access(entry.pw_shell or "", os.X_OK) else "/bin/sh"
-
-    def _path(self, path: str | Path) -> Path:
-        p = Path(path)
-        return p if p.is_absolute() else self._home / p
-
-    def _execute(self, command: str, stdin: bytes, timeout: float | None) -> tuple[int, bytes, bytes]:
-        # Same shell and start directory as sshd would use, so steps behave alike on both backends.
-        proc = subprocess.Popen(
-            [self._shell, "-c", command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self._home,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout)
-            return proc.returncode, out, err
-        except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    out, err = proc.communicate(timeout=2)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            else:
-                out, err = b"", b""
-            assert timeout is not None
-            return TIMEOUT_EXIT, out, err + self._timeout_note(timeout)
-
-    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
-        self._check_range(offset, length)
-        with open(self._path(path), "rb") as fh:
-            fh.seek(offset)
-            return fh.read() if length is None else fh.read(length)
-
-    def _atomic(
-        self, path: str, write: Callable[[IO[bytes]], object], mode: int | None, default_mode: int
-    ) -> None:
-        target = self._path(path)
-        try:
-            final_mode = stat_mod.S_IMODE(target.stat().st_mode) if mode is None else mode
-        except FileNotFoundError:
-            final_mode = default_mode
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.specops-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                write(fh)
-            os.chmod(tmp, final_mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-
-    def get_file(self, remote_path: str, local_path: str | Path) -> None:
-        with open(self._path(remote_path), "rb") as source:
-            _atomic_local(Path(local_path), lambda fh: _copy(source, fh))
-
-    def stat(self, path: str) -> FileStat | None:
-        try:
-            st = os.stat(self._path(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        return FileStat(
-            size=st.st_size,
-            mode=stat_mod.S_IMODE(st.st_mode),
-            is_dir=stat_mod.S_ISDIR(st.st_mode),
-            is_file=stat_mod.S_ISREG(st.st_mode),
-        )
-
-    def listdir(self, path: str) -> list[str]:
-        return sorted(os.listdir(self._path(path)))
-
-    def realpath(self, path: str) -> str:
-        return os.path.realpath(self._path(path))
-
-    def close(self) -> None:
-        """Nothing to release; present so both backends are used the same way."""
-
-
-def _copy(source: IO[bytes], dest: IO[bytes]) -> None:
-    while chunk := source.read(_CHUNK):
-        dest.write(chunk)
 
 
 class _Counted:
@@ -347,22 +69,6 @@ class _Counted:
         self.size += len(data)
         self.digest.update(data)
         return self.dest.write(data)
-
-
-def _atomic_local(target: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write a controller-side file through a temp file beside it and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.specops-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-# ---------------------------------------------------------------- ssh
 
 
 class SshConnection(Connection):
@@ -519,7 +225,7 @@ class SshConnection(Connection):
         def drain_stderr() -> None:
             while True:
                 try:
-                    data = chan.recv_stderr(_CHUNK)
+                    data = chan.recv_stderr(CHUNK)
                 except TimeoutError:  # the shared channel timeout is set for stdout's sake
                     continue
                 if not data:
@@ -532,7 +238,7 @@ class SshConnection(Connection):
         while True:
             chan.settimeout(None if deadline is None else max(deadline - time.monotonic(), 0.001))
             try:
-                data = chan.recv(_CHUNK)
+                data = chan.recv(CHUNK)
             except TimeoutError:
                 timed_out = True
                 break
@@ -647,7 +353,7 @@ class SshConnection(Connection):
         digest = hashlib.sha256()
         with sftp.open(tmp, "rb") as fh:
             fh.prefetch()
-            while chunk := fh.read(_CHUNK):
+            while chunk := fh.read(CHUNK):
                 digest.update(chunk)
         if digest.digest() != sent.digest.digest():
             raise self._write_failed(path, "the bytes read back differ from the bytes sent")
@@ -664,7 +370,7 @@ class SshConnection(Connection):
     def get_file(self, remote_path: str, local_path: str | Path) -> None:
         with self._sftp_op(f"read of {remote_path}") as sftp, sftp.open(remote_path, "rb") as source:
             source.prefetch()
-            _atomic_local(Path(local_path), lambda fh: _copy(source, fh))
+            write_local_atomically(Path(local_path), lambda fh: copy_stream(source, fh))
 
     def stat(self, path: str) -> FileStat | None:
         with self._sftp_op(f"stat of {path}") as sftp:
@@ -702,10 +408,3 @@ def _describe(exc: BaseException | None) -> str:
         return ", ".join(sorted(reasons))
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text
-
-
-def connect(host: Host, *, redactor: Redactor | None = None) -> Connection:
-    """A connection for `host`; nothing is opened until the first use."""
-    if host.connection == "local":
-        return LocalConnection(host, redactor)
-    return SshConnection(host, redactor)
