@@ -50,6 +50,21 @@ class RoundBuffers:
             ints(1), ints(), torch.zeros(block, features, device=device, dtype=dtype), ints(), ints(1 + block)
         )
 
+    def advance(self, path: Tensor, path_len: Tensor, tokens: Tensor, hidden: Tensor, bonus: Tensor) -> None:
+        """After a verify pass: the accepted rows' features for the next draft, the round's output
+        (the accepted nodes after the root, then the bonus), the new length and root."""
+        block = self.feats.shape[0]
+        m = min(path.shape[0], block)  # a tree of budget + 1 < block nodes is at most that deep
+        keep = path[:m].clamp(min=0)
+        self.feats[:m].copy_(hidden[keep])
+        self.n_feats.copy_(path_len)
+        on_path = tokens[keep]
+        shifted = torch.cat([on_path[1:], on_path[:1]])
+        self.out[0] = path_len
+        self.out[1 : 1 + m] = torch.where(torch.arange(m, device=path.device) < path_len - 1, shifted, bonus)
+        self.ctx.add_(path_len)
+        self.root.copy_(bonus.reshape(1))
+
     def start(self, root: Tensor, ctx: int) -> None:
         """Set up for the first round after a prefill of `ctx` rows (the drafter has read them all)."""
         self.root.copy_(root.reshape(1))
@@ -172,18 +187,7 @@ def spec_phases(
         )
 
     def compact() -> None:
-        path, n = s["path"], s["path_len"]
-        target.commit(buf.ctx, path, n, backend, chain=mode != "ddtree")
-        m = min(path.shape[0], block)  # a tree of budget + 1 < block nodes is at most that deep
-        keep = path[:m].clamp(min=0)
-        buf.feats[:m].copy_(s["hidden"][keep])
-        buf.n_feats.copy_(n)
-        # new tokens: the accepted nodes after the root, then the bonus
-        on_path = s["tokens"][keep]
-        shifted = torch.cat([on_path[1:], on_path[:1]])
-        buf.out[0] = n
-        buf.out[1 : 1 + m] = torch.where(torch.arange(m, device=device) < n - 1, shifted, s["bonus"])
-        buf.ctx.add_(n)
-        buf.root.copy_(s["bonus"].reshape(1))
+        target.commit(buf.ctx, s["path"], s["path_len"], backend, chain=mode != "ddtree")
+        buf.advance(s["path"], s["path_len"], s["tokens"], s["hidden"], s["bonus"])
 
     return [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("compact", compact)]
