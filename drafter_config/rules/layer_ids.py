@@ -10,7 +10,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 from drafter_config.context import LintContext
-from drafter_config.drafter import is_int
+from drafter_config.drafter import Field, is_int
 from drafter_config.findings import WARNING, Finding, show
 
 
@@ -78,74 +78,105 @@ def _check_spec(ctx: LintContext, ids: list[int]) -> list[Finding]:
 
 
 def check(ctx: LintContext) -> list[Finding]:
-    findings: list[Finding] = []
     count, source = ctx.target_layer_count()
+    findings = _check_target_depth(ctx)
+    field = ctx.drafter.field("target_layer_ids")
+    if not field.present:
+        return [*findings, _missing(ctx, field, count)]
+    ids = field.value
+    if not (isinstance(ids, list) and ids and all(is_int(i) and i >= 0 for i in ids)):
+        return [*findings, _malformed(ctx, field)]
+    return (
+        findings
+        + _check_order(ctx, field, ids)
+        + _check_range(ctx, field, ids, count, source)
+        + _check_count(ctx, ids)
+        + _check_spec(ctx, ids)
+    )
+
+
+def _check_target_depth(ctx: LintContext) -> list[Finding]:
+    """DFL023: the drafter's own num_target_layers against the target's layer count."""
     own = ctx.drafter.field("num_target_layers")
-    if (
+    if not (
         ctx.target is not None
         and ctx.target.num_layers is not None
         and own.present
         and own.value != ctx.target.num_layers
     ):
-        findings.append(
-            ctx.at(
-                "DFL023",
-                own.path,
-                f"num_target_layers is {show(own.value)} but the target has "
-                f"{ctx.target.num_layers} layers ({ctx.target.where('num_hidden_layers')})",
-                f"set num_target_layers to {ctx.target.num_layers}, or pair the drafter with "
-                "the target it was trained for",
-            )
+        return []
+    return [
+        ctx.at(
+            "DFL023",
+            own.path,
+            f"num_target_layers is {show(own.value)} but the target has "
+            f"{ctx.target.num_layers} layers ({ctx.target.where('num_hidden_layers')})",
+            f"set num_target_layers to {ctx.target.num_layers}, or pair the drafter with "
+            "the target it was trained for",
         )
-    field = ctx.drafter.field("target_layer_ids")
-    if not field.present:
-        draft_layers = ctx.drafter.int_value("num_hidden_layers")
-        hint = "copy target_layer_ids from the drafter's model card into dflash_config"
-        if count and draft_layers:
-            hint += f" (the reference default for {count} target layers would be {default_ids(count, draft_layers)})"
-        return [*findings, ctx.at("DFL020", field.path, "target_layer_ids is missing", hint)]
-    ids = field.value
-    if not (isinstance(ids, list) and ids and all(is_int(i) and i >= 0 for i in ids)):
-        return [
-            *findings,
-            ctx.at(
-                "DFL021",
-                field.path,
-                f"target_layer_ids {show(ids)} is not a non-empty list of non-negative integers",
-                "list zero-based decoder-layer ids, e.g. [1, 9, 17, 25, 33]",
-            ),
-        ]
-    if any(b <= a for a, b in pairwise(ids)):
-        findings.append(
-            ctx.at(
-                "DFL021",
-                field.path,
-                f"target_layer_ids {ids} are not strictly increasing and distinct",
-                f"use {sorted(set(ids))} if the order was a typo; the order must match "
-                "the drafter's training",
-            )
+    ]
+
+
+def _missing(ctx: LintContext, field: Field, count: int | None) -> Finding:
+    """DFL020: no target_layer_ids; the hint offers the reference default when the depths are known."""
+    draft_layers = ctx.drafter.int_value("num_hidden_layers")
+    hint = "copy target_layer_ids from the drafter's model card into dflash_config"
+    if count and draft_layers:
+        default = default_ids(count, draft_layers)
+        hint += f" (the reference default for {count} target layers would be {default})"
+    return ctx.at("DFL020", field.path, "target_layer_ids is missing", hint)
+
+
+def _malformed(ctx: LintContext, field: Field) -> Finding:
+    """DFL021: not a non-empty list of non-negative integers, so no further id check applies."""
+    return ctx.at(
+        "DFL021",
+        field.path,
+        f"target_layer_ids {show(field.value)} is not a non-empty list of non-negative integers",
+        "list zero-based decoder-layer ids, e.g. [1, 9, 17, 25, 33]",
+    )
+
+
+def _check_order(ctx: LintContext, field: Field, ids: list[int]) -> list[Finding]:
+    """DFL021: ids out of order or repeated."""
+    if not any(b <= a for a, b in pairwise(ids)):
+        return []
+    return [
+        ctx.at(
+            "DFL021",
+            field.path,
+            f"target_layer_ids {ids} are not strictly increasing and distinct",
+            f"use {sorted(set(ids))} if the order was a typo; the order must match the drafter's training",
         )
-    if count is not None:
-        for index, layer in enumerate(ids):
-            if layer >= count:
-                findings.append(
-                    ctx.at(
-                        "DFL022",
-                        (*field.path, index),
-                        f"target layer id {layer} does not exist: "
-                        f"{source} has {count} layers (0..{count - 1})",
-                        "ids are zero-based decoder-layer ids; check for a one-based list",
-                    )
+    ]
+
+
+def _check_range(
+    ctx: LintContext, field: Field, ids: list[int], count: int | None, source: str
+) -> list[Finding]:
+    """DFL022: ids past the target's last layer (errors) or at it (a warning)."""
+    if count is None:
+        return []
+    findings = []
+    for index, layer in enumerate(ids):
+        if layer >= count:
+            findings.append(
+                ctx.at(
+                    "DFL022",
+                    (*field.path, index),
+                    f"target layer id {layer} does not exist: {source} has {count} layers (0..{count - 1})",
+                    "ids are zero-based decoder-layer ids; check for a one-based list",
                 )
-            elif layer == count - 1:
-                findings.append(
-                    ctx.at(
-                        "DFL022",
-                        (*field.path, index),
-                        f"target layer id {layer} is the last layer "
-                        f"of {count}: its output is the final hidden state, rarely a trained choice",
-                        "check the model card; the reference spread stops at layer L-3",
-                        severity=WARNING,
-                    )
+            )
+        elif layer == count - 1:
+            findings.append(
+                ctx.at(
+                    "DFL022",
+                    (*field.path, index),
+                    f"target layer id {layer} is the last layer "
+                    f"of {count}: its output is the final hidden state, rarely a trained choice",
+                    "check the model card; the reference spread stops at layer L-3",
+                    severity=WARNING,
                 )
-    return findings + _check_count(ctx, ids) + _check_spec(ctx, ids)
+            )
+    return findings

@@ -15,9 +15,14 @@ from drafter_config.target import rope_settings
 
 
 def _against_target(ctx: LintContext) -> list[Finding]:
-    target, drafter = ctx.target, ctx.drafter
-    if target is None:
+    if ctx.target is None:
         return []
+    return _borrowed_dims(ctx) + _rope(ctx) + _norm_eps(ctx) + _context_length(ctx)
+
+
+def _borrowed_dims(ctx: LintContext) -> list[Finding]:
+    """DFL040/DFL041: hidden_size and vocab_size must equal the target's embeddings and LM head."""
+    target, drafter = ctx.target, ctx.drafter
     findings = []
     for code, name, want in (
         ("DFL040", "hidden_size", target.hidden_size),
@@ -35,6 +40,13 @@ def _against_target(ctx: LintContext) -> list[Finding]:
                     "if only the config is wrong)",
                 )
             )
+    return findings
+
+
+def _rope(ctx: LintContext) -> list[Finding]:
+    """DFL043: rope theta and scaling against the target's."""
+    target, drafter = ctx.target, ctx.drafter
+    findings = []
     theta, scaling = rope_settings(drafter.data)
     if target.rope_theta is not None and theta is not None and not same_value(theta, target.rope_theta):
         path = drafter.field("rope_theta").path if "rope_theta" in drafter.data else ("rope_parameters",)
@@ -56,29 +68,40 @@ def _against_target(ctx: LintContext) -> list[Finding]:
                 "copy the target's rope scaling into the drafter config",
             )
         )
-    eps = drafter.field("rms_norm_eps")
-    if target.rms_norm_eps is not None and eps.present and not same_value(eps.value, target.rms_norm_eps):
-        findings.append(
-            ctx.at(
-                "DFL044",
-                eps.path,
-                f"rms_norm_eps {eps.value} differs from the target's {target.rms_norm_eps}",
-                f"set rms_norm_eps to {target.rms_norm_eps}",
-            )
-        )
-    maxpos = drafter.field("max_position_embeddings")
-    want = target.max_position_embeddings
-    if want is not None and isinstance(maxpos.value, int) and maxpos.value < want:
-        findings.append(
-            ctx.at(
-                "DFL045",
-                maxpos.path,
-                f"max_position_embeddings {maxpos.value} is below the "
-                f"target's {want}: long prompts outrun the drafter's rope table",
-                f"set max_position_embeddings to {want}",
-            )
-        )
     return findings
+
+
+def _norm_eps(ctx: LintContext) -> list[Finding]:
+    """DFL044: rms_norm_eps against the target's."""
+    want = ctx.target.rms_norm_eps
+    eps = ctx.drafter.field("rms_norm_eps")
+    if want is None or not eps.present or same_value(eps.value, want):
+        return []
+    return [
+        ctx.at(
+            "DFL044",
+            eps.path,
+            f"rms_norm_eps {eps.value} differs from the target's {want}",
+            f"set rms_norm_eps to {want}",
+        )
+    ]
+
+
+def _context_length(ctx: LintContext) -> list[Finding]:
+    """DFL045: a rope table shorter than the target's context."""
+    maxpos = ctx.drafter.field("max_position_embeddings")
+    want = ctx.target.max_position_embeddings
+    if want is None or not isinstance(maxpos.value, int) or maxpos.value >= want:
+        return []
+    return [
+        ctx.at(
+            "DFL045",
+            maxpos.path,
+            f"max_position_embeddings {maxpos.value} is below the "
+            f"target's {want}: long prompts outrun the drafter's rope table",
+            f"set max_position_embeddings to {want}",
+        )
+    ]
 
 
 def expected_layer_shapes(ctx: LintContext) -> dict[str, tuple[tuple[int, ...], str]]:

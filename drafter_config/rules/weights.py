@@ -12,6 +12,7 @@ import re
 from drafter_config.context import LintContext
 from drafter_config.findings import WARNING, Finding, show
 from drafter_config.rules.shapes import expected_layer_shapes
+from drafter_config.safetensors_header import WeightSet
 
 DTYPES = {
     "bfloat16": "BF16",
@@ -56,6 +57,14 @@ def check(ctx: LintContext) -> list[Finding]:
     weights = ctx.weights
     if weights is None:
         return []
+    findings = _unreadable(ctx, weights)
+    if not weights.tensors:
+        return findings + _no_weights(ctx, weights)
+    return findings + _names(ctx, weights) + _dtype(ctx)
+
+
+def _unreadable(ctx: LintContext, weights: WeightSet) -> list[Finding]:
+    """DFL061-DFL063: files that could not be read, lie outside the checkpoint, or have bad offsets."""
     findings = [
         ctx.in_file("DFL061", file, message, "re-download or re-export the checkpoint")
         for file, message in weights.problems
@@ -75,59 +84,82 @@ def check(ctx: LintContext) -> list[Finding]:
         ctx.in_file("DFL063", file, message, "the file is corrupt or crafted; re-download or re-export it")
         for file, message in weights.bad_offsets
     ]
-    if not weights.tensors:
-        if not weights.problems and not weights.escapes:
-            findings.append(
-                ctx.at(
-                    "DFL061",
-                    (),
-                    "the drafter directory has no *.safetensors weights",
-                    "copy the drafter's model.safetensors next to its config.json",
-                )
-            )
-        return findings
+    return findings
+
+
+def _no_weights(ctx: LintContext, weights: WeightSet) -> list[Finding]:
+    """DFL061: no tensors at all, unless a read problem already explains why."""
+    if weights.problems or weights.escapes:
+        return []
+    return [
+        ctx.at(
+            "DFL061",
+            (),
+            "the drafter directory has no *.safetensors weights",
+            "copy the drafter's model.safetensors next to its config.json",
+        )
+    ]
+
+
+def _names(ctx: LintContext, weights: WeightSet) -> list[Finding]:
+    """DFL061: tensor names against the names the config implies."""
     tensors = weights.tensors
     prefix = "model." if any(n.startswith("model.") for n in tensors) else ""
     expected = expected_names(ctx, prefix)
-    missing = sorted(expected - tensors.keys())
     extra = sorted(tensors.keys() - expected)
-    first_file = weights.files[0] if weights.files else ctx.drafter.file
-    if missing:
-        findings.append(
-            ctx.in_file(
-                "DFL061",
-                first_file,
-                f"{len(missing)} tensor(s) the config expects are missing: {_listed(missing)}",
-                "check num_hidden_layers / attention_bias against the checkpoint, or re-download the weights",
-            )
-        )
     layers = ctx.drafter.int_value("num_hidden_layers") or 0
     beyond = [n for n in extra if (m := _LAYER.match(n)) and int(m.group(1)) >= layers]
-    if beyond:
-        count = max(int(_LAYER.match(n).group(1)) for n in beyond) + 1
-        field = ctx.drafter.field("num_hidden_layers")
-        findings.append(
-            ctx.at(
-                "DFL061",
-                field.path,
-                f"the weights hold layers up to {count - 1} "
-                f"({_listed(beyond)}) but num_hidden_layers is {layers}",
-                f"set num_hidden_layers to {count} (and layer_types to {count} entries)",
-            )
-        )
     others = [n for n in extra if n not in beyond]
-    if others:
-        findings.append(
-            ctx.in_file(
-                "DFL061",
-                tensors[others[0]].file,
-                f"{len(others)} tensor(s) the config does not explain: {_listed(others)}",
-                "check that this is a plain DFlash drafter and that the config matches the checkpoint",
-                severity=WARNING,
-            )
+    return (
+        _missing(ctx, weights, sorted(expected - tensors.keys()))
+        + _beyond_layers(ctx, beyond, layers)
+        + _unexplained(ctx, weights, others)
+    )
+
+
+def _missing(ctx: LintContext, weights: WeightSet, missing: list[str]) -> list[Finding]:
+    if not missing:
+        return []
+    first_file = weights.files[0] if weights.files else ctx.drafter.file
+    return [
+        ctx.in_file(
+            "DFL061",
+            first_file,
+            f"{len(missing)} tensor(s) the config expects are missing: {_listed(missing)}",
+            "check num_hidden_layers / attention_bias against the checkpoint, or re-download the weights",
         )
-    findings += _dtype(ctx)
-    return findings
+    ]
+
+
+def _beyond_layers(ctx: LintContext, beyond: list[str], layers: int) -> list[Finding]:
+    """Layer tensors past num_hidden_layers: the config undercounts the drafter's layers."""
+    if not beyond:
+        return []
+    count = max(int(_LAYER.match(n).group(1)) for n in beyond) + 1
+    field = ctx.drafter.field("num_hidden_layers")
+    return [
+        ctx.at(
+            "DFL061",
+            field.path,
+            f"the weights hold layers up to {count - 1} "
+            f"({_listed(beyond)}) but num_hidden_layers is {layers}",
+            f"set num_hidden_layers to {count} (and layer_types to {count} entries)",
+        )
+    ]
+
+
+def _unexplained(ctx: LintContext, weights: WeightSet, others: list[str]) -> list[Finding]:
+    if not others:
+        return []
+    return [
+        ctx.in_file(
+            "DFL061",
+            weights.tensors[others[0]].file,
+            f"{len(others)} tensor(s) the config does not explain: {_listed(others)}",
+            "check that this is a plain DFlash drafter and that the config matches the checkpoint",
+            severity=WARNING,
+        )
+    ]
 
 
 def _dtype(ctx: LintContext) -> list[Finding]:
