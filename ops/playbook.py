@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ign
 TOP_KEYS = ("name", "steps", "lock")
 _WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\{\{|\}\}).)*)\}\}\s*$", re.S)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# builds the "file:line: step NAME: ..." error for one key of the step being loaded
+_Fail = Callable[..., InputFileError]
 
 ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
 
@@ -113,6 +116,41 @@ def load_playbook(path: str | Path) -> Playbook:
 
 
 def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
+    where, step_name, label = _step_header(path, index, raw, line)
+
+    def fail(key: str, message: str, hint: str | None = None) -> InputFileError:
+        return InputFileError(path, line_of(raw, key, line), f"{where}: {message}", hint)
+
+    args = _step_args(path, line, where, step_name, raw, fail)
+    when = _step_when(raw, fail)
+    tags = _step_tags(raw, fail)
+    register = raw.get("register")
+    if register is not None and (not isinstance(register, str) or not _IDENTIFIER.match(register)):
+        raise fail(
+            "register", f"'register' must be an identifier, got {register!r}", "use letters, digits, _"
+        )
+    retries = raw.get("retries", 0)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise fail("retries", f"'retries' must be a whole number >= 0, got {retries!r}")
+    ignore_errors = raw.get("ignore_errors", False)
+    if not isinstance(ignore_errors, bool):
+        raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
+    return StepSpec(
+        index=index,
+        name=label,
+        step=step_name,
+        args=args,
+        when=when,
+        tags=tags,
+        register=register,
+        retries=retries,
+        ignore_errors=ignore_errors,
+        line=line,
+    )
+
+
+def _step_header(path: Path, index: int, raw: Any, line: int) -> tuple[str, str, str]:
+    """A step's mapping shape, keys, step and name -> (where to say it is, step name, label)."""
     if not isinstance(raw, dict):
         raise InputFileError(
             path,
@@ -144,10 +182,13 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     label = raw.get("name", step_name)
     if not isinstance(label, str) or not label.strip():
         raise InputFileError(path, line_of(raw, "name", line), f"{where}: 'name' must be a non-empty string")
+    return where, step_name, label
 
-    def fail(key: str, message: str, hint: str | None = None) -> InputFileError:
-        return InputFileError(path, line_of(raw, key, line), f"{where}: {message}", hint)
 
+def _step_args(
+    path: Path, line: int, where: str, step_name: str, raw: dict[str, Any], fail: _Fail
+) -> dict[str, Any]:
+    """The step's 'args' mapping, with every required argument present."""
     args = raw.get("args", {})
     if args is None:
         args = {}
@@ -157,7 +198,11 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     for key, spec in get_step(step_name).args.items():
         if spec.required and args.get(key) is None:
             raise fail("args", f"missing required argument '{key}' for step '{step_name}'", spec.help or None)
+    return dict(args)
 
+
+def _step_when(raw: dict[str, Any], fail: _Fail) -> bool | str | None:
+    """The step's 'when': a boolean or an expression that compiles (checked at load, not at run)."""
     when = raw.get("when")
     if when is not None:
         if not isinstance(when, (bool, str)):
@@ -167,34 +212,17 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
                 ENV.compile_expression(_expression(when))
             except jinja2.TemplateSyntaxError as exc:
                 raise fail("when", f"bad 'when' expression: {exc.message}") from None
+    return when
+
+
+def _step_tags(raw: dict[str, Any], fail: _Fail) -> tuple[str, ...]:
+    """The step's 'tags': one string or a list of strings."""
     tags = raw.get("tags", [])
     if isinstance(tags, str):
         tags = [tags]
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", "'tags' must be a string or a list of strings")
-    register = raw.get("register")
-    if register is not None and (not isinstance(register, str) or not _IDENTIFIER.match(register)):
-        raise fail(
-            "register", f"'register' must be an identifier, got {register!r}", "use letters, digits, _"
-        )
-    retries = raw.get("retries", 0)
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-        raise fail("retries", f"'retries' must be a whole number >= 0, got {retries!r}")
-    ignore_errors = raw.get("ignore_errors", False)
-    if not isinstance(ignore_errors, bool):
-        raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
-    return StepSpec(
-        index=index,
-        name=label,
-        step=step_name,
-        args=dict(args),
-        when=when,
-        tags=tuple(tags),
-        register=register,
-        retries=retries,
-        ignore_errors=ignore_errors,
-        line=line,
-    )
+    return tuple(tags)
 
 
 def _check_step_args(path: Path, line: int, where: str, step_name: str, args: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -46,7 +46,7 @@ from ops.results import (
     write_summary,
 )
 from ops.steps import get_step
-from ops.steps.base import Applied, ArgError, StepContext, StepFailed
+from ops.steps.base import Applied, ArgError, Step, StepContext, StepFailed
 
 if TYPE_CHECKING:
     from ops.bench.progress import BenchProgress
@@ -249,7 +249,6 @@ def _host_lock(conn: Any, host: Host, run: RunWide) -> Iterator[None]:
 
 def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], run: RunWide) -> StepResult:
     start = time.monotonic()
-    check, tags, reporter = run.check, run.tags, run.reporter
 
     def finish(status: str, changed: bool, message: str, **extra: Any) -> StepResult:
         ignored = status == "failed" and spec.ignore_errors
@@ -264,8 +263,8 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], 
             **extra,
         )
 
-    if tags and not tags & set(spec.tags):
-        return finish("skipped", False, f"not tagged {', '.join(sorted(tags))}")
+    if run.tags and not run.tags & set(spec.tags):
+        return finish("skipped", False, f"not tagged {', '.join(sorted(run.tags))}")
     try:
         if not evaluate_when(spec.when, variables):
             return finish("skipped", False, f"when is false: {spec.when}")
@@ -277,45 +276,65 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], 
     failure: StepResult | None = None
     for attempt in range(spec.retries + 1):
         if attempt:
-            reporter.note(f"{host.name} | retry {attempt}/{spec.retries} of '{spec.name}': {failure.message}")
+            run.reporter.note(
+                f"{host.name} | retry {attempt}/{spec.retries} of '{spec.name}': {failure.message}"
+            )
             time.sleep(RETRY_DELAY)
         try:
-            facts = step.probe(conn, args, ctx)
-            plan = step.plan(facts, args, ctx)
-            changes = [c.describe() for c in plan.changes]
-            if check:
-                return finish(
-                    "changed" if plan.will_change else "ok",
-                    plan.will_change,
-                    plan.reason,
-                    changes=changes,
-                    diff=plan.diff,
-                    data=plan.data,
-                )
-            applied = (
-                step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
-            )
-            message = applied.message
-            if applied.changed and not step.is_idempotent(args):
-                message += " (not idempotent)"
-            return finish(
-                "changed" if applied.changed else "ok",
-                applied.changed,
-                message,
-                changes=changes if applied.changed else [],
-                diff=plan.diff if applied.changed else "",
-                data=applied.data,
-            )
-        except StepFailed as exc:
-            failure = finish(
-                "failed", False, str(exc), command=exc.command, stderr=exc.stderr, data={"stderr": exc.stderr}
-            )
-        except SpecopsError as exc:  # HostUnreachable, HostKeyError, ...
-            failure = finish("failed", False, str(exc))
-        except OSError as exc:  # a file operation the host refused (ENOENT, EACCES): the user's to fix
-            failure = finish("failed", False, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
-        except Exception as exc:  # a bug in a step must not take the other hosts down
-            reporter.note(f"{host.name} | internal error in step '{spec.name}':\n{traceback.format_exc()}")
-            failure = finish("failed", False, f"internal error: {type(exc).__name__}: {exc}")
+            return _attempt_step(conn, step, args, ctx, run.check, finish)
+        except Exception as exc:
+            failure = _step_failure(exc, host, spec, run.reporter, finish)
     assert failure is not None
     return failure
+
+
+def _attempt_step(
+    conn: Any,
+    step: Step,
+    args: dict[str, Any],
+    ctx: StepContext,
+    check: bool,
+    finish: Callable[..., StepResult],
+) -> StepResult:
+    """One probe -> plan -> apply pass (probe -> plan only under --check); failures raise."""
+    facts = step.probe(conn, args, ctx)
+    plan = step.plan(facts, args, ctx)
+    changes = [c.describe() for c in plan.changes]
+    if check:
+        return finish(
+            "changed" if plan.will_change else "ok",
+            plan.will_change,
+            plan.reason,
+            changes=changes,
+            diff=plan.diff,
+            data=plan.data,
+        )
+    applied = step.apply(conn, plan, ctx) if plan.will_change else Applied(False, plan.reason, plan.data)
+    message = applied.message
+    if applied.changed and not step.is_idempotent(args):
+        message += " (not idempotent)"
+    return finish(
+        "changed" if applied.changed else "ok",
+        applied.changed,
+        message,
+        changes=changes if applied.changed else [],
+        diff=plan.diff if applied.changed else "",
+        data=applied.data,
+    )
+
+
+def _step_failure(
+    exc: Exception, host: Host, spec: StepSpec, reporter: Reporter, finish: Callable[..., StepResult]
+) -> StepResult:
+    """The failed result of one attempt; called inside the ``except`` so a bug's traceback is logged."""
+    if isinstance(exc, StepFailed):
+        return finish(
+            "failed", False, str(exc), command=exc.command, stderr=exc.stderr, data={"stderr": exc.stderr}
+        )
+    if isinstance(exc, SpecopsError):  # HostUnreachable, HostKeyError, ...
+        return finish("failed", False, str(exc))
+    if isinstance(exc, OSError):  # a file operation the host refused (ENOENT, EACCES): the user's to fix
+        return finish("failed", False, f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+    # a bug in a step must not take the other hosts down
+    reporter.note(f"{host.name} | internal error in step '{spec.name}':\n{traceback.format_exc()}")
+    return finish("failed", False, f"internal error: {type(exc).__name__}: {exc}")

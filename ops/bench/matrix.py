@@ -220,6 +220,24 @@ def _typed(path: Path, line: int, key: str, value: Any, kind: type, minimum: flo
 def _servers(
     path: Path, entry: Any, base: dict[str, Any], overrides: dict[str, Any], line: int
 ) -> list[Server]:
+    _check_system_keys(path, entry, line)
+    if entry.get("enabled", True) is False:
+        return []
+    system, mode = _system_mode(path, entry, line)
+    work = _workload(path, entry.get("workload") or {}, base, _line(entry, "workload") or line)
+    work = _workload(path, overrides, work, line) if overrides else work
+    settings = _server_settings(path, entry, system, mode, line)
+    if system != "ddtree" and not isinstance(entry.get("vars", {}), dict):
+        raise InputFileError(path, _line(entry, "vars") or line, "'vars' must be a mapping")
+    keys = list(settings)
+    return [
+        _server(entry, system, mode, line, dict(zip(keys, combo, strict=True)), work)
+        for combo in (itertools.product(*(settings[k] for k in keys)) if keys else [()])
+    ]
+
+
+def _check_system_keys(path: Path, entry: Any, line: int) -> None:
+    """A system entry is a mapping of known keys only."""
     if not isinstance(entry, dict):
         raise InputFileError(path, line, "each system is a mapping with 'system' and 'mode'")
     for key in entry:
@@ -230,8 +248,10 @@ def _servers(
                 f"unknown system key '{key}'",
                 f"use {', '.join(SYSTEM_KEYS)}",
             )
-    if entry.get("enabled", True) is False:
-        return []
+
+
+def _system_mode(path: Path, entry: dict[str, Any], line: int) -> tuple[str, str]:
+    """The entry's system and a mode that system has."""
     system, mode = entry.get("system"), entry.get("mode")
     if system not in SYSTEMS:
         raise InputFileError(
@@ -248,8 +268,13 @@ def _servers(
             f"mode {mode!r} is not a {system} mode",
             f"use one of {', '.join(modes)}",
         )
-    work = _workload(path, entry.get("workload") or {}, base, _line(entry, "workload") or line)
-    work = _workload(path, overrides, work, line) if overrides else work
+    return system, mode
+
+
+def _server_settings(
+    path: Path, entry: dict[str, Any], system: str, mode: str, line: int
+) -> dict[str, list[int]]:
+    """The per-server integer settings, each a list of values (one server per combination)."""
     settings = {}
     for key in ("budget", "num_speculative_tokens", "block_size"):
         raw = entry.get(key)
@@ -266,39 +291,39 @@ def _servers(
         settings[key] = [_typed(path, _line(entry, key) or line, key, v, int) for v in values]
     if system == "ddtree" and mode == "ddtree" and "budget" not in settings:
         settings["budget"] = [64]
-    if system != "ddtree" and not isinstance(entry.get("vars", {}), dict):
-        raise InputFileError(path, _line(entry, "vars") or line, "'vars' must be a mapping")
-    keys = list(settings)
-    servers = []
-    for combo in itertools.product(*(settings[k] for k in keys)) if keys else [()]:
-        chosen = dict(zip(keys, combo, strict=True))
-        server = Server(
-            label="",
-            system=system,
-            mode=mode,
-            line=line,
-            stay=entry.get("stay") is True,
-            template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
-            port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
-            vars=plain(entry.get("vars") or {}),
-            **chosen,
+    return settings
+
+
+def _server(
+    entry: dict[str, Any], system: str, mode: str, line: int, chosen: dict[str, int], work: dict[str, Any]
+) -> Server:
+    """One server of the entry (one combination of its settings), with every workload cell."""
+    server = Server(
+        label="",
+        system=system,
+        mode=mode,
+        line=line,
+        stay=entry.get("stay") is True,
+        template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
+        port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
+        vars=plain(entry.get("vars") or {}),
+        **chosen,
+    )
+    probe = BenchResult(
+        system=system,
+        mode=mode,
+        budget=server.budget,
+        block_size=server.block_size,
+        num_speculative_tokens=server.num_speculative_tokens,
+    )
+    server.label = slug(entry.get("name") or cell_id_for(probe))
+    server.cells = [
+        _cell(server, probe, p, t, c, o, work)
+        for p, t, c, o in itertools.product(
+            work["prompts"], work["temperature"], work["concurrency"], work["output_len"]
         )
-        probe = BenchResult(
-            system=system,
-            mode=mode,
-            budget=server.budget,
-            block_size=server.block_size,
-            num_speculative_tokens=server.num_speculative_tokens,
-        )
-        server.label = slug(entry.get("name") or cell_id_for(probe))
-        server.cells = [
-            _cell(server, probe, p, t, c, o, work)
-            for p, t, c, o in itertools.product(
-                work["prompts"], work["temperature"], work["concurrency"], work["output_len"]
-            )
-        ]
-        servers.append(server)
-    return servers
+    ]
+    return server
 
 
 def _cell(

@@ -119,62 +119,73 @@ def _minor(value: Any, where: str, path: Path) -> tuple[int, int]:
 def load_pins(path: str | Path) -> dict[str, ProfilePins]:
     """Read and validate the pins file; every problem names the file and the key."""
     path = Path(path)
+    data = _read_yaml(path)
+    profiles = data.get("profiles") if isinstance(data, dict) else None
+    if not isinstance(profiles, dict) or not profiles:
+        raise InputFileError(path, None, "no 'profiles' mapping", "see the comment at the top of pins.yaml")
+    return {str(name): _profile(path, name, body) for name, body in profiles.items()}
+
+
+def _read_yaml(path: Path) -> Any:
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except OSError as exc:
         raise InputFileError(path, None, f"cannot read the pins file: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise InputFileError(path, mark.line + 1 if mark else None, f"invalid YAML: {exc}") from None
-    profiles = data.get("profiles") if isinstance(data, dict) else None
-    if not isinstance(profiles, dict) or not profiles:
-        raise InputFileError(path, None, "no 'profiles' mapping", "see the comment at the top of pins.yaml")
-    pins = {}
-    for name, body in profiles.items():
-        where = f"profiles.{name}"
-        if not isinstance(body, dict):
-            raise InputFileError(path, None, f"{where} must be a mapping")
-        unknown = sorted(set(body) - {"cuda", "index", "python", "venv_gb", "sets"})
-        if unknown:
+
+
+def _profile(path: Path, name: Any, body: Any) -> ProfilePins:
+    """One ``profiles.NAME`` entry, validated."""
+    where = f"profiles.{name}"
+    if not isinstance(body, dict):
+        raise InputFileError(path, None, f"{where} must be a mapping")
+    unknown = sorted(set(body) - {"cuda", "index", "python", "venv_gb", "sets"})
+    if unknown:
+        raise InputFileError(
+            path,
+            None,
+            f"{where}: unknown key '{unknown[0]}'",
+            "keys are cuda, index, python, venv_gb, sets",
+        )
+    if body.get("cuda") not in CUDA_BUILDS:
+        raise InputFileError(
+            path, None, f"{where}.cuda is {body.get('cuda')!r}", f"use one of {', '.join(CUDA_BUILDS)}"
+        )
+    python = body.get("python")
+    if not isinstance(python, dict) or set(python) != {"min", "max"}:
+        raise InputFileError(path, None, f'{where}.python must be {{min: "3.X", max: "3.Y"}}')
+    sets = _requirement_sets(path, where, body.get("sets"))
+    venv_gb = body.get("venv_gb", 0)
+    if isinstance(venv_gb, bool) or not isinstance(venv_gb, (int, float)) or venv_gb < 0:
+        raise InputFileError(path, None, f"{where}.venv_gb is {venv_gb!r}", "a number of GB, e.g. 25")
+    return ProfilePins(
+        profile=str(name),
+        cuda=body["cuda"],
+        index=body.get("index"),
+        python_min=_minor(python["min"], f"{where}.python.min", path),
+        python_max=_minor(python["max"], f"{where}.python.max", path),
+        venv_gb=float(venv_gb),
+        sets=sets,
+    )
+
+
+def _requirement_sets(path: Path, where: str, sets: Any) -> dict[str, tuple[Requirement, ...]]:
+    """A profile's ``sets``: at least one named, non-empty list of exact pins."""
+    if not isinstance(sets, dict) or not sets:
+        raise InputFileError(path, None, f"{where}.sets must name at least one requirement list")
+    parsed = {}
+    for set_name, items in sets.items():
+        if not isinstance(items, list) or not items:
+            raise InputFileError(path, None, f"{where}.sets.{set_name} must be a non-empty list")
+        try:
+            parsed[str(set_name)] = tuple(parse_requirement(item) for item in items)
+        except ValueError as exc:
             raise InputFileError(
                 path,
                 None,
-                f"{where}: unknown key '{unknown[0]}'",
-                "keys are cuda, index, python, venv_gb, sets",
-            )
-        if body.get("cuda") not in CUDA_BUILDS:
-            raise InputFileError(
-                path, None, f"{where}.cuda is {body.get('cuda')!r}", f"use one of {', '.join(CUDA_BUILDS)}"
-            )
-        python = body.get("python")
-        if not isinstance(python, dict) or set(python) != {"min", "max"}:
-            raise InputFileError(path, None, f'{where}.python must be {{min: "3.X", max: "3.Y"}}')
-        sets = body.get("sets")
-        if not isinstance(sets, dict) or not sets:
-            raise InputFileError(path, None, f"{where}.sets must name at least one requirement list")
-        parsed = {}
-        for set_name, items in sets.items():
-            if not isinstance(items, list) or not items:
-                raise InputFileError(path, None, f"{where}.sets.{set_name} must be a non-empty list")
-            try:
-                parsed[str(set_name)] = tuple(parse_requirement(item) for item in items)
-            except ValueError as exc:
-                raise InputFileError(
-                    path,
-                    None,
-                    f"{where}.sets.{set_name}: {exc}",
-                    "pin exactly: name==version or name @ git+URL@REF",
-                ) from None
-        venv_gb = body.get("venv_gb", 0)
-        if isinstance(venv_gb, bool) or not isinstance(venv_gb, (int, float)) or venv_gb < 0:
-            raise InputFileError(path, None, f"{where}.venv_gb is {venv_gb!r}", "a number of GB, e.g. 25")
-        pins[str(name)] = ProfilePins(
-            profile=str(name),
-            cuda=body["cuda"],
-            index=body.get("index"),
-            python_min=_minor(python["min"], f"{where}.python.min", path),
-            python_max=_minor(python["max"], f"{where}.python.max", path),
-            venv_gb=float(venv_gb),
-            sets=parsed,
-        )
-    return pins
+                f"{where}.sets.{set_name}: {exc}",
+                "pin exactly: name==version or name @ git+URL@REF",
+            ) from None
+    return parsed

@@ -178,27 +178,16 @@ def plan_service(
             return Plan.of(definition, message + "; update the service definition", pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
     rollback_to, rollback_args = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
-    changes: list[Run | Write] = list(definition)
-    if preflight and rollback_to not in (None, wanted):
-        check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
-        changes.append(
-            Preflight(
-                f"cd {join([spec['cwd']])} && {check} >/dev/null",
-                timeout=300,
-                why="the new release imports and parses its flags",
-            )
-        )
     running = process or other.process(svc)
-    if preflight and running is not None:
-        changes.append(port_check({**SERVE_DEFAULTS, **args["serve"]}["port"], running["pid"]))
+    changes: list[Run | Write] = list(definition)
+    if preflight:
+        changes += _start_checks(args, spec, rollback_to not in (None, wanted), running)
     first_disruptive = len(changes)
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
     changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on))
-    record = {"release": wanted, "fingerprint": digest, "backend": backend.name, "args": args}
-    state = HostLayout(args["base"], args["name"]).state()
-    changes.append(Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs"))
+    changes.append(_state_write(args, wanted, digest, backend.name))
     data.update(
         stop=backend.stop(args["stop_timeout"]).command,
         first_disruptive=first_disruptive,
@@ -210,3 +199,29 @@ def plan_service(
         args=args,
     )
     return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)
+
+
+def _start_checks(
+    args: dict[str, Any], spec: dict[str, Any], new_release: bool, running: dict[str, Any] | None
+) -> list[Run | Write]:
+    """The checks before anything is disturbed: a new release starts, and the port is ours to take."""
+    checks: list[Run | Write] = []
+    if new_release:
+        check = join(["env", f"PYTHONPATH={spec['env']['PYTHONPATH']}", *spec["argv"][:4], "--help"])
+        checks.append(
+            Preflight(
+                f"cd {join([spec['cwd']])} && {check} >/dev/null",
+                timeout=300,
+                why="the new release imports and parses its flags",
+            )
+        )
+    if running is not None:
+        checks.append(port_check({**SERVE_DEFAULTS, **args["serve"]}["port"], running["pid"]))
+    return checks
+
+
+def _state_write(args: dict[str, Any], wanted: str, digest: str, backend: str) -> Write:
+    """The state file: which release runs, with which fingerprint and arguments (rollback reads it)."""
+    record = {"release": wanted, "fingerprint": digest, "backend": backend, "args": args}
+    state = HostLayout(args["base"], args["name"]).state()
+    return Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs")
