@@ -22,7 +22,7 @@ def _ints(text: str | None) -> list[int] | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    """The pipeline's flags, one per `RunSpec` setting; most train and filter defaults come from `TrainSpec`, `Filters`."""
+    """The pipeline's flags; most train and filter defaults come from `TrainSpec` and `Filters`."""
     p = argparse.ArgumentParser(prog="python -m ddtree_runtime.train", description=__doc__)
     p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3 + tokenizer)")
     p.add_argument(
