@@ -260,24 +260,41 @@ def write_tiny_pair(
     types = layer_types or ["full_attention"] * drafter_layers
     drafter_raw = _drafter_config(target_raw, drafter_layers, block_size, layer_ids, types)
     drafter = DFlashDrafter(DFlashConfig.from_dict(drafter_raw, pair.drafter / "config.json"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: extra threads only add contention
-    try:
-        _fit_drafter(target, drafter, fit_steps, seed, n_words)
-    finally:
-        torch.set_num_threads(threads)
+    _fit_single_threaded(target, drafter, fit_steps, seed, n_words)
 
     state = {f"model.{k}": v.contiguous() for k, v in target.state_dict().items() if k != "lm_head.weight"}
     state["lm_head.weight"] = target.lm_head.weight.contiguous()
     save_file(state, str(pair.target / "model.safetensors"), metadata={"format": "pt"})
+    _write_drafter(drafter, drafter_raw, pair.drafter)
+    (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
+    _write_tokenizer(pair.target, n_words, target_raw["eos_token_id"])
+    (root / "DONE").write_text("ok\n")
+    return pair
+
+
+def _fit_single_threaded(target: Qwen3, drafter: DFlashDrafter, steps: int, seed: int, n_words: int) -> None:
+    """`_fit_drafter` on one thread: for tiny matmuls extra threads only add contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _fit_drafter(target, drafter, steps, seed, n_words)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _write_drafter(drafter: DFlashDrafter, raw: dict[str, object], directory: Path) -> None:
+    """The drafter's weights and config in z-lab's format."""
     save_file(
         {k: v.contiguous() for k, v in drafter.state_dict().items()},
-        str(pair.drafter / "model.safetensors"),
+        str(directory / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
-    (pair.drafter / "config.json").write_text(json.dumps(drafter_raw, indent=2))
-    tiny_tokenizer(n_words).save(str(pair.target / "tokenizer.json"))
+    (directory / "config.json").write_text(json.dumps(raw, indent=2))
+
+
+def _write_tokenizer(directory: Path, n_words: int, eos_ids: object) -> None:
+    """`tokenizer.json`, `tokenizer_config.json` (with the chat template) and `generation_config.json`."""
+    tiny_tokenizer(n_words).save(str(directory / "tokenizer.json"))
     tok_cfg = {
         "chat_template": CHAT_TEMPLATE,
         "eos_token": "<|im_end|>",
@@ -285,8 +302,6 @@ def write_tiny_pair(
         "pad_token": "<|endoftext|>",
         "model_max_length": 4096,
     }
-    (pair.target / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    gen_cfg = {"eos_token_id": target_raw["eos_token_id"], "do_sample": False}
-    (pair.target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
-    (root / "DONE").write_text("ok\n")
-    return pair
+    (directory / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    gen_cfg = {"eos_token_id": eos_ids, "do_sample": False}
+    (directory / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))

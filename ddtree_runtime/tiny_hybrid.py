@@ -19,14 +19,14 @@ from ddtree_runtime.config import DFlashConfig, Qwen3_5Config
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.tiny import (
-    CHAT_TEMPLATE,
     SPECIALS,
     TinyPair,
     _drafter_config,
-    _fit_drafter,
+    _fit_single_threaded,
     _init_target,
     _target_config,
-    tiny_tokenizer,
+    _write_drafter,
+    _write_tokenizer,
 )
 
 
@@ -112,45 +112,29 @@ def write_tiny_hybrid_pair(
     target_raw = _hybrid_config(vocab, hidden, target_layers)
     target = Qwen3_5(Qwen3_5Config.from_dict(target_raw, pair.target / "config.json"))
     _init_target(target, gen, logit_scale)
-    with torch.no_grad():
-        for layer in target.layers:
-            if hasattr(layer, "linear_attn"):
-                # slow decays (exp(A_log) ~ 0.05..0.4), and a loud DeltaNet output: the greedy text
-                # must depend on the recurrent state, or state bugs would not change any token
-                gdn = layer.linear_attn
-                gdn.A_log.uniform_(-3.0, -1.0, generator=gen)
-                gdn.dt_bias.uniform_(-1.0, 0.0, generator=gen)
-                gdn.out_proj.weight.mul_(state_gain)
+    _slow_loud_deltanet(target, gen, state_gain)
     dense = _target_config(vocab, hidden, target_layers)  # the drafter's own layer shapes
     types = ["sliding_attention"] * (drafter_layers - 1) + ["full_attention"]
     layer_ids = [1, target_layers - 2] if drafter_layers > 1 else [target_layers // 2]
     drafter_raw = _drafter_config(dense, drafter_layers, block_size, layer_ids, types)
     drafter = DFlashDrafter(DFlashConfig.from_dict(drafter_raw, pair.drafter / "config.json"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _fit_drafter(target, drafter, fit_steps, seed, n_words)
-    finally:
-        torch.set_num_threads(threads)
+    _fit_single_threaded(target, drafter, fit_steps, seed, n_words)
 
     _write_target(target, pair.target)
-    save_file(
-        {k: v.contiguous() for k, v in drafter.state_dict().items()},
-        str(pair.drafter / "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    _write_drafter(drafter, drafter_raw, pair.drafter)
     (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
-    (pair.drafter / "config.json").write_text(json.dumps(drafter_raw, indent=2))
-    tiny_tokenizer(n_words).save(str(pair.target / "tokenizer.json"))
-    tok_cfg = {
-        "chat_template": CHAT_TEMPLATE,
-        "eos_token": "<|im_end|>",
-        "bos_token": None,
-        "pad_token": "<|endoftext|>",
-        "model_max_length": 4096,
-    }
-    (pair.target / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    gen_cfg = {"eos_token_id": target_raw["text_config"]["eos_token_id"], "do_sample": False}
-    (pair.target / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+    _write_tokenizer(pair.target, n_words, target_raw["text_config"]["eos_token_id"])
     (root / "DONE").write_text("ok\n")
     return pair
+
+
+def _slow_loud_deltanet(target: Qwen3_5, gen: torch.Generator, state_gain: float) -> None:
+    """Slow decays (exp(A_log) ~ 0.05..0.4) and a loud DeltaNet output: the greedy text must depend
+    on the recurrent state, or state bugs would not change any token."""
+    with torch.no_grad():
+        for layer in target.layers:
+            if hasattr(layer, "linear_attn"):
+                gdn = layer.linear_attn
+                gdn.A_log.uniform_(-3.0, -1.0, generator=gen)
+                gdn.dt_bias.uniform_(-1.0, 0.0, generator=gen)
+                gdn.out_proj.weight.mul_(state_gain)

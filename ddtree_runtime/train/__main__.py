@@ -21,7 +21,8 @@ def _ints(text: str | None) -> list[int] | None:
     return None if not text else [int(x) for x in text.split(",") if x.strip()]
 
 
-def parse_args(argv: Sequence[str] | None) -> RunSpec:
+def _parser() -> argparse.ArgumentParser:
+    """The pipeline's flags; most train and filter defaults come from `TrainSpec` and `Filters`."""
     p = argparse.ArgumentParser(prog="python -m ddtree_runtime.train", description=__doc__)
     p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3 + tokenizer)")
     p.add_argument(
@@ -71,7 +72,11 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
     p.add_argument("--eval-budgets", default="16,64")
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> RunSpec:
+    a = _parser().parse_args(argv)
     device = a.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:
         device = f"cuda:{os.environ['LOCAL_RANK']}"
@@ -90,23 +95,28 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
         block_size=a.block_size,
         target_layer_ids=_ints(a.target_layer_ids),
         mask_token_id=a.mask_token_id,
-        train=TrainSpec(
-            steps=a.steps,
-            lr=a.lr,
-            warmup_steps=a.warmup_steps,
-            micro_batch=a.micro_batch,
-            grad_accum=a.grad_accum,
-            anchors=a.anchors,
-            loss_gamma=a.loss_gamma,
-            bf16=a.device.startswith("cuda") if a.bf16 is None else a.bf16,
-            save_every=a.save_every,
-            seed=a.seed,
-        ),
+        train=_train_spec(a),
         save_dtype=a.save_dtype,
         eval_prompts=a.eval_prompts,
         eval_budgets=_ints(a.eval_budgets) or [],
         eval_tokens=a.eval_tokens,
         device=device,
+    )
+
+
+def _train_spec(a: argparse.Namespace) -> TrainSpec:
+    """The trainer's settings from the flags; bf16 defaults to on for a CUDA device."""
+    return TrainSpec(
+        steps=a.steps,
+        lr=a.lr,
+        warmup_steps=a.warmup_steps,
+        micro_batch=a.micro_batch,
+        grad_accum=a.grad_accum,
+        anchors=a.anchors,
+        loss_gamma=a.loss_gamma,
+        bf16=a.device.startswith("cuda") if a.bf16 is None else a.bf16,
+        save_every=a.save_every,
+        seed=a.seed,
     )
 
 

@@ -83,14 +83,7 @@ def extract_offline(
         "shards": [],
     }
     if index_path.exists():
-        old = json.loads(index_path.read_text())
-        if {k: old.get(k) for k in index if k != "shards"} != {
-            k: v for k, v in index.items() if k != "shards"
-        }:
-            raise ExtractionError(
-                f"{index_path}: written for other settings (fix: use a new directory or delete this one)"
-            )
-        index["shards"] = [s for s in old["shards"] if (out / s["file"]).exists()]
+        index["shards"] = _kept_shards(index_path, index)
     done = {s["file"] for s in index["shards"]}  # type: ignore[union-attr]
     todo = [i for i in range(n_shards) if f"shard-{i:05d}.safetensors" not in done]
     need = disk_need(
@@ -99,32 +92,62 @@ def extract_offline(
         target.config.hidden_size,
         dtype,
     )
-    free = shutil.disk_usage(out).free
-    if need > free:
-        raise ExtractionError(
-            f"{out}: extraction needs {human_bytes(need)} but {human_bytes(free)} is free "
-            "(fix: free space, pick another --features-dir, or use online extraction)"
-        )
+    _check_free(out, need)
     for i in todo:
-        tensors: dict[str, Tensor] = {}
-        rows = _rows(i, shard_size, len(samples))
-        for j in rows:
-            ids, prompt_len = samples[j]
-            tokens = torch.tensor(ids, dtype=torch.int64)
-            tensors[f"hidden.{j}"] = hidden_states(target, tokens, layer_ids).to(dtype).contiguous()
-            tensors[f"tokens.{j}"] = tokens
-            tensors[f"prompt_len.{j}"] = torch.tensor([prompt_len])
-        name = f"shard-{i:05d}.safetensors"
-        tmp = out / f".{name}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})  # metadata order is not stable: no more
-        os.replace(tmp, out / name)
-        index["shards"].append({"file": name, "first": i * shard_size, "count": len(rows)})  # type: ignore[union-attr]
+        shard = _write_shard(target, samples, i, shard_size, layer_ids, dtype, out)
+        index["shards"].append(shard)  # type: ignore[union-attr]
         index["shards"].sort(key=lambda s: s["first"])  # type: ignore[union-attr]
         write_json(index_path, index)
         if progress is not None:
             progress(len(index["shards"]), n_shards)  # type: ignore[arg-type]
     write_json(index_path, index)
     return index
+
+
+def _kept_shards(index_path: Path, index: dict[str, object]) -> list[dict[str, object]]:
+    """The shards an earlier run listed in `index_path` that are still on disk; the earlier settings
+    must match `index`'s."""
+    old = json.loads(index_path.read_text())
+    if {k: old.get(k) for k in index if k != "shards"} != {k: v for k, v in index.items() if k != "shards"}:
+        raise ExtractionError(
+            f"{index_path}: written for other settings (fix: use a new directory or delete this one)"
+        )
+    return [s for s in old["shards"] if (index_path.parent / s["file"]).exists()]
+
+
+def _check_free(out: Path, need: int) -> None:
+    """Refuse before writing anything when `need` bytes would not fit under `out`."""
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise ExtractionError(
+            f"{out}: extraction needs {human_bytes(need)} but {human_bytes(free)} is free "
+            "(fix: free space, pick another --features-dir, or use online extraction)"
+        )
+
+
+def _write_shard(
+    target: Qwen3,
+    samples: list[tuple[list[int], int]],
+    shard: int,
+    shard_size: int,
+    layer_ids: tuple[int, ...],
+    dtype: torch.dtype,
+    out: Path,
+) -> dict[str, object]:
+    """Run the target on the shard's samples and write them atomically; returns its index entry."""
+    tensors: dict[str, Tensor] = {}
+    rows = _rows(shard, shard_size, len(samples))
+    for j in rows:
+        ids, prompt_len = samples[j]
+        tokens = torch.tensor(ids, dtype=torch.int64)
+        tensors[f"hidden.{j}"] = hidden_states(target, tokens, layer_ids).to(dtype).contiguous()
+        tensors[f"tokens.{j}"] = tokens
+        tensors[f"prompt_len.{j}"] = torch.tensor([prompt_len])
+    name = f"shard-{shard:05d}.safetensors"
+    tmp = out / f".{name}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})  # metadata order is not stable: no more
+    os.replace(tmp, out / name)
+    return {"file": name, "first": shard * shard_size, "count": len(rows)}
 
 
 def _rows(shard: int, shard_size: int, total: int) -> range:

@@ -119,7 +119,6 @@ def train(
     `samples()` yields the (rank-local) sequences afresh each epoch; without stored features each
     one's hidden states are computed here with the frozen target (online extraction)."""
     rank, world = _rank_world()
-    device = drafter.fc.weight.device
     target.requires_grad_(False)
     drafter.train()
     model: nn.Module = BlockLoss(drafter, target, spec.loss_gamma)
@@ -128,35 +127,10 @@ def train(
     opt = torch.optim.AdamW(
         drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95)
     )
-
-    def lr_at(step: int) -> float:
-        if step < spec.warmup_steps:
-            return (step + 1) / spec.warmup_steps
-        t = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    step, gen = 0, random.Random(spec.seed * 1000 + rank)
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        drafter.load_state_dict(state["drafter"])
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
-        step = state["step"]
-        gen.setstate(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
-        log(f"resumed at step {step}/{spec.steps} from {ckpt}")
-
-    def stream() -> Iterator[Sample]:
-        while True:
-            got = False
-            for i, s in enumerate(samples()):
-                if i % world == rank:
-                    got = True
-                    yield s
-            if not got:
-                raise ValueError("no training samples for this rank (fix: more prompts, or fewer ranks)")
-
-    data = stream()
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _lr_factor(spec, step))
+    gen = random.Random(spec.seed * 1000 + rank)
+    step = _resume(ckpt, spec, drafter, opt, sched, gen, log) if ckpt.exists() else 0
+    data = _rank_stream(samples, rank, world)
     if rank == 0:
         log(
             f"train: world size {world} ({'DDP' if world > 1 else 'one process'}), {spec.micro_batch} sequences "
@@ -167,38 +141,12 @@ def train(
     start_step = step
     while step < spec.steps:
         opt.zero_grad(set_to_none=True)
-        total, weight = torch.zeros((), device=device), torch.zeros((), device=device)
-        for micro in range(spec.grad_accum):
-            batch = []
-            for _ in range(spec.micro_batch):
-                s = next(data)
-                tokens = s.tokens.to(device)
-                anchors = sample_anchors(s.prompt_len, tokens.shape[0], spec.anchors, gen)
-                if not anchors:
-                    continue
-                feats = s.hidden
-                if feats is None:
-                    feats = hidden_states(target, tokens, drafter.config.target_layer_ids)
-                batch.append(
-                    (feats.to(device, drafter.fc.weight.dtype), tokens, torch.tensor(anchors, device=device))
-                )
-                tokens_seen += len(anchors) * (drafter.config.block_size - 1)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
-                loss_sum, w_sum = model(batch)
-            sync = micro == spec.grad_accum - 1 or world == 1
-            ctx = (
-                model.no_sync()
-                if isinstance(model, DistributedDataParallel) and not sync
-                else contextlib.nullcontext()
-            )
-            with ctx:
-                (loss_sum / max(1.0, float(w_sum)) / spec.grad_accum).backward()
-            total, weight = total + loss_sum.detach(), weight + w_sum.detach()
+        loss, tokens = _accumulate_grads(model, drafter, target, data, spec, gen)
+        tokens_seen += tokens
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         sched.step()
         step += 1
-        loss = float(total / weight.clamp(min=1))
         losses.append(loss)
         if rank == 0 and (step % spec.log_every == 0 or step == spec.steps):
             el = time.perf_counter() - t0
@@ -211,6 +159,103 @@ def train(
             _save(ckpt, drafter, opt, sched, step, gen)
     drafter.eval()
     return losses
+
+
+def _lr_factor(spec: TrainSpec, step: int) -> float:
+    """Linear warmup to 1, then a cosine decay to 0.1 at `spec.steps`."""
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    t = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def _resume(
+    ckpt: Path,
+    spec: TrainSpec,
+    drafter: DFlashDrafter,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    gen: random.Random,
+    log: Callable[[str], None],
+) -> int:
+    """Load `ckpt` (written by `_save`) into the drafter, optimizer, schedule and this rank's RNG;
+    returns the step to continue from."""
+    rank, _ = _rank_world()
+    state = torch.load(ckpt, map_location=drafter.fc.weight.device, weights_only=False)
+    drafter.load_state_dict(state["drafter"])
+    opt.load_state_dict(state["opt"])
+    sched.load_state_dict(state["sched"])
+    step = state["step"]
+    gen.setstate(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
+    log(f"resumed at step {step}/{spec.steps} from {ckpt}")
+    return step
+
+
+def _rank_stream(samples: Callable[[], Iterator[Sample]], rank: int, world: int) -> Iterator[Sample]:
+    """Every world-th sample from `rank` on, epoch after epoch, forever."""
+    while True:
+        got = False
+        for i, s in enumerate(samples()):
+            if i % world == rank:
+                got = True
+                yield s
+        if not got:
+            raise ValueError("no training samples for this rank (fix: more prompts, or fewer ranks)")
+
+
+def _accumulate_grads(
+    model: nn.Module,
+    drafter: DFlashDrafter,
+    target: Qwen3,
+    data: Iterator[Sample],
+    spec: TrainSpec,
+    gen: random.Random,
+) -> tuple[float, int]:
+    """Backward over `spec.grad_accum` micro-batches (DDP syncs only on the last); returns the
+    step's mean weighted loss and the draft tokens it trained on."""
+    device = drafter.fc.weight.device
+    total, weight = torch.zeros((), device=device), torch.zeros((), device=device)
+    tokens_seen = 0
+    for micro in range(spec.grad_accum):
+        batch, tokens = _micro_batch(drafter, target, data, spec, gen)
+        tokens_seen += tokens
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+            loss_sum, w_sum = model(batch)
+        last = micro == spec.grad_accum - 1
+        ddp = isinstance(model, DistributedDataParallel)
+        ctx = model.no_sync() if ddp and not last else contextlib.nullcontext()
+        with ctx:
+            (loss_sum / max(1.0, float(w_sum)) / spec.grad_accum).backward()
+        total, weight = total + loss_sum.detach(), weight + w_sum.detach()
+    return float(total / weight.clamp(min=1)), tokens_seen
+
+
+def _micro_batch(
+    drafter: DFlashDrafter,
+    target: Qwen3,
+    data: Iterator[Sample],
+    spec: TrainSpec,
+    gen: random.Random,
+) -> tuple[list[tuple[Tensor, Tensor, Tensor]], int]:
+    """`spec.micro_batch` samples as (features, tokens, anchors) on the drafter's device (those too
+    short for an anchor dropped), plus their draft-token count; features come from the target
+    when the sample has none stored."""
+    device = drafter.fc.weight.device
+    batch, tokens_seen = [], 0
+    for _ in range(spec.micro_batch):
+        s = next(data)
+        tokens = s.tokens.to(device)
+        anchors = sample_anchors(s.prompt_len, tokens.shape[0], spec.anchors, gen)
+        if not anchors:
+            continue
+        feats = s.hidden
+        if feats is None:
+            feats = hidden_states(target, tokens, drafter.config.target_layer_ids)
+        batch.append(
+            (feats.to(device, drafter.fc.weight.dtype), tokens, torch.tensor(anchors, device=device))
+        )
+        tokens_seen += len(anchors) * (drafter.config.block_size - 1)
+    return batch, tokens_seen
 
 
 def _save(
