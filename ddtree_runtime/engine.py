@@ -148,17 +148,11 @@ class Engine:
         """Capture one greedy round graph; the buffers come back as they were."""
         assert self.graphs is not None
         buf = self.buffers
-        saved = [t.clone() for t in (buf.root, buf.ctx, buf.feats, buf.n_feats)]
-        if (
-            int(buf.ctx) + self._rows(mode, budget, buf.feats.shape[0]) > bound
-        ):  # a fresh engine: any valid length
-            saved[1].fill_(bound - self._rows(mode, budget, buf.feats.shape[0]))
-            saved[3].fill_(1)
-
-        def reset() -> None:
-            for dst, src in zip((buf.root, buf.ctx, buf.feats, buf.n_feats), saved, strict=True):
-                dst.copy_(src)
-
+        rows = self._rows(mode, budget, buf.feats.shape[0])
+        if int(buf.ctx) + rows > bound:  # the last generation ran past this bucket: any length in it
+            buf.ctx.fill_(bound - rows)
+            buf.n_feats.fill_(1)
+        reset = buf.snapshot()
         self.graphs.capture((mode, budget, bound), self._phases(mode, budget, bound, Sampling()), reset)
 
     @torch.inference_mode()

@@ -94,11 +94,7 @@ def phase_times_s(engine: Engine, mode: str, budget: int, reps: int = 20) -> dic
     rows = engine._rows(mode, budget, buf.feats.shape[0])
     bound = key_bound(int(buf.ctx) + rows + reps * rows, engine.max_context, bucketed=True)
     phases = engine._phases(mode, budget, bound, Sampling())
-    saved = [t.clone() for t in (buf.root, buf.ctx, buf.feats, buf.n_feats)]
-
-    def reset() -> None:
-        for dst, src in zip((buf.root, buf.ctx, buf.feats, buf.n_feats), saved, strict=True):
-            dst.copy_(src)
+    reset = buf.snapshot()
 
     for _, run in phases:  # compile and allocate outside the capture
         run()

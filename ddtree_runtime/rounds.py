@@ -65,6 +65,18 @@ class RoundBuffers:
         self.ctx.add_(path_len)
         self.root.copy_(bonus.reshape(1))
 
+    def snapshot(self) -> Callable[[], None]:
+        """A function that puts the round state (root, length, features) back as it is now: a graph
+        capture or a profile runs rounds that must leave no trace."""
+        state = (self.root, self.ctx, self.feats, self.n_feats)
+        saved = [t.clone() for t in state]
+
+        def restore() -> None:
+            for dst, src in zip(state, saved, strict=True):
+                dst.copy_(src)
+
+        return restore
+
     def start(self, root: Tensor, ctx: int) -> None:
         """Set up for the first round after a prefill of `ctx` rows (the drafter has read them all)."""
         self.root.copy_(root.reshape(1))
