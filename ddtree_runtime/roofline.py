@@ -92,7 +92,7 @@ def phase_times_s(engine: Engine, mode: str, budget: int, reps: int = 20) -> dic
     and replayed `reps` times (the engine must hold a prefilled context: call after `generate`)."""
     buf = engine.buffers
     rows = engine._rows(mode, budget, buf.feats.shape[0])
-    bound = key_bound(int(buf.ctx) + rows + reps * rows, engine.max_context, bucketed=True)
+    bound = key_bound(int(buf.ctx) + rows, engine.max_context, bucketed=True)  # as the round's own
     phases = engine._phases(mode, budget, bound, Sampling())
     reset = buf.snapshot()
 
