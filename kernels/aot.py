@@ -421,10 +421,9 @@ def topk_specs(cc: int) -> list[Spec]:
 def tree_spec(cc: int) -> Spec:
     """``tree_from_topk``'s single program at budget 1024 (16 warps, CHUNK 512)."""
     budget = k = BUDGET
-    bp = max(16, next_pow2(budget))
-    small = min(128, bp)
-    warps, chunk = (8, 1024) if bp <= 512 else (16, 512)
-    n_pairs = sum(min(k, budget // (r + 1)) for r in range(budget))
+    constexprs, warps = tree_build.tree_launch(budget)
+    bp = constexprs["BP"]
+    n_pairs = tree_build.candidate_pairs(budget, k, META)[0].shape[0]
     i32, i64 = torch.int32, torch.int64
     tokens = _empty(budget + 1, dtype=i64)
     args = dict(
@@ -445,15 +444,6 @@ def tree_spec(cc: int) -> Spec:
         budget=budget,
         k=k,
         n_pairs=n_pairs,
-    )
-    constexprs = dict(
-        BP=bp,
-        LOG_BP=bp.bit_length() - 1,
-        SMALL=small,
-        LOG_SMALL=small.bit_length() - 1,
-        CHUNK=chunk,
-        GROUP=4,
-        FULL=bp == budget,
     )
     return Spec("tree_build.tree", f"B={budget}", cc, tree_build._tree_kernel, args, constexprs, warps)
 

@@ -288,6 +288,24 @@ def _tree_kernel(
     tl.store(DEPTH + lane, tl.zeros([BP], tl.int64), mask=root)
 
 
+def tree_launch(budget: int) -> tuple[dict[str, int | bool], int]:
+    """The tree kernel's constexprs and warps for ``budget`` (``kernels.aot`` compiles the same):
+    no register spills up to B = 1024 on sm_90."""
+    bp = max(16, next_pow2(budget))
+    small = min(128, bp)
+    warps, chunk = (8, 1024) if bp <= 512 else (16, 512)
+    meta = dict(
+        BP=bp,
+        LOG_BP=bp.bit_length() - 1,
+        SMALL=small,
+        LOG_SMALL=small.bit_length() - 1,
+        CHUNK=chunk,
+        GROUP=4,
+        FULL=bp == budget,
+    )
+    return meta, warps
+
+
 def tree_from_topk(
     vals: Tensor,
     toks: Tensor,
@@ -308,9 +326,8 @@ def tree_from_topk(
     _check_budget(depth_max, k, budget)
     device = vals.device
     tab_rho, tab_r = pairs if pairs is not None else candidate_pairs(budget, k, device)
-    bp = max(16, next_pow2(budget))
-    small = min(128, bp)
-    warps, chunk = (8, 1024) if bp <= 512 else (16, 512)  # no register spills up to B = 1024 (sm_90)
+    meta, warps = tree_launch(budget)
+    bp = meta["BP"]
     level_score = torch.empty(depth_max, bp, device=device)
     level_rho = torch.empty(depth_max, bp, dtype=torch.int32, device=device)
     level_rank = torch.empty(depth_max, bp, dtype=torch.int32, device=device)
@@ -337,13 +354,7 @@ def tree_from_topk(
         budget,
         k,
         tab_rho.shape[0],
-        BP=bp,
-        LOG_BP=bp.bit_length() - 1,
-        SMALL=small,
-        LOG_SMALL=small.bit_length() - 1,
-        CHUNK=chunk,
-        GROUP=4,
-        FULL=bp == budget,
+        **meta,
         num_warps=warps,
     )
     return tokens, parents, depth
