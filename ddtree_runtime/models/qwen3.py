@@ -188,6 +188,23 @@ def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
     return torch.full((), context_len, dtype=torch.int64, device=device)
 
 
+def outputs(
+    model: nn.Module,
+    normed: Tensor,
+    captured: dict[int, Tensor],
+    logits_dtype: torch.dtype | None,
+    last_logits_only: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """A target's logits and its captured hidden states, from the final normed output and the
+    residual stream after each captured layer (HF's last hidden_states entry is the normed output)."""
+    last = len(model.layers) - 1
+    if last in captured:
+        captured[last] = normed
+    hidden = torch.cat([captured[i] for i in model.capture_layers], dim=-1) if captured else None
+    logits = model.lm_head(normed[-1:] if last_logits_only else normed)
+    return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
+
+
 class Qwen3(nn.Module):
     """The target model. `forward` returns logits and the captured hidden states."""
 
@@ -265,11 +282,7 @@ class Qwen3(nn.Module):
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
-        if len(self.layers) - 1 in captured:  # HF's last hidden_states entry is the normed output
-            captured[len(self.layers) - 1] = h
-        hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
-        logits = self.lm_head(h[-1:] if last_logits_only else h)
-        return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
+        return outputs(self, h, captured, logits_dtype, last_logits_only)
 
     def commit(
         self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: Backend, chain: bool

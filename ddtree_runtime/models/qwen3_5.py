@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.models.gdn import advance_state, conv_windows, gdn_chain, tree_conv
-from ddtree_runtime.models.qwen3 import MLP, apply_rope, as_device_length, rope_tables
+from ddtree_runtime.models.qwen3 import MLP, apply_rope, as_device_length, outputs, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -283,12 +283,7 @@ class Qwen3_5(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x), backend)
             if capture and i in self.capture_layers:
                 captured[i] = x
-        x = self.norm(x)
-        if len(self.layers) - 1 in captured:  # HF's last hidden_states entry is the normed output
-            captured[len(self.layers) - 1] = x
-        hidden = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if captured else None
-        logits = self.lm_head(x[-1:] if last_logits_only else x)
-        return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
+        return outputs(self, self.norm(x), captured, logits_dtype, last_logits_only)
 
     def commit(
         self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
