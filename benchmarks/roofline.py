@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from triton.testing import do_bench
 
 from ddtree_runtime.config import DFlashConfig, Qwen3Config
 from ddtree_runtime.engine import Engine
@@ -77,18 +78,6 @@ def random_pair(device: torch.device, dtype: torch.dtype) -> tuple[Qwen3, DFlash
     return models[0], models[1]
 
 
-def median_ms(fn, reps: int = 30) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def verify_pass_ms(engine: Engine, context: int, nodes: int) -> float:
     """The target's forward over a random `nodes`-node tree at `context`, one graph, median."""
     target, backend, device = engine.target, engine.backend, engine.device
@@ -110,7 +99,7 @@ def verify_pass_ms(engine: Engine, context: int, nodes: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    return median_ms(graph.replay)
+    return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
 
 
 def measure_context(
