@@ -5,7 +5,8 @@ Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`),
 1. tokens/s of `Engine.generate` in this process (what `python -m ddtree_runtime generate` reports)
    against one warmed, non-streamed `/v1/chat/completions` per request through a real server
    (`python -m ddtree_runtime serve --modes ar,dflash,ddtree`), per mode, measured alternately,
-   median of `--runs`; the goal is served within 10% of direct;
+   median of `--runs`; the goal is served within 10% of direct. Beside it, what serving adds per
+   request: the client's time minus the engine's own time in the server's log line (`engine_s`);
 2. `/health` latency (p50, p99, max) while `--clients` streaming clients keep the engine busy; the
    goal is p99 under 50 ms with 16 clients;
 3. a non-streamed request dropped mid-generation: the time until `/metrics` shows the engine free,
@@ -88,34 +89,49 @@ def wait_ready(client: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -
     raise SystemExit("server not ready after 300 s")
 
 
-def served_tokens_per_s(client: httpx.Client, mode: str) -> float:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": TOKENS,
-            "ignore_eos": True, "temperature": 0, "mode": mode}  # fmt: skip
+def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) -> tuple[float, float]:
+    """One non-streamed chat completion over a keep-alive stdlib connection (the lightest client,
+    so the figure is the server's): (tokens/s at the client, seconds the server added to the
+    engine's own generation time, from the request's log line)."""
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
+                       "max_tokens": tokens, "ignore_eos": True, "temperature": 0, "mode": mode})  # fmt: skip
     began = time.perf_counter()
-    out = client.post("/v1/chat/completions", json=body)
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = json.loads(resp.read())
     seconds = time.perf_counter() - began
-    out.raise_for_status()
-    return out.json()["usage"]["completion_tokens"] / seconds
+    assert resp.status == 200, data
+    lines = filter(None, log.read_text().splitlines())
+    record = [e for e in map(json.loads, lines) if e.get("path") == "/v1/chat/completions"][-1]
+    return data["usage"]["completion_tokens"] / seconds, seconds - record["engine_s"]
 
 
-def compare(engine: Engine, ids: list[int], client: httpx.Client, runs: int) -> None:
-    """Direct with torch's default threads (what `generate` uses) and with the server's count."""
+def compare(engine: Engine, ids: list[int], port: int, log: Path, runs: int) -> None:
+    """Direct with torch's default threads (what `generate` uses) and with the server's count,
+    against served; every side runs a short warm-up generation just before its timed one, so no
+    side gains from having had the cores (and caches) last."""
     default, served_threads = torch.get_num_threads(), max(1, len(os.sched_getaffinity(0)) - 1)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     print(f"{'mode':8} {f'direct {default} thr':>14} {f'direct {served_threads} thr':>14} "
-          f"{'served':>8} {'served/direct':>14} {'served/direct same thr':>23}")  # fmt: skip
+          f"{'served':>8} {'served/direct':>14} {'served/direct same thr':>23} "
+          f"{'serving adds (ms/request)':>26}")  # fmt: skip
     for mode in MODES:
         direct: dict[int, list[float]] = {default: [], served_threads: []}
-        served = []
-        served_tokens_per_s(client, mode)  # warm
+        tps, added = [], []
         for _ in range(runs):  # alternate, so every side sees the same machine load
-            for threads, tps in direct.items():
+            for threads, direct_tps in direct.items():
                 torch.set_num_threads(threads)
                 engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=8, eos_ids=())
                 r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
-                tps.append(r.tokens_per_s)
-            served.append(served_tokens_per_s(client, mode))
-        d, d1, s = (statistics.median(x) for x in (direct[default], direct[served_threads], served))
-        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {s / d:13.2f}x {s / d1:22.2f}x", flush=True)
+                direct_tps.append(r.tokens_per_s)
+            served(conn, mode, 8, log)
+            t, a = served(conn, mode, TOKENS, log)
+            tps.append(t)
+            added.append(a)
+        d, d1, s = (statistics.median(x) for x in (direct[default], direct[served_threads], tps))
+        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {s / d:13.2f}x {s / d1:22.2f}x "
+              f"{statistics.median(added) * 1e3:26.2f}", flush=True)  # fmt: skip
+    conn.close()
     torch.set_num_threads(default)
 
 
@@ -154,11 +170,12 @@ async def health_under_load(base: str, clients: int, seconds: float) -> None:
     )
 
 
-def drop_frees(port: int, mode: str, log: Path) -> None:
-    """A raw socket sends a long non-streamed ar request and closes mid-generation; a keep-alive
-    connection polls /metrics until the engine is free; the rounds' own gaps give the round time."""
+def drop_frees(port: int, mode: str, log: Path) -> float:
+    """A raw socket sends a long non-streamed request and closes mid-generation; a keep-alive
+    connection polls /metrics until the engine is free; the rounds' own gaps give the round time.
+    Returns how many rounds the engine ran on after the server saw the client gone."""
     body = json.dumps(
-        {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": "ar"}
+        {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": mode}
     )
     probe = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
@@ -181,6 +198,7 @@ def drop_frees(port: int, mode: str, log: Path) -> None:
     polls = 0
     while metric(text := scrape(), "vllm:num_requests_running") != 0:
         polls += 1
+        time.sleep(0.002)  # a tight loop of scrapes would hold the server's GIL against the engine
     freed = time.perf_counter() - dropped
     cancelled: list[dict[str, float]] = []
     while len(cancelled) < seen + 1:  # the worker logs just after it frees the engine
@@ -196,6 +214,7 @@ def drop_frees(port: int, mode: str, log: Path) -> None:
         f"client gone; its rounds took {round_s * 1e3:.2f} ms each: {engine_s / round_s:.2f} rounds",
         flush=True,
     )
+    return engine_s / round_s
 
 
 def main() -> None:
@@ -218,10 +237,13 @@ def main() -> None:
     try:
         with httpx.Client(base_url=base, timeout=120) as client:
             wait_ready(client, proc, log)
-            compare(engine, ids, client, args.runs)
+        compare(engine, ids, port, log, args.runs)
         asyncio.run(health_under_load(base, args.clients, args.seconds))
         for mode in ("ar", "ddtree"):
-            drop_frees(port, mode, log)
+            rounds = [drop_frees(port, mode, log) for _ in range(5)]
+            print(
+                f"{mode}: the engine ran on for a median {statistics.median(rounds):.2f} rounds after the drop"
+            )
     finally:
         proc.terminate()
         proc.wait(60)

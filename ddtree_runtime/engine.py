@@ -17,6 +17,7 @@ The one host sync per round is reading the accepted tokens, which the stopping r
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -200,14 +201,16 @@ class Engine:
         eos_ids: Sequence[int] | None = None,
         stop: Sequence[str] = (),
         decode: Callable[[list[int]], str] | None = None,
-        on_tokens: Callable[[list[int]], bool] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        cancel: threading.Event | None = None,
         block_size: int | None = None,
         profile: bool = False,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
-        EOS (kept in the output), stop strings (needs `decode`) and `on_tokens` returning False
-        (called with each round's new tokens, e.g. to stream) end it early. `profile` runs the
+        EOS (kept in the output) and stop strings (needs `decode`) end it early; `on_tokens` gets
+        each round's new tokens (e.g. to stream). Setting `cancel` from another thread stops it
+        before its next phase (a graphed round: before its next round), with the tokens so far. `profile` runs the
         phases one by one with a sync between them, for the per-phase split.
         """
         full_block = self.drafter.config.block_size if self.drafter is not None else 2
@@ -215,7 +218,7 @@ class Engine:
         self._check(mode, prompt_ids, max_new_tokens, budget, block)
         sampling = self._sampling(temperature, top_p, seed)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
-        out = Output(max_new_tokens, eos, stop, decode, on_tokens)
+        out = Output(max_new_tokens, eos, stop, decode, on_tokens, cancel)
         clock = PhaseClock(profile and self.device.type == "cuda")
         start_time = time.perf_counter()
         buf, root = self._prefill(prompt_ids, mode, sampling, block)
@@ -306,6 +309,8 @@ class Engine:
                 if bound not in phases:
                     phases[bound] = self._phases(mode, budget, bound, sampling, buf)
                 for name, run in phases[bound]:
+                    if out.cancelled():  # a cut round leaves no state the next prefill keeps
+                        return
                     run()
                     clock.lap(name)
             result = buf.out.tolist()

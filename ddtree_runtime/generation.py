@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,16 +85,17 @@ class Output:
         eos_ids: set[int],
         stop: Sequence[str],
         decode: Callable[[list[int]], str] | None,
-        on_tokens: Callable[[list[int]], bool] | None,
+        on_tokens: Callable[[list[int]], None] | None,
+        cancel: threading.Event | None,
     ) -> None:
         self.ids: list[int] = []
         self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
-        self.on_tokens = on_tokens
+        self.on_tokens, self.cancel = on_tokens, cancel
         self.reason: str | None = None
 
     def emit(self, tokens: list[int]) -> bool:
         """Append tokens one by one until a rule fires, then hand the round's tokens to
-        `on_tokens` (False from it cancels); True when generation is over."""
+        `on_tokens`; True when generation is over."""
         first = len(self.ids)
         for t in tokens:
             self.ids.append(t)
@@ -105,9 +107,15 @@ class Output:
                 self.reason = "length"
             if self.reason:
                 break
-        if self.on_tokens is not None and not self.on_tokens(self.ids[first:]) and not self.reason:
+        if self.on_tokens is not None:
+            self.on_tokens(self.ids[first:])
+        return self.cancelled() or self.reason is not None
+
+    def cancelled(self) -> bool:
+        """True once `cancel` is set (from any thread) before another rule ended the generation."""
+        if self.reason is None and self.cancel is not None and self.cancel.is_set():
             self.reason = "cancelled"
-        return self.reason is not None
+        return self.reason == "cancelled"
 
     def text(self) -> str | None:
         if self.decode is None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from ddtree_runtime.server.admission import read_json
+from ddtree_runtime.server.admission import off_loop_if_large, read_json
 from ddtree_runtime.server.metrics import CONTENT_TYPE
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError
@@ -53,7 +52,7 @@ def add_aux_routes(app: FastAPI, st: State) -> None:
             text = tokenizer.apply_chat_template(messages)
         if len(text) > limits.max_prompt_chars:
             raise APIError(400, f"the text has {len(text)} characters (fix: shorten it)", param="prompt")
-        ids = await anyio.to_thread.run_sync(tokenizer.encode, text)
+        ids = await off_loop_if_large(request, tokenizer.encode, text)
         return {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))

@@ -1,9 +1,9 @@
 """The OpenAI routes: `/v1/models`, `/v1/completions` and `/v1/chat/completions`.
 
-Handlers run on one asyncio loop and never wait on the engine: they validate (tokenizing in a
-worker thread, after a size check that needs no tokenizer), queue a `Job`, then await its events.
+Handlers run on one asyncio loop and never wait on the engine: they validate (tokenizing a large
+body in a worker thread, after a size check that needs no tokenizer), queue a `Job`, then await its events.
 Every completion also watches its connection, so a client that leaves, streamed or not, cancels
-its generation at the end of the current round and is counted as `abort`.
+its generation before the engine's next phase and is counted as `abort`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ddtree_runtime.generation import GenerationResult
-from ddtree_runtime.server.admission import enqueue, read_json
+from ddtree_runtime.server.admission import enqueue, off_loop_if_large, read_json
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError
 from ddtree_runtime.server.protocol.requests import ChatCompletionRequest, CompletionRequest
@@ -88,7 +87,7 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
     record = record_of(request)
     body = await read_json(request)
     limits, tokenizer, _ = st.ready()
-    req = await anyio.to_thread.run_sync(parse_request, body, chat, limits, tokenizer)
+    req = await off_loop_if_large(request, parse_request, body, chat, limits, tokenizer)
     _describe(record, req)
     job = Job(req, asyncio.get_running_loop())
     enqueue(st.scheduler, job)
@@ -211,10 +210,11 @@ class _Flow:
             len(result.output_ids),
             rounds=result.rounds,
             tau=round(result.mean_accepted, 4),
+            engine_s=round(result.total_s, 6),  # e2e_s minus this: what serving the request added
         )
 
     def abort(self) -> None:
-        """The client left (or the server stopped): out of the queue, or cancelled at the next round."""
+        """The client left (or the server stopped): out of the queue, or cancelled before the next phase."""
         if not self.finished:
             self.st.scheduler.withdraw(self.job)
             self.record.update(disconnected=True, status=499)
@@ -230,7 +230,7 @@ def _shutting_down(result: GenerationResult | APIError) -> APIError:
 
 
 async def _until_gone(request: Request, job: Job) -> None:
-    """Wait for the client to close its connection, then cancel the job (at its next round)."""
+    """Wait for the client to close its connection, then cancel the job (before its next phase)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
     job.put(("gone", None))

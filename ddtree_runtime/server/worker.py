@@ -5,7 +5,7 @@ thread. Request handlers (on the HTTP event loop) validate a request, wrap it in
 the job's events; the worker feeds them through the loop's thread-safe call: each round's tokens
 (streamed requests only: a non-streamed one needs no wake-up per round) and the final result. A
 client that leaves frees its place at once: a waiting job is taken out of the queue, and a running
-one is cancelled at the end of its current round (the engine's `on_tokens` answers False).
+one is cancelled before the engine's next phase (the job's `cancelled` event).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Scheduler:
 
     def withdraw(self, job: Job) -> bool:
         """Cancel a job (its client left): out of the queue at once, or, if it is running, stopped at
-        the end of its current round. False if it had already started."""
+        its next engine phase. False if it had already started."""
         with self.cond:
             job.cancelled_at = job.cancelled_at or time.perf_counter()
             job.cancelled.set()
@@ -161,7 +161,7 @@ class Worker(threading.Thread):
         max_context = self.engine.max_context
         prompt_len = len(req.prompt_ids)
 
-        def on_tokens(tokens: list[int]) -> bool:
+        def on_tokens(tokens: list[int]) -> None:
             nonlocal last
             now = time.perf_counter()
             if job.first_token is None:
@@ -173,7 +173,6 @@ class Worker(threading.Thread):
             self.metrics.kv_usage.set((prompt_len + job.tokens) / max_context)
             if req.stream:
                 job.put(("tokens", tokens))
-            return not job.cancelled.is_set()
 
         eos = set(req.stop_token_ids) | (set() if req.ignore_eos else set(self.eos))
         try:
@@ -189,6 +188,7 @@ class Worker(threading.Thread):
                 stop=req.stop,
                 decode=self.decode,
                 on_tokens=on_tokens,
+                cancel=job.cancelled,
             )
         except GenerationError as e:  # validation should have caught it; still the client's request
             return "error", APIError(400, str(e))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,15 @@ def test_chat_template_and_tokenizer_round_trip(tiny_pair: TinyPair) -> None:
     assert tok.eos_token_id == SPECIALS.index("<|im_end|>")
 
 
+def test_a_broken_chat_template_is_refused_at_load(tiny_pair: TinyPair, tmp_path: Path) -> None:
+    copy = shutil.copytree(tiny_pair.target, tmp_path / "target")
+    cfg = json.loads((copy / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}\n{{ m.content }\n{% endfor %}"
+    (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"target: chat template line 2: unexpected '}'"):
+        Tokenizer(copy)
+
+
 def test_clear_refusals(engine: Engine) -> None:
     with pytest.raises(GenerationError, match="max_context is 512"):
         engine.generate(list(range(5, 60)) * 9, mode="ddtree", max_new_tokens=10)
@@ -174,12 +184,30 @@ def test_a_drafter_that_does_not_fit_is_refused_at_load(
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
-def test_on_tokens_streams_each_round_and_can_cancel(engine: Engine, mode: str) -> None:
+def test_on_tokens_streams_each_round_and_cancel_stops_it(engine: Engine, mode: str) -> None:
     prompt = prompts(4, 1)[0]
     chunks: list[list[int]] = []
-    got = engine.generate(
-        prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: chunks.append(t) or True
-    )
+    got = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=chunks.append)
     assert [t for c in chunks for t in c] == got.output_ids and len(chunks) == got.rounds + 1
-    cancelled = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda t: False)
+    cancel = threading.Event()
+    cancelled = engine.generate(
+        prompt, mode=mode, budget=16, max_new_tokens=20, on_tokens=lambda _: cancel.set(), cancel=cancel
+    )
     assert cancelled.stop_reason == "cancelled" and cancelled.output_ids == got.output_ids[:1]
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+def test_a_cancel_from_another_thread_cuts_a_round_and_leaves_no_trace(engine: Engine, mode: str) -> None:
+    """Cancelled at arbitrary points (between phases of a round too): the output so far is a prefix
+    of the full one, and the next generation is unaffected by the cut round."""
+    prompt = prompts(6, 1)[0]
+    full = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=400, eos_ids=())
+    for delay in (0.0, 0.003, 0.011, 0.027):
+        cancel = threading.Event()
+        timer = threading.Timer(delay, cancel.set)
+        timer.start()
+        cut = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=400, eos_ids=(), cancel=cancel)
+        timer.join()
+        assert cut.stop_reason == "cancelled" and full.output_ids[: len(cut.output_ids)] == cut.output_ids
+        again = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=400, eos_ids=())
+        assert again.output_ids == full.output_ids
