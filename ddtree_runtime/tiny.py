@@ -243,33 +243,65 @@ def write_tiny_pair(
     seed: int = 0,
 ) -> TinyPair:
     """Write `target/` and `drafter/` under `directory` (reused when already complete)."""
-    root = Path(directory)
-    pair = TinyPair(root / "target", root / "drafter")
-    if (root / "DONE").exists():
+    pair, gen = _start_pair(directory, seed)
+    if gen is None:
         return pair
-    pair.target.mkdir(parents=True, exist_ok=True)
-    pair.drafter.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     vocab = len(SPECIALS) + n_words
 
     target_raw = _target_config(vocab, hidden, target_layers)
     target = Qwen3(Qwen3Config.from_dict(target_raw, pair.target / "config.json"))
     _init_target(target, gen, logit_scale)
-    layer_ids = [1, target_layers - 2] if drafter_layers > 1 else [target_layers // 2]
     types = layer_types or ["full_attention"] * drafter_layers
-    drafter_raw = _drafter_config(target_raw, drafter_layers, block_size, layer_ids, types)
-    drafter = DFlashDrafter(DFlashConfig.from_dict(drafter_raw, pair.drafter / "config.json"))
-    _fit_single_threaded(target, drafter, fit_steps, seed, n_words)
+    _write_fitted_drafter(
+        target, target_raw, pair.drafter, drafter_layers, types, block_size, fit_steps, seed, n_words
+    )
 
     state = {f"model.{k}": v.contiguous() for k, v in target.state_dict().items() if k != "lm_head.weight"}
     state["lm_head.weight"] = target.lm_head.weight.contiguous()
     save_file(state, str(pair.target / "model.safetensors"), metadata={"format": "pt"})
-    _write_drafter(drafter, drafter_raw, pair.drafter)
-    (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
-    _write_tokenizer(pair.target, n_words, target_raw["eos_token_id"])
-    (root / "DONE").write_text("ok\n")
+    _finish_pair(pair, target_raw, target_raw["eos_token_id"], n_words)
     return pair
+
+
+def _start_pair(directory: str | Path, seed: int) -> tuple[TinyPair, torch.Generator | None]:
+    """The pair's folders under `directory`, made, and a generator seeded (torch's global seed too)
+    for a fresh write; None instead of the generator when a complete pair is there (nothing seeded)."""
+    root = Path(directory)
+    pair = TinyPair(root / "target", root / "drafter")
+    if (root / "DONE").exists():
+        return pair, None
+    pair.target.mkdir(parents=True, exist_ok=True)
+    pair.drafter.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    return pair, torch.Generator().manual_seed(seed)
+
+
+def _write_fitted_drafter(
+    target: Qwen3,
+    dense_raw: dict[str, object],
+    directory: Path,
+    layers: int,
+    layer_types: list[str],
+    block_size: int,
+    fit_steps: int,
+    seed: int,
+    n_words: int,
+) -> None:
+    """A drafter with the layer shapes of the dense config `dense_raw`, reading target layers
+    [1, L - 2] (the middle one for a single layer), fitted to `target` and written to `directory`."""
+    target_layers = dense_raw["num_hidden_layers"]
+    layer_ids = [1, target_layers - 2] if layers > 1 else [target_layers // 2]
+    raw = _drafter_config(dense_raw, layers, block_size, layer_ids, layer_types)
+    drafter = DFlashDrafter(DFlashConfig.from_dict(raw, directory / "config.json"))
+    _fit_single_threaded(target, drafter, fit_steps, seed, n_words)
+    _write_drafter(drafter, raw, directory)
+
+
+def _finish_pair(pair: TinyPair, target_raw: dict[str, object], eos_ids: object, n_words: int) -> None:
+    """The target's config and tokenizer files, then the `DONE` mark that makes the pair reusable."""
+    (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
+    _write_tokenizer(pair.target, n_words, eos_ids)
+    (pair.target.parent / "DONE").write_text("ok\n")
 
 
 def _fit_single_threaded(target: Qwen3, drafter: DFlashDrafter, steps: int, seed: int, n_words: int) -> None:

@@ -15,18 +15,16 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ddtree_runtime.config import DFlashConfig, Qwen3_5Config
-from ddtree_runtime.models.dflash import DFlashDrafter
+from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.tiny import (
     SPECIALS,
     TinyPair,
-    _drafter_config,
-    _fit_single_threaded,
+    _finish_pair,
     _init_target,
+    _start_pair,
     _target_config,
-    _write_drafter,
-    _write_tokenizer,
+    _write_fitted_drafter,
 )
 
 
@@ -99,14 +97,9 @@ def write_tiny_hybrid_pair(
     seed: int = 0,
 ) -> TinyPair:
     """Write `target/` (Qwen3.5 layout) and `drafter/` (sliding + full layers) under `directory`."""
-    root = Path(directory)
-    pair = TinyPair(root / "target", root / "drafter")
-    if (root / "DONE").exists():
+    pair, gen = _start_pair(directory, seed)
+    if gen is None:
         return pair
-    pair.target.mkdir(parents=True, exist_ok=True)
-    pair.drafter.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
     vocab = len(SPECIALS) + n_words
 
     target_raw = _hybrid_config(vocab, hidden, target_layers)
@@ -115,16 +108,12 @@ def write_tiny_hybrid_pair(
     _slow_loud_deltanet(target, gen, state_gain)
     dense = _target_config(vocab, hidden, target_layers)  # the drafter's own layer shapes
     types = ["sliding_attention"] * (drafter_layers - 1) + ["full_attention"]
-    layer_ids = [1, target_layers - 2] if drafter_layers > 1 else [target_layers // 2]
-    drafter_raw = _drafter_config(dense, drafter_layers, block_size, layer_ids, types)
-    drafter = DFlashDrafter(DFlashConfig.from_dict(drafter_raw, pair.drafter / "config.json"))
-    _fit_single_threaded(target, drafter, fit_steps, seed, n_words)
+    _write_fitted_drafter(
+        target, dense, pair.drafter, drafter_layers, types, block_size, fit_steps, seed, n_words
+    )
 
     _write_target(target, pair.target)
-    _write_drafter(drafter, drafter_raw, pair.drafter)
-    (pair.target / "config.json").write_text(json.dumps(target_raw, indent=2))
-    _write_tokenizer(pair.target, n_words, target_raw["text_config"]["eos_token_id"])
-    (root / "DONE").write_text("ok\n")
+    _finish_pair(pair, target_raw, target_raw["text_config"]["eos_token_id"], n_words)
     return pair
 
 

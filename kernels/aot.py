@@ -11,7 +11,9 @@ arguments with sample values (meta tensors: no memory) at the real model shapes 
 heads, head_dim 128, vocabulary 151936, DFlash block 16, tree budgets up to 1024) and is
 specialised exactly as ``@triton.jit`` would at launch (ints equal to 1 become constants, 16-byte
 multiples get divisibility hints: without them the compiler spills where the real launch does
-not). When a wrapper's launch changes (arguments, constexprs, warps), change its builder here.
+not). When a wrapper's launch changes (arguments, constexprs, warps), change its builder here; the
+tree build, top-k and tree walk kernels take their constexprs and warps from their own modules'
+``*_launch`` functions, which their wrappers launch with.
 
 ``python -m kernels.aot --write`` regenerates ``kernels/ARCH.md``.
 """
@@ -316,12 +318,7 @@ def visibility_spec(cc: int) -> Spec:
 def topk_specs(cc: int) -> list[Spec]:
     """The five launches of ``marginal_topk`` for k = 1024 over the drafter's 15 x 151936 logits."""
     k = BUDGET
-    m = min(max(1024, next_pow2(2 * k)), next_pow2(VOCAB))
-    cap = 4 * m
-    t = min(4096 // m or 1, next_pow2(cdiv(VOCAB, m)))
-    tiles_per_prog = 2 * t
-    n_prog = cdiv(cdiv(VOCAB, m), tiles_per_prog)
-    warps = 8 if m >= 2048 else 4
+    m, tiles_per_prog, n_prog, cap, kernels = marginal_topk.topk_launch(VOCAB, k)
     rows = DRAFT_POSITIONS
     x = _empty(rows, VOCAB, dtype=torch.bfloat16)
     part_max, part_m, part_s = _empty(rows, n_prog, m), _empty(rows, n_prog), _empty(rows, n_prog)
@@ -347,8 +344,7 @@ def topk_specs(cc: int) -> list[Spec]:
                 tiles_per_prog=tiles_per_prog,
                 n_prog=n_prog,
             ),
-            dict(M=m, T=t),
-            warps,
+            *kernels["partials"],
         ),
         Spec(
             "marginal_topk.threshold",
@@ -365,10 +361,7 @@ def topk_specs(cc: int) -> list[Spec]:
                 n_prog=n_prog,
                 k=k,
             ),
-            dict(
-                M=m, P_POW2=next_pow2(n_prog), P_BLOCK=min(8, next_pow2(n_prog)), ROUNDS=mod._THRESHOLD_ROUNDS
-            ),
-            8,
+            *kernels["threshold"],
         ),
         Spec(
             "marginal_topk.collect",
@@ -385,8 +378,7 @@ def topk_specs(cc: int) -> list[Spec]:
                 tiles_per_prog=tiles_per_prog,
                 cap=cap,
             ),
-            dict(M=m, T=t),
-            2 * warps,
+            *kernels["collect"],
         ),
         Spec(
             "marginal_topk.exact",
@@ -403,8 +395,7 @@ def topk_specs(cc: int) -> list[Spec]:
                 cap=cap,
                 index_bits=VOCAB.bit_length(),
             ),
-            dict(M=m),
-            warps,
+            *kernels["exact"],
         ),
         Spec(
             "marginal_topk.rank",
@@ -412,8 +403,7 @@ def topk_specs(cc: int) -> list[Spec]:
             cc,
             mod._rank_kernel,
             dict(CAND=cand, COUNT=count, LSE=lse, VALS=vals, TOKS=toks, k=k, cap=cap),
-            dict(BLOCK_X=64, BLOCK_Y=256),
-            4,
+            *kernels["rank"],
         ),
     ]
 
@@ -454,10 +444,8 @@ def tree_spec(cc: int) -> Spec:
 def walk_specs(cc: int) -> list[Spec]:
     """``_partial_choices`` (greedy and sampled) and ``_walk_kernel`` for a 1025-node tree."""
     n = BUDGET + 1
-    block_r = max(1, min(16, next_pow2(max(1, n // (2 * SMS[cc])))))
-    block_v = min(4096 // block_r, next_pow2(VOCAB))
-    splits = min(64, next_pow2(cdiv(4 * SMS[cc], cdiv(n, block_r))), next_pow2(cdiv(VOCAB, block_v)))
-    chunk = cdiv(cdiv(VOCAB, splits), block_v) * block_v
+    choice = tree_walk.choice_launch(n, VOCAB, SMS[cc])
+    splits = choice.meta["SPLITS"]
     logits = _empty(n, VOCAB, dtype=torch.bfloat16)
     part_val, part_idx = _empty(n, splits), _empty(n, splits, dtype=torch.int32)
     specs = []
@@ -470,18 +458,18 @@ def walk_specs(cc: int) -> list[Spec]:
             **_strides("stride_ln stride_lv", logits),
             n_rows=n,
             vocab=VOCAB,
-            chunk=chunk,
+            chunk=choice.chunk,
             inv_temperature=1.25,
         )
         specs.append(
             Spec(
                 "tree_walk.choice",
-                f"N={n} {'sample' if sample else 'greedy'} {block_r}x{block_v}",
+                f"N={n} {'sample' if sample else 'greedy'} {choice.meta['BLOCK_R']}x{choice.meta['BLOCK_V']}",
                 cc,
                 tree_walk._choice_kernel,
                 args,
-                dict(SAMPLE=sample, SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v),
-                4 if block_v >= 1024 else 1,
+                dict(SAMPLE=sample, **choice.meta),
+                choice.warps,
             )
         )
     tokens, scalar = _empty(n, dtype=torch.int64), _empty((), dtype=torch.int64)
@@ -502,8 +490,7 @@ def walk_specs(cc: int) -> list[Spec]:
             cc,
             tree_walk._walk_kernel,
             args,
-            dict(SPLITS=splits, N_PAD=max(16, next_pow2(n))),
-            4,
+            *tree_walk.walk_launch(n, splits),
         )
     )
     return specs

@@ -37,6 +37,7 @@ software-pipelined by Triton, so each program issues few, wide loads (T tiles of
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -270,6 +271,39 @@ def _rank_kernel(
 _THRESHOLD_ROUNDS = 4
 
 
+class TopkLaunch(NamedTuple):
+    """``marginal_topk``'s launch choices for one (V, k); ``kernels.aot`` compiles the same."""
+
+    m: int  # strided chunks: >= 2k (>= 1024), at most the vocabulary padded to a power of two
+    tiles_per_prog: int  # two loads a program: enough programs to fill the GPU at D = 15
+    n_prog: int  # programs a row in the partials and collect passes
+    cap: int  # candidate buffer per row
+    kernels: dict[str, tuple[dict[str, int], int]]  # constexprs and warps of each of the five kernels
+
+
+def topk_launch(vocab: int, k: int, cap: int | None = None, interpret: bool = False) -> TopkLaunch:
+    """Chunks, tiles a program, programs, buffer (default 4 M), and each kernel's constexprs and warps.
+
+    ``interpret``: the CPU interpreter runs programs one by one, so the rank pass takes few big
+    x-blocks there; a GPU takes small ones over many programs (those past the row's count exit at once).
+    """
+    m = min(max(1024, next_pow2(2 * k)), next_pow2(vocab))
+    n_tiles = cdiv(vocab, m)
+    t = min(4096 // m or 1, next_pow2(n_tiles))  # tiles a load: 4096 elements at most
+    tiles_per_prog = 2 * t
+    n_prog = cdiv(n_tiles, tiles_per_prog)
+    warps = 8 if m >= 2048 else 4
+    p_pow2 = next_pow2(n_prog)
+    kernels = dict(
+        partials=(dict(M=m, T=t), warps),
+        threshold=(dict(M=m, P_POW2=p_pow2, P_BLOCK=min(8, p_pow2), ROUNDS=_THRESHOLD_ROUNDS), 8),
+        collect=(dict(M=m, T=t), 2 * warps),
+        exact=(dict(M=m), warps),
+        rank=(dict(BLOCK_X=1024 if interpret else 64, BLOCK_Y=256), 4),
+    )
+    return TopkLaunch(m, tiles_per_prog, n_prog, 4 * m if cap is None else cap, kernels)
+
+
 def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tensor, Tensor]:
     """vals [D, k] fp32 log-probabilities sorted descending and toks [D, k] int64 of each row.
 
@@ -284,15 +318,10 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
         raise ValueError(f"k = {k} is outside 1..{vocab} (the vocabulary of logits {tuple(logits.shape)})")
     x = logits if logits.stride(1) == 1 else logits.contiguous()
     device = x.device
-    m = min(max(1024, next_pow2(2 * k)), next_pow2(vocab))
-    cap = 4 * m if cap is None else cap
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    m, tiles_per_prog, n_prog, cap, kernels = topk_launch(vocab, k, cap, interpret)
     if cap < k:
         raise ValueError(f"candidate buffer cap = {cap} must hold k = {k} entries")
-    n_tiles = cdiv(vocab, m)
-    t = min(4096 // m or 1, next_pow2(n_tiles))  # tiles a load: 4096 elements at most
-    tiles_per_prog = 2 * t  # two loads a program: enough programs to fill the GPU at D = 15
-    n_prog = cdiv(n_tiles, tiles_per_prog)
-    warps = 8 if m >= 2048 else 4
     part_max = torch.empty(rows, n_prog, m, device=device)
     part_m = torch.empty(rows, n_prog, device=device)
     part_s = torch.empty(rows, n_prog, device=device)
@@ -303,6 +332,7 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
     vals = torch.empty(rows, k, device=device)
     toks = torch.empty(rows, k, dtype=torch.int64, device=device)
     stride = x.stride(0)
+    meta, warps = kernels["partials"]
     _partials_kernel[(rows, n_prog)](
         x,
         part_max,
@@ -312,10 +342,10 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
         vocab,
         tiles_per_prog,
         n_prog,
-        M=m,
-        T=t,
+        **meta,
         num_warps=warps,
     )
+    meta, warps = kernels["threshold"]
     _threshold_kernel[(rows,)](
         part_max,
         part_m,
@@ -325,12 +355,10 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
         count,
         n_prog,
         k,
-        M=m,
-        P_POW2=next_pow2(n_prog),
-        P_BLOCK=min(8, next_pow2(n_prog)),
-        ROUNDS=_THRESHOLD_ROUNDS,
-        num_warps=8,
+        **meta,
+        num_warps=warps,
     )
+    meta, warps = kernels["collect"]
     _collect_kernel[(rows, n_prog)](
         x,
         tau,
@@ -340,15 +368,13 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
         vocab,
         tiles_per_prog,
         cap,
-        M=m,
-        T=t,
-        num_warps=2 * warps,
+        **meta,
+        num_warps=warps,
     )
-    _exact_kernel[(rows,)](x, count, cand, stride, vocab, k, cap, vocab.bit_length(), M=m, num_warps=warps)
-    # GPU: small x-blocks over many programs (those past the row's count exit at once); the CPU
-    # interpreter runs programs one by one, so there few big ones are far faster
-    block_x = 1024 if os.environ.get("TRITON_INTERPRET") == "1" else 64
-    _rank_kernel[(rows, cdiv(cap, block_x))](
+    meta, warps = kernels["exact"]
+    _exact_kernel[(rows,)](x, count, cand, stride, vocab, k, cap, vocab.bit_length(), **meta, num_warps=warps)
+    meta, warps = kernels["rank"]
+    _rank_kernel[(rows, cdiv(cap, meta["BLOCK_X"]))](
         cand,
         count,
         lse,
@@ -356,9 +382,8 @@ def marginal_topk(logits: Tensor, k: int, cap: int | None = None) -> tuple[Tenso
         toks,
         k,
         cap,
-        BLOCK_X=block_x,
-        BLOCK_Y=256,
-        num_warps=4,
+        **meta,
+        num_warps=warps,
     )
     return vals, toks
 

@@ -23,6 +23,8 @@ path_len (0-d, counts the root) and bonus (0-d, the last path node's choice).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -129,6 +131,32 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
     return seed.to(device)
 
 
+class ChoiceLaunch(NamedTuple):
+    """``_choice_kernel``'s launch for N rows over V; ``kernels.aot`` compiles the same."""
+
+    grid: tuple[int, int]  # (row blocks, vocabulary splits)
+    chunk: int  # vocabulary a split: a multiple of BLOCK_V
+    meta: dict[str, int]  # every constexpr but SAMPLE
+    warps: int
+
+
+def choice_launch(n: int, vocab: int, sms: int) -> ChoiceLaunch:
+    """Rows a block, vocabulary a load and splits so that about 4 programs a multiprocessor run."""
+    block_r = max(1, min(16, next_pow2(max(1, n // (2 * sms)))))
+    block_v = min(4096 // block_r, next_pow2(vocab))
+    row_blocks = cdiv(n, block_r)
+    splits = min(64, next_pow2(cdiv(4 * sms, row_blocks)), next_pow2(cdiv(vocab, block_v)))
+    chunk = cdiv(cdiv(vocab, splits), block_v) * block_v
+    meta = dict(SPLITS=splits, BLOCK_R=block_r, BLOCK_V=block_v)
+    return ChoiceLaunch((row_blocks, splits), chunk, meta, 4 if block_v >= 1024 else 1)
+
+
+def walk_launch(n: int, splits: int) -> tuple[dict[str, int], int]:
+    """``_walk_kernel``'s constexprs and warps for N nodes whose choices come in ``splits`` parts
+    (``kernels.aot`` compiles the same)."""
+    return dict(SPLITS=splits, N_PAD=max(16, next_pow2(n))), 4
+
+
 def _partial_choices(
     logits: Tensor, temperature: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
@@ -139,16 +167,12 @@ def _partial_choices(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     n, vocab = logits.shape
     sample = temperature > 0
-    sms = num_sms(logits.device)
-    block_r = max(1, min(16, next_pow2(max(1, n // (2 * sms)))))
-    block_v = min(4096 // block_r, next_pow2(vocab))
-    row_blocks = cdiv(n, block_r)
-    splits = min(64, next_pow2(cdiv(4 * sms, row_blocks)), next_pow2(cdiv(vocab, block_v)))
-    chunk = cdiv(cdiv(vocab, splits), block_v) * block_v
+    launch = choice_launch(n, vocab, num_sms(logits.device))
+    splits = launch.meta["SPLITS"]
     part_val = torch.empty(n, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(n, splits, dtype=torch.int32, device=logits.device)
     seed = _seed(generator, logits.device) if sample else part_idx
-    _choice_kernel[(row_blocks, splits)](
+    _choice_kernel[launch.grid](
         logits,
         seed,
         part_val,
@@ -156,13 +180,11 @@ def _partial_choices(
         *logits.stride(),
         n,
         vocab,
-        chunk,
+        launch.chunk,
         1.0 / temperature if sample else 1.0,
         SAMPLE=sample,
-        SPLITS=splits,
-        BLOCK_R=block_r,
-        BLOCK_V=block_v,
-        num_warps=4 if block_v >= 1024 else 1,
+        **launch.meta,
+        num_warps=launch.warps,
     )
     return part_val, part_idx
 
@@ -204,6 +226,7 @@ def _walk(
     path = torch.empty(n, dtype=torch.int64, device=tokens.device)
     path_len = torch.empty((), dtype=torch.int64, device=tokens.device)
     bonus = torch.empty((), dtype=torch.int64, device=tokens.device)
+    meta, warps = walk_launch(n, part_val.shape[1])
     _walk_kernel[(1,)](
         tokens,
         parents,
@@ -213,9 +236,8 @@ def _walk(
         path_len,
         bonus,
         n,
-        SPLITS=part_val.shape[1],
-        N_PAD=max(16, next_pow2(n)),
-        num_warps=4,
+        **meta,
+        num_warps=warps,
     )
     return path, path_len, bonus
 

@@ -8,22 +8,13 @@ on the GPU in bf16; exactness assertions that bf16 near-ties can break are relax
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 from ddtree_runtime.tiny import TinyPair, write_tiny_pair
 from ddtree_runtime.tiny_hybrid import write_tiny_hybrid_pair
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and the CI box has only two cores to share."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.threads import one_thread  # noqa: F401 (autouse: one torch thread in this folder)
 
 
 @pytest.fixture(scope="session")

@@ -3,20 +3,10 @@ random Qwen3 as the fitted `tiny_pair`; the drafter starts untrained)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 from ddtree_runtime.tiny import TinyPair, write_tiny_pair
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.threads import one_thread  # noqa: F401 (autouse: one torch thread in this folder)
 
 
 @pytest.fixture(scope="session")
