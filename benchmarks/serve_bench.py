@@ -4,13 +4,14 @@ Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`),
 
 1. tokens/s of `Engine.generate` in this process (what `python -m ddtree_runtime generate` reports)
    against one warmed, non-streamed `/v1/chat/completions` per request through a real server
-   (`python -m ddtree_runtime serve --modes ar,dflash,ddtree`), per mode, measured alternately,
-   median of `--runs`; the goal is served within 10% of direct. Beside it, what serving adds per
+   (`python -m ddtree_runtime serve --modes ar,dflash,ddtree`), per mode, in `--runs` turns of
+   shuffled order, the median of each turn's ratio; the goal is served within 10% of direct. Beside it, what serving adds per
    request: the client's time minus the engine's own time in the server's log line (`engine_s`);
 2. `/health` latency (p50, p99, max) while `--clients` streaming clients keep the engine busy; the
    goal is p99 under 50 ms with 16 clients;
-3. a non-streamed request dropped mid-generation: the time until `/metrics` shows the engine free,
-   in rounds (the mean inter-round time from `vllm:inter_token_latency_seconds`); goal: one round.
+3. a non-streamed request dropped mid-generation, nine times per mode: how long the engine ran on
+   after the server saw the client gone (its log), in rounds (the mean inter-round time from
+   `vllm:inter_token_latency_seconds`), and the median; goal: one round.
 
 Direct runs twice per turn: with torch's default CPU threads (what the `generate` CLI uses) and with
 the server's default (every core but one, `--threads`).
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import http.client
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -108,31 +111,62 @@ def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) 
 
 def compare(engine: Engine, ids: list[int], port: int, log: Path, runs: int) -> None:
     """Direct with torch's default threads (what `generate` uses) and with the server's count,
-    against served; every side runs a short warm-up generation just before its timed one, so no
-    side gains from having had the cores (and caches) last."""
+    against served, per mode (see `compare_mode`)."""
     default, served_threads = torch.get_num_threads(), max(1, len(os.sched_getaffinity(0)) - 1)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    order = random.Random(0)
     print(f"{'mode':8} {f'direct {default} thr':>14} {f'direct {served_threads} thr':>14} "
           f"{'served':>8} {'served/direct':>14} {'served/direct same thr':>23} "
           f"{'serving adds (ms/request)':>26}")  # fmt: skip
     for mode in MODES:
-        direct: dict[int, list[float]] = {default: [], served_threads: []}
-        tps, added = [], []
-        for _ in range(runs):  # alternate, so every side sees the same machine load
-            for threads, direct_tps in direct.items():
-                torch.set_num_threads(threads)
-                engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=8, eos_ids=())
-                r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
-                direct_tps.append(r.tokens_per_s)
-            served(conn, mode, 8, log)
-            t, a = served(conn, mode, TOKENS, log)
-            tps.append(t)
-            added.append(a)
-        d, d1, s = (statistics.median(x) for x in (direct[default], direct[served_threads], tps))
-        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {s / d:13.2f}x {s / d1:22.2f}x "
+        direct, tps, added = compare_mode(
+            engine, ids, conn, log, mode, (default, served_threads), runs, order
+        )
+        d, d1, s = (statistics.median(x) for x in (*direct, tps))
+        # ratios per turn, then their median: the box's slow spells last longer than a turn
+        r, r1 = (statistics.median(a / b for a, b in zip(tps, x, strict=True)) for x in direct)
+        print(f"{mode:8} {d:14.0f} {d1:14.0f} {s:8.0f} {r:13.2f}x {r1:22.2f}x "
               f"{statistics.median(added) * 1e3:26.2f}", flush=True)  # fmt: skip
     conn.close()
     torch.set_num_threads(default)
+
+
+def compare_mode(
+    engine: Engine,
+    ids: list[int],
+    conn: http.client.HTTPConnection,
+    log: Path,
+    mode: str,
+    threads: tuple[int, int],
+    runs: int,
+    order: random.Random,
+) -> tuple[list[list[float]], list[float], list[float]]:
+    """`runs` turns of: direct at each thread count, and served; each side runs a short warm-up
+    generation just before its timed one, and the order is shuffled every turn, so no side gains
+    from having had the cores (and caches) last or always follows another. Returns tokens/s
+    direct (one list per thread count) and served, and what serving added per request (seconds)."""
+    direct: list[list[float]] = [[] for _ in threads]
+    tps: list[float] = []
+    added: list[float] = []
+
+    def run_direct(side: int) -> None:
+        torch.set_num_threads(threads[side])
+        engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=8, eos_ids=())
+        r = engine.generate(ids, mode=mode, budget=BUDGET, max_new_tokens=TOKENS, eos_ids=())
+        direct[side].append(r.tokens_per_s)
+
+    def run_served() -> None:
+        served(conn, mode, 8, log)
+        t, a = served(conn, mode, TOKENS, log)
+        tps.append(t)
+        added.append(a)
+
+    sides = [*(functools.partial(run_direct, i) for i in range(len(threads))), run_served]
+    for _ in range(runs):
+        order.shuffle(sides)
+        for side in sides:
+            side()
+    return direct, tps, added
 
 
 def metric(text: str, name: str) -> float:
@@ -240,7 +274,7 @@ def main() -> None:
         compare(engine, ids, port, log, args.runs)
         asyncio.run(health_under_load(base, args.clients, args.seconds))
         for mode in ("ar", "ddtree"):
-            rounds = [drop_frees(port, mode, log) for _ in range(5)]
+            rounds = [drop_frees(port, mode, log) for _ in range(9)]
             print(
                 f"{mode}: the engine ran on for a median {statistics.median(rounds):.2f} rounds after the drop"
             )

@@ -34,7 +34,7 @@ from ddtree_runtime.server.protocol.validation import Request as ParsedRequest
 from ddtree_runtime.server.protocol.validation import parse_request
 from ddtree_runtime.server.request_log import record_of
 from ddtree_runtime.server.state import State
-from ddtree_runtime.server.worker import Job
+from ddtree_runtime.server.worker import Job, Scheduler
 from ddtree_runtime.tokenizer import Tokenizer
 
 
@@ -100,7 +100,7 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
         )
     with st.tracked():
-        watcher = asyncio.create_task(_until_gone(request, job))
+        watcher = asyncio.create_task(_until_gone(request, job, st.scheduler))
         try:
             while True:
                 kind, payload = await job.events.get()
@@ -144,7 +144,7 @@ async def _stream(
     text = TextStream(tokenizer.decode, job.request.stop)
     first = True
     with st.tracked():
-        watcher = asyncio.create_task(_until_gone(request, job))
+        watcher = asyncio.create_task(_until_gone(request, job, st.scheduler))
         try:
             while True:
                 kind, payload = await job.events.get()
@@ -229,8 +229,10 @@ def _shutting_down(result: GenerationResult | APIError) -> APIError:
     )
 
 
-async def _until_gone(request: Request, job: Job) -> None:
-    """Wait for the client to close its connection, then cancel the job (before its next phase)."""
+async def _until_gone(request: Request, job: Job, scheduler: Scheduler) -> None:
+    """Wait for the client to close its connection, then cancel the job at once (the engine stops
+    before its next phase) and tell the handler, which answers and counts it."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    scheduler.withdraw(job)
     job.put(("gone", None))
