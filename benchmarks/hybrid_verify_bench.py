@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gdn_tree_bench import timed_us
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
@@ -37,19 +36,6 @@ QWEN36_27B = {
 SMALL = {**QWEN36_27B, "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 256,
          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2,
          "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32}  # fmt: skip
-
-
-def median_ms(fn, device: torch.device, reps: int) -> float:
-    samples = []
-    for _ in range(reps + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(samples[2:])
 
 
 def main() -> None:
@@ -99,7 +85,7 @@ def main() -> None:
     path_len = torch.tensor(args.depth + 1, device=device)
 
     with torch.inference_mode():
-        prefill = median_ms(lambda: model(context, torch.arange(start, device=device), 0, None, backend,
+        prefill = 1e-3 * timed_us(lambda: model(context, torch.arange(start, device=device), 0, None, backend,
                                           capture=False), device, 1)  # fmt: skip
         conv, rec = model.conv_state.clone(), model.rec_state.clone()
 
@@ -119,9 +105,9 @@ def main() -> None:
             model.conv_state.copy_(conv)
             model.rec_state.copy_(rec)
 
-        ar = median_ms(ar_step, device, args.reps)
-        ver = median_ms(verify, device, args.reps)
-        ver_commit = median_ms(verify_commit, device, args.reps)
+        ar = 1e-3 * timed_us(ar_step, device, args.reps)
+        ver = 1e-3 * timed_us(verify, device, args.reps)
+        ver_commit = 1e-3 * timed_us(verify_commit, device, args.reps)
     weight_bytes = sum(w.numel() * w.element_size() for w in model.parameters())
     print(json.dumps({
         "model": "qwen3.6-27b-shaped" if not args.small else "small", "layers": args.layers,
