@@ -6,14 +6,9 @@ with the ``cuobjdump`` in Triton's wheel) gives registers, stack, local-memory o
 matrix instructions. ``tests/kernels/test_aot.py`` fails when a config the planner
 (``kernels/arch.py``) can choose does not fit its family's shared memory, or spills.
 
-**This module is the one place that mirrors the launch wrappers.** Each ``Spec`` names a kernel's
-arguments with sample values (meta tensors: no memory) at the real model shapes (Qwen3-8B: 32/8
-heads, head_dim 128, vocabulary 151936, DFlash block 16, tree budgets up to 1024) and is
-specialised exactly as ``@triton.jit`` would at launch (ints equal to 1 become constants, 16-byte
-multiples get divisibility hints: without them the compiler spills where the real launch does
-not). When a wrapper's launch changes (arguments, constexprs, warps), change its builder here; the
-tree build, top-k and tree walk kernels take their constexprs and warps from their own modules'
-``*_launch`` functions, which their wrappers launch with.
+This module is the machinery: a ``Spec`` (one launch), compiling it for a target and reading its
+cubin, the checks and the table. What is compiled, each kernel's launch at the model's shapes, is
+``kernels/aot_specs.py``.
 
 ``python -m kernels.aot --write`` regenerates ``kernels/ARCH.md``.
 """
@@ -30,33 +25,18 @@ import subprocess
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import cache
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import torch
 import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, native_specialize_impl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import (
-    kv_compact,
-    marginal_topk,
-    qk_rope,
-    rms_norm,
-    silu_mul,
-    skinny_matmul,
-    tree_attention,
-    tree_build,
-    tree_walk,
-)
-from kernels.arch import ROWS, WIDE_ROWS, ArchRow, Tiles
-from kernels.host import cdiv, next_pow2
+from kernels.arch import ROWS, WIDE_ROWS
 
 # Opt-in shared memory per block of each compiled target (the row limits of kernels/arch.py are
 # at most these); 8.0 (A100) is compiled for the generic row only.
@@ -70,12 +50,6 @@ ACCEPTED_SPILLS = {
     ),
 }
 ARCH_MD = Path(__file__).with_name("ARCH.md")
-
-# Qwen3-8B with its DFlash drafter (block 16) and the largest tree budget
-HQ, HKV, HEAD_DIM, VOCAB, LAYERS = 32, 8, 128, 151936, 36
-DRAFT_POSITIONS, BUDGET, CONTEXT = 15, 1024, 4096
-SMS = {80: 108, 90: 132, 100: 148, 120: 188}  # H100/H200, B200, RTX PRO 6000 multiprocessors
-META = torch.device("meta")
 
 
 @dataclass(frozen=True)
@@ -129,522 +103,11 @@ class Compiled:
     matrix: dict[str, int] = field(default_factory=dict)  # e.g. {"HGMMA": 24}
 
 
-def _empty(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.empty(*shape, dtype=dtype, device=META)
+def _specs() -> dict[str, Spec]:
+    """Every spec by key, from ``kernels/aot_specs.py`` (imported on call: it builds on this module)."""
+    from kernels import aot_specs
 
-
-def _strides(names: str, tensor: torch.Tensor) -> dict[str, int]:
-    return dict(zip(names.split(), tensor.stride(), strict=False))
-
-
-# --- tree attention (kernels/tree_attention.py) -------------------------------------------------
-
-
-def _attention(
-    case: str,
-    row: ArchRow,
-    cc: int,
-    tiles: Tiles,
-    nodes: int,
-    row0: int,
-    tree: bool,
-    split: bool,
-    head_dim: int = HEAD_DIM,
-) -> Spec:
-    """One ``_tree_attention_kernel`` launch over packed rows [row0, nodes * G) of a Qwen3-8B layer
-    (with ``head_dim`` 256: the shape of a Qwen3.6 gated full-attention layer's heads)."""
-    q = _empty(HQ, nodes, head_dim, dtype=torch.bfloat16)
-    cache_rows = CONTEXT + BUDGET + 1
-    k_cache = _empty(HKV, cache_rows, head_dim, dtype=torch.bfloat16)
-    desc = TensorDescriptor(
-        k_cache, [HKV, cache_rows, head_dim], list(k_cache.stride()), [1, tiles.block_n, head_dim]
-    )
-    node0 = row0 // (HQ // HKV)
-    part = _empty(4, HQ, nodes - node0, head_dim) if split else q
-    part_ml = _empty(4, HQ, nodes - node0, 2) if split else q
-    bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32) if tree else q
-    args = dict(
-        Q=q,
-        K=desc,
-        V=desc,
-        BITS=bits,
-        OUT=q,
-        PART_ACC=part,
-        PART_ML=part_ml,
-        **_strides("stride_qh stride_qn stride_qd", q),
-        **_strides("stride_oh stride_on stride_od", q),
-        stride_bn=bits.stride(0),
-        **_strides("stride_ps stride_ph stride_pn", part),
-        n_nodes=nodes,
-        row0=row0,
-        part_node0=node0,
-        CTX=_empty((), dtype=torch.int64),
-        qk_scale=0.127,
-    )
-    constexprs = dict(
-        GROUP=HQ // HKV,
-        HEAD_DIM=head_dim,
-        D_PAD=head_dim,
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        TREE=tree,
-        ALL=False,
-        SPLIT=split,
-        PRECISION=0,
-    )
-    return Spec(
-        "tree_attention",
-        f"{case} {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}",
-        cc,
-        tree_attention._tree_attention_kernel,
-        args,
-        constexprs,
-        tiles.num_warps,
-        tiles.num_stages,
-        row=row.family,
-        limit=row.smem_per_block,
-    )
-
-
-def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spec]:
-    """Every config the planner can choose from ``row``, at the shapes that choose it."""
-    group = HQ // HKV
-    tail_row0 = ((BUDGET // 4 + 1) * group // row.large.block_m) * row.large.block_m
-    return [
-        _attention("decode N=1", row, cc, row.decode, 1, 0, tree=False, split=True, head_dim=head_dim),
-        _attention("tree B=16 N=17", row, cc, row.small, 17, 0, tree=True, split=True, head_dim=head_dim),
-        _attention(
-            "tree B=256 N=257 main",
-            row,
-            cc,
-            row.large,
-            BUDGET // 4 + 1,
-            0,
-            tree=True,
-            split=True,
-            head_dim=head_dim,
-        ),
-        _attention(
-            "tree B=256 N=257 tail",
-            row,
-            cc,
-            row.tail,
-            BUDGET // 4 + 1,
-            tail_row0,
-            tree=True,
-            split=True,
-            head_dim=head_dim,
-        ),
-        _attention(
-            "tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False, head_dim=head_dim
-        ),
-        _attention(
-            "chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False, head_dim=head_dim
-        ),
-        _drafter_attention(row, cc, head_dim),
-    ]
-
-
-def _drafter_attention(row: ArchRow, cc: int, head_dim: int) -> Spec:
-    """The DFlash drafter's block of 16 queries, each seeing the context and the whole block."""
-    spec = _attention(
-        "drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True, head_dim=head_dim
-    )
-    return Spec(
-        spec.kernel,
-        spec.case,
-        cc,
-        spec.fn,
-        spec.args,
-        {**spec.constexprs, "ALL": True},
-        spec.num_warps,
-        spec.num_stages,
-        row=spec.row,
-        limit=spec.limit,
-    )
-
-
-def merge_spec(cc: int) -> Spec:
-    acc = _empty(4, HQ, BUDGET + 1, HEAD_DIM)
-    out = _empty(HQ, BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
-    args = dict(
-        MAIN_ACC=acc,
-        MAIN_ML=_empty(4, HQ, BUDGET + 1, 2),
-        TAIL_ACC=acc,
-        TAIL_ML=_empty(4, HQ, BUDGET + 1, 2),
-        OUT=out,
-        **_strides("stride_ms stride_mh stride_mn", acc),
-        **_strides("stride_ts stride_th stride_tn", acc),
-        **_strides("stride_oh stride_on stride_od", out),
-        n_nodes=BUDGET + 1,
-        main_splits=4,
-        tail_splits=4,
-        tail_node0=BUDGET,
-    )
-    return Spec(
-        "merge_splits",
-        "B=1024 16 rows",
-        cc,
-        tree_attention._merge_splits_kernel,
-        args,
-        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=16),
-        4,
-    )
-
-
-def visibility_spec(cc: int) -> Spec:
-    nodes = BUDGET + 1
-    bits = _empty(nodes, cdiv(nodes, 32), dtype=torch.int32)
-    args = dict(
-        PARENTS=_empty(nodes, dtype=torch.int64),
-        DEPTH=_empty(nodes, dtype=torch.int64),
-        BITS=bits,
-        stride_bn=bits.stride(0),
-    )
-    return Spec(
-        "tree_visibility",
-        f"N={nodes}",
-        cc,
-        tree_attention._visibility_kernel,
-        args,
-        dict(WORDS=bits.shape[1], WORDS_PAD=next_pow2(bits.shape[1])),
-        1,
-    )
-
-
-# --- tree build: marginal top-k and the tree kernel -----------------------------------------------
-
-
-def topk_specs(cc: int) -> list[Spec]:
-    """The five launches of ``marginal_topk`` for k = 1024 over the drafter's 15 x 151936 logits."""
-    k = BUDGET
-    m, tiles_per_prog, n_prog, cap, kernels = marginal_topk.topk_launch(VOCAB, k)
-    rows = DRAFT_POSITIONS
-    x = _empty(rows, VOCAB, dtype=torch.bfloat16)
-    part_max, part_m, part_s = _empty(rows, n_prog, m), _empty(rows, n_prog), _empty(rows, n_prog)
-    tau, count = _empty(rows, dtype=torch.int32), _empty(rows, dtype=torch.int32)
-    lse, cand = _empty(rows), _empty(rows, cap, dtype=torch.int64)
-    vals, toks = _empty(rows, k), _empty(rows, k, dtype=torch.int64)
-    stride = x.stride(0)
-    case = f"k={k} M={m}"
-    mod = marginal_topk
-    return [
-        Spec(
-            "marginal_topk.partials",
-            case,
-            cc,
-            mod._partials_kernel,
-            dict(
-                X=x,
-                PART_MAX=part_max,
-                PART_M=part_m,
-                PART_S=part_s,
-                stride_row=stride,
-                vocab=VOCAB,
-                tiles_per_prog=tiles_per_prog,
-                n_prog=n_prog,
-            ),
-            *kernels["partials"],
-        ),
-        Spec(
-            "marginal_topk.threshold",
-            case,
-            cc,
-            mod._threshold_kernel,
-            dict(
-                PART_MAX=part_max,
-                PART_M=part_m,
-                PART_S=part_s,
-                TAU=tau,
-                LSE=lse,
-                COUNT=count,
-                n_prog=n_prog,
-                k=k,
-            ),
-            *kernels["threshold"],
-        ),
-        Spec(
-            "marginal_topk.collect",
-            case,
-            cc,
-            mod._collect_kernel,
-            dict(
-                X=x,
-                TAU=tau,
-                COUNT=count,
-                CAND=cand,
-                stride_row=stride,
-                vocab=VOCAB,
-                tiles_per_prog=tiles_per_prog,
-                cap=cap,
-            ),
-            *kernels["collect"],
-        ),
-        Spec(
-            "marginal_topk.exact",
-            case,
-            cc,
-            mod._exact_kernel,
-            dict(
-                X=x,
-                COUNT=count,
-                CAND=cand,
-                stride_row=stride,
-                vocab=VOCAB,
-                k=k,
-                cap=cap,
-                index_bits=VOCAB.bit_length(),
-            ),
-            *kernels["exact"],
-        ),
-        Spec(
-            "marginal_topk.rank",
-            case,
-            cc,
-            mod._rank_kernel,
-            dict(CAND=cand, COUNT=count, LSE=lse, VALS=vals, TOKS=toks, k=k, cap=cap),
-            *kernels["rank"],
-        ),
-    ]
-
-
-def tree_spec(cc: int) -> Spec:
-    """``tree_from_topk``'s single program at budget 1024 (16 warps, CHUNK 512)."""
-    budget = k = BUDGET
-    constexprs, warps = tree_build.tree_launch(budget)
-    bp = constexprs["BP"]
-    n_pairs = tree_build.candidate_pairs(budget, k, META)[0].shape[0]
-    i32, i64 = torch.int32, torch.int64
-    tokens = _empty(budget + 1, dtype=i64)
-    args = dict(
-        VALS=_empty(DRAFT_POSITIONS, k),
-        TOKS=_empty(DRAFT_POSITIONS, k, dtype=i64),
-        TAB_RHO=_empty(n_pairs, dtype=i32),
-        TAB_R=_empty(n_pairs, dtype=i32),
-        ROOT=_empty(1, dtype=i64),
-        LS=_empty(DRAFT_POSITIONS, bp),
-        LRHO=_empty(DRAFT_POSITIONS, bp, dtype=i32),
-        LR=_empty(DRAFT_POSITIONS, bp, dtype=i32),
-        LEN=_empty(DRAFT_POSITIONS, dtype=i32),
-        CK=_empty(n_pairs, dtype=i64),
-        TOKENS=tokens,
-        PARENTS=tokens,
-        DEPTH=tokens,
-        depth_max=DRAFT_POSITIONS,
-        budget=budget,
-        k=k,
-        n_pairs=n_pairs,
-    )
-    return Spec("tree_build.tree", f"B={budget}", cc, tree_build._tree_kernel, args, constexprs, warps)
-
-
-# --- tree walk and KV compaction -----------------------------------------------------------------
-
-
-def walk_specs(cc: int) -> list[Spec]:
-    """``_partial_choices`` (greedy and sampled) and ``_walk_kernel`` for a 1025-node tree."""
-    n = BUDGET + 1
-    choice = tree_walk.choice_launch(n, VOCAB, SMS[cc])
-    splits = choice.meta["SPLITS"]
-    logits = _empty(n, VOCAB, dtype=torch.bfloat16)
-    part_val, part_idx = _empty(n, splits), _empty(n, splits, dtype=torch.int32)
-    specs = []
-    for sample in (False, True):
-        args = dict(
-            LOGITS=logits,
-            SEED=_empty(1, dtype=torch.int64) if sample else part_idx,
-            PART_VAL=part_val,
-            PART_IDX=part_idx,
-            **_strides("stride_ln stride_lv", logits),
-            n_rows=n,
-            vocab=VOCAB,
-            chunk=choice.chunk,
-            inv_temperature=1.25,
-        )
-        specs.append(
-            Spec(
-                "tree_walk.choice",
-                f"N={n} {'sample' if sample else 'greedy'} {choice.meta['BLOCK_R']}x{choice.meta['BLOCK_V']}",
-                cc,
-                tree_walk._choice_kernel,
-                args,
-                dict(SAMPLE=sample, **choice.meta),
-                choice.warps,
-            )
-        )
-    tokens, scalar = _empty(n, dtype=torch.int64), _empty((), dtype=torch.int64)
-    args = dict(
-        TOKENS=tokens,
-        PARENTS=tokens,
-        PART_VAL=part_val,
-        PART_IDX=part_idx,
-        PATH=tokens,
-        PATH_LEN=scalar,
-        BONUS=scalar,
-        n_nodes=n,
-    )
-    specs.append(
-        Spec(
-            "tree_walk.walk",
-            f"N={n}",
-            cc,
-            tree_walk._walk_kernel,
-            args,
-            *tree_walk.walk_launch(n, splits),
-        )
-    )
-    return specs
-
-
-def compact_spec(cc: int) -> Spec:
-    cache = _empty(LAYERS * HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
-    path = _empty(BUDGET + 1, dtype=torch.int64)
-    args = dict(
-        K=cache,
-        V=cache,
-        PATH=path,
-        PATH_LEN=_empty((), dtype=torch.int64),
-        CTX=_empty((), dtype=torch.int64),
-        **_strides("stride_h stride_s stride_d", cache),
-        n_path=BUDGET + 1,
-    )
-    return Spec(
-        "kv_compact",
-        f"{LAYERS} layers",
-        cc,
-        kv_compact._compact_kernel,
-        args,
-        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16),
-        4,
-    )
-
-
-# --- the decoder layer's fused steps ----------------------------------------------------------------
-
-
-HIDDEN, INTER = 4096, 12288
-
-
-def layer_specs(cc: int) -> list[Spec]:
-    """RMSNorm (+ residual), q/k norm + RoPE + cache write, SwiGLU's gate and the skinny matmul."""
-    bf16 = torch.bfloat16
-    x = _empty(257, HIDDEN, dtype=bf16)
-    norm = Spec(
-        "rms_norm",
-        f"H={HIDDEN} + residual",
-        cc,
-        rms_norm._rms_norm_kernel,
-        dict(
-            X=x,
-            RES=x,
-            W=_empty(HIDDEN, dtype=bf16),
-            OUT=x,
-            RES_OUT=x,
-            stride_x=HIDDEN,
-            stride_r=HIDDEN,
-            stride_o=HIDDEN,
-            stride_ro=HIDDEN,
-            n_cols=HIDDEN,
-            eps=1e-6,
-        ),
-        dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)),
-        8,
-    )
-    qkv = _empty(257, (HQ + 2 * HKV) * HEAD_DIM, dtype=bf16)
-    cache_ = _empty(HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=bf16)
-    table_ = _empty(CONTEXT + BUDGET + 1, HEAD_DIM)
-    q = _empty(257, HQ, HEAD_DIM, dtype=bf16)
-    rope = Spec(
-        "qk_rope",
-        f"{HQ}/{HKV} heads D={HEAD_DIM}",
-        cc,
-        qk_rope._qk_rope_kernel,
-        dict(
-            QKV=qkv,
-            QW=_empty(HEAD_DIM, dtype=bf16),
-            KW=_empty(HEAD_DIM, dtype=bf16),
-            COS=table_,
-            SIN=table_,
-            POS=_empty(257, dtype=torch.int64),
-            K=cache_,
-            V=cache_,
-            Q_OUT=q,
-            CTX=_empty((), dtype=torch.int64),
-            stride_t=qkv.stride(0),
-            stride_ct=table_.stride(0),
-            stride_kh=cache_.stride(0),
-            stride_ks=cache_.stride(1),
-            stride_qt=q.stride(0),
-            stride_qh=q.stride(1),
-            eps=1e-6,
-        ),
-        dict(HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM, HALF_PAD=HEAD_DIM // 2),
-        1,
-    )
-    gate_up = _empty(257, 2 * INTER, dtype=bf16)
-    act = _empty(257, INTER, dtype=bf16)
-    swiglu = Spec(
-        "silu_mul",
-        f"I={INTER}",
-        cc,
-        silu_mul._silu_mul_kernel,
-        dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
-        dict(BLOCK=1024),
-        4,
-    )
-    found = [norm, rope, swiglu]
-    for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
-        cfg = skinny_matmul.default_config(n, k, SMS[cc])
-        w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
-        part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
-        found.append(
-            Spec(
-                "skinny_matmul",
-                f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}",
-                cc,
-                skinny_matmul._skinny_kernel,
-                dict(
-                    X=xs,
-                    W=w,
-                    OUT=out,
-                    PART=part,
-                    stride_xt=k,
-                    stride_wn=k,
-                    stride_ot=n,
-                    n_rows=1,
-                    n_cols=n,
-                    k_total=k,
-                    k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
-                ),
-                dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
-                cfg.num_warps,
-                cfg.num_stages,
-            )
-        )
-    return found
-
-
-@cache
-def specs() -> dict[str, Spec]:
-    """Every spec by key: each arch row's attention choices on its targets, the rest on TARGETS."""
-    found: list[Spec] = []
-    for row in ROWS.values():
-        for cc in row.targets:
-            found += attention_specs(row, cc)
-    for row in WIDE_ROWS.values():
-        for cc in row.targets:
-            found += attention_specs(row, cc, head_dim=256)
-    for cc in TARGETS:
-        found += [
-            merge_spec(cc),
-            visibility_spec(cc),
-            *topk_specs(cc),
-            tree_spec(cc),
-            *walk_specs(cc),
-            compact_spec(cc),
-            *layer_specs(cc),
-        ]
-    return {spec.key: spec for spec in found}
+    return aot_specs.specs()
 
 
 # --- compiling and reading the cubin -------------------------------------------------------------
@@ -680,7 +143,7 @@ def read_cubin(cubin: bytes) -> dict[str, Any]:
 
 def compile_spec(key: str) -> Compiled:
     """Compile one spec (by key, so that worker processes can rebuild it) and read its cubin."""
-    spec = specs()[key]
+    spec = _specs()[key]
     with contextlib.redirect_stdout(io.StringIO()):  # TRITON_DUMP_PTXAS_LOG and friends
         kernel = triton.compile(
             spec.source(),
@@ -695,10 +158,10 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
 
     Rows that share tiles (generic and sm_120) share the compile of each identical launch.
     """
-    keys = list(specs()) if keys is None else keys
+    keys = list(_specs()) if keys is None else keys
     first: dict[tuple, str] = {}
     for key in keys:
-        spec = specs()[key]
+        spec = _specs()[key]
         first.setdefault((spec.kernel, spec.case, spec.cc, spec.num_warps, spec.num_stages), key)
     unique = list(first.values())
     workers = workers or min(4, os.cpu_count() or 1)
@@ -716,7 +179,7 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
             os.environ["TRITON_INTERPRET"] = interpret
     return {
         key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]]
-        for key, s in ((key, specs()[key]) for key in keys)
+        for key, s in ((key, _specs()[key]) for key in keys)
     }
 
 
@@ -745,6 +208,8 @@ def _cell(value: Any) -> str:
 
 def table(results: dict[str, Compiled]) -> str:
     """kernels/ARCH.md: the planner's rows, then every compiled spec."""
+    from kernels.aot_specs import BUDGET, CONTEXT, HEAD_DIM, HKV, HQ, VOCAB  # as in _specs
+
     lines = [
         "# Kernels per architecture (generated: `python -m kernels.aot --write`; checked by tests/kernels/test_aot.py)",
         "",
@@ -775,7 +240,7 @@ def table(results: dict[str, Compiled]) -> str:
         "| kernel | case | row | target | warps | stages | shared B | limit B | registers | stack B | spill ops | matrix instructions |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for key, spec in specs().items():
+    for key, spec in _specs().items():
         r = results[key]
         matrix = ", ".join(f"{op} x{count}" for op, count in r.matrix.items()) or "-"
         lines.append(
@@ -801,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         ARCH_MD.write_text(text)
     else:
         print(text)
-    found = [p for key, spec in specs().items() for p in problems(spec, results[key])]
+    found = [p for key, spec in _specs().items() for p in problems(spec, results[key])]
     for line in found:
         print(line)
     return 1 if found else 0

@@ -272,7 +272,7 @@ _THRESHOLD_ROUNDS = 4
 
 
 class TopkLaunch(NamedTuple):
-    """``marginal_topk``'s launch choices for one (V, k); ``kernels.aot`` compiles the same."""
+    """``marginal_topk``'s launch choices for one (V, k); ``kernels.aot_specs`` uses the same."""
 
     m: int  # strided chunks: >= 2k (>= 1024), at most the vocabulary padded to a power of two
     tiles_per_prog: int  # two loads a program: enough programs to fill the GPU at D = 15

@@ -289,7 +289,7 @@ def _tree_kernel(
 
 
 def tree_launch(budget: int) -> tuple[dict[str, int | bool], int]:
-    """The tree kernel's constexprs and warps for ``budget`` (``kernels.aot`` compiles the same):
+    """The tree kernel's constexprs and warps for ``budget`` (``kernels.aot_specs`` uses the same):
     no register spills up to B = 1024 on sm_90."""
     bp = max(16, next_pow2(budget))
     small = min(128, bp)

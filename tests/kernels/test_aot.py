@@ -1,6 +1,7 @@
-"""Every kernel compiled for sm_90, sm_100 and sm_120 on this CPU machine (kernels/aot.py): each
-config the planner (kernels/arch.py) can choose fits its family's shared memory without spills,
-each architecture gets its own matrix instructions, and kernels/ARCH.md lists what is compiled.
+"""Every kernel compiled for sm_90, sm_100 and sm_120 on this CPU machine (kernels/aot.py compiles
+the launches of kernels/aot_specs.py): each config the planner (kernels/arch.py) can choose fits its
+family's shared memory without spills, each architecture gets its own matrix instructions, and
+kernels/ARCH.md lists what is compiled.
 
 A cold run compiles ~60 launches (about a minute on 2 cores); Triton's cache makes reruns quick.
 """
@@ -12,7 +13,7 @@ import re
 import pytest
 import triton
 
-from kernels import aot
+from kernels import aot, aot_specs
 from kernels.arch import ROWS, WIDE_ROWS
 
 
@@ -24,7 +25,7 @@ def compiled() -> dict[str, aot.Compiled]:
 def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
     tiles = {
         (s.row, s.cc, " ".join(s.case.split()[-3:]))
-        for s in aot.specs().values()
+        for s in aot_specs.specs().values()
         if s.kernel == "tree_attention"
     }
     for row in (*ROWS.values(), *WIDE_ROWS.values()):
@@ -35,7 +36,7 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
                     cc,
                     t,
                 )
-    others = {(s.kernel, s.cc) for s in aot.specs().values() if s.kernel != "tree_attention"}
+    others = {(s.kernel, s.cc) for s in aot_specs.specs().values() if s.kernel != "tree_attention"}
     assert {cc for _, cc in others} == set(aot.TARGETS) == {90, 100, 120}
     assert {k for k, _ in others} >= {
         "merge_splits",
@@ -49,13 +50,13 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
 
 
 def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> None:
-    found = [p for key, spec in aot.specs().items() for p in aot.problems(spec, compiled[key])]
+    found = [p for key, spec in aot_specs.specs().items() for p in aot.problems(spec, compiled[key])]
     assert not found, "\n".join(found)
     if aot._cuobjdump() is not None:
         gone = [key for key in aot.ACCEPTED_SPILLS if not compiled[key].spill_ops]
         assert not gone, f"no longer spill, remove from kernels.aot.ACCEPTED_SPILLS: {gone}"
     # the check has teeth: the H200's big-tree tiles do not fit an sm_120 block
-    big = next(s for s in aot.specs().values() if s.row == "sm_90" and "main 128x64" in s.case)
+    big = next(s for s in aot_specs.specs().values() if s.row == "sm_90" and "main 128x64" in s.case)
     assert compiled[big.key].shared > ROWS["sm_120"].smem_per_block
 
 
@@ -64,7 +65,7 @@ def test_each_architecture_gets_its_matrix_instructions(compiled) -> None:
     """wgmma on sm_90, tcgen05 (UTCHMMA) on sm_100, warp-level mma.sync (HMMA) on sm_120 for the big-tree tiles."""
 
     def matrix(row: str, cc: int) -> dict[str, int]:
-        spec = next(s for s in aot.specs().values() if s.row == row and s.cc == cc and "main" in s.case)
+        spec = next(s for s in aot_specs.specs().values() if s.row == row and s.cc == cc and "main" in s.case)
         return compiled[spec.key].matrix
 
     assert set(matrix("sm_90", 90)) == {"HGMMA"}
@@ -75,7 +76,7 @@ def test_each_architecture_gets_its_matrix_instructions(compiled) -> None:
 def test_the_committed_table_is_current(compiled) -> None:
     """ARCH.md lists every compiled launch; made by this Triton, its figures match too (else: --write)."""
     text = aot.ARCH_MD.read_text()
-    for spec in aot.specs().values():
+    for spec in aot_specs.specs().values():
         assert f"| {spec.kernel} | {spec.case} | {spec.row} | sm_{spec.cc} |" in text, (
             f"{spec.key} is missing from kernels/ARCH.md (fix: python -m kernels.aot --write)"
         )
