@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import socket
@@ -115,16 +116,16 @@ def load(st: State) -> Engine:
             )
     began = time.perf_counter()
     try:
-        if hasattr(engine, "warmup"):  # the engine's own (CUDA graphs per mode and budget)
-            engine.warmup(modes=s.modes, budgets=s.budgets)
-        else:
-            for mode, budget in allowed:
-                engine.generate(warm_ids, mode=mode, budget=budget, max_new_tokens=2 * block, eos_ids=())
+        engine.warmup(modes=s.modes, budgets=s.budgets)  # CUDA graphs per mode and budget on a GPU
     except GenerationError as e:
         raise SettingsError(f"the warm-up generation was refused: {e}") from None
     st.log.write("warmed", seconds=round(time.perf_counter() - began, 3), pairs=allowed)
     st.tokenizer, st.limits = tokenizer, limits
     st.metrics = Metrics(st.model, spec, block - 1)
+    # Everything made so far lives as long as the server: take it out of the collector's sight, or
+    # every full collection walks it (over 100 ms with torch loaded) and stalls requests and /health.
+    gc.collect()
+    gc.freeze()
     return engine
 
 
