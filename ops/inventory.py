@@ -64,7 +64,7 @@ hosts:
   local:
     connection: local
     base: ~/.cache/specops/demo
-    vars: {profile: cpu}
+    vars: {profile: cpu, bench_matrix: bench-demo.yaml}
 """
 
 
