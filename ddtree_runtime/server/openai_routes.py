@@ -234,5 +234,5 @@ async def _until_gone(request: Request, job: Job, scheduler: Scheduler) -> None:
     before its next phase) and tell the handler, which answers and counts it."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+    job.events.put_nowait(("gone", None))  # on the loop already: queued before any later "done"
     scheduler.withdraw(job)
-    job.put(("gone", None))
