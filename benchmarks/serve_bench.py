@@ -10,7 +10,7 @@ Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`),
 2. `/health` latency (p50, p99, max) while `--clients` streaming clients keep the engine busy; the
    goal is p99 under 50 ms with 16 clients;
 3. a non-streamed request dropped mid-generation, nine times per mode: how long the engine ran on
-   after the server saw the client gone (its log), in rounds (the mean inter-round time from
+   after the server saw the client gone (its log, read without touching the server), in rounds (the mean inter-round time from
    `vllm:inter_token_latency_seconds`), and the median; goal: one round.
 
 Direct runs twice per turn: with torch's default CPU threads (what the `generate` CLI uses) and with
@@ -92,21 +92,30 @@ def wait_ready(client: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -
     raise SystemExit("server not ready after 300 s")
 
 
+def chat_records(log: Path) -> list[dict]:
+    """The server log's lines for `/v1/chat/completions` requests, oldest first."""
+    lines = filter(None, log.read_text().splitlines())
+    return [e for e in map(json.loads, lines) if e.get("path") == "/v1/chat/completions"]
+
+
 def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) -> tuple[float, float]:
     """One non-streamed chat completion over a keep-alive stdlib connection (the lightest client,
     so the figure is the server's): (tokens/s at the client, seconds the server added to the
     engine's own generation time, from the request's log line)."""
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
                        "max_tokens": tokens, "ignore_eos": True, "temperature": 0, "mode": mode})  # fmt: skip
+    seen = len(chat_records(log))
     began = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     data = json.loads(resp.read())
     seconds = time.perf_counter() - began
     assert resp.status == 200, data
-    lines = filter(None, log.read_text().splitlines())
-    record = [e for e in map(json.loads, lines) if e.get("path") == "/v1/chat/completions"][-1]
-    return data["usage"]["completion_tokens"] / seconds, seconds - record["engine_s"]
+    end = time.monotonic() + 10
+    while len(records := chat_records(log)) == seen:  # the line is written after the last byte
+        assert time.monotonic() < end, "no log line for the request"
+        time.sleep(0.001)
+    return data["usage"]["completion_tokens"] / seconds, seconds - records[seen]["engine_s"]
 
 
 def compare(engine: Engine, ids: list[int], port: int, log: Path, runs: int) -> None:
@@ -205,9 +214,11 @@ async def health_under_load(base: str, clients: int, seconds: float) -> None:
 
 
 def drop_frees(port: int, mode: str, log: Path) -> float:
-    """A raw socket sends a long non-streamed request and closes mid-generation; a keep-alive
-    connection polls /metrics until the engine is free; the rounds' own gaps give the round time.
-    Returns how many rounds the engine ran on after the server saw the client gone."""
+    """A raw socket sends a long non-streamed request and closes mid-generation. The engine's
+    freeing is read from the server's log (the worker writes a "cancelled" line once it is free),
+    not by polling /metrics, whose scrapes would compete with the engine for the GIL. The rounds'
+    own gaps give the round time. Returns how many rounds the engine ran on after the server saw
+    the client gone."""
     body = json.dumps(
         {"model": "tiny", "prompt": PROMPT, "max_tokens": 3000, "ignore_eos": True, "mode": mode}
     )
@@ -217,35 +228,34 @@ def drop_frees(port: int, mode: str, log: Path) -> float:
         probe.request("GET", "/metrics")
         return probe.getresponse().read().decode()
 
+    def cancelled() -> list[dict[str, float]]:
+        lines = filter(None, log.read_text().splitlines())
+        return [e for e in map(json.loads, lines) if e["event"] == "cancelled"]
+
     itl = "vllm:inter_token_latency_seconds"
     before = scrape()
-    seen = log.read_text().count('"event": "cancelled"')
+    seen = len(cancelled())
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
         )
         while metric(scrape(), "vllm:num_requests_running") != 1:
-            pass
+            time.sleep(0.01)
         time.sleep(0.2)  # tokens are flowing
     dropped = time.perf_counter()  # the socket is closed
-    polls = 0
-    while metric(text := scrape(), "vllm:num_requests_running") != 0:
-        polls += 1
-        time.sleep(0.002)  # a tight loop of scrapes would hold the server's GIL against the engine
-    freed = time.perf_counter() - dropped
-    cancelled: list[dict[str, float]] = []
-    while len(cancelled) < seen + 1:  # the worker logs just after it frees the engine
-        lines = log.read_text().splitlines()
-        cancelled = [e for e in map(json.loads, filter(None, lines)) if e["event"] == "cancelled"]
-        time.sleep(0.01)
-    engine_s = cancelled[-1]["engine_freed_after_s"]
+    while len(events := cancelled()) == seen:
+        time.sleep(0.001)
+    logged = time.perf_counter() - dropped
+    text = scrape()
+    assert metric(text, "vllm:num_requests_running") == 0
+    engine_s = events[-1]["engine_freed_after_s"]
     rounds = metric(text, f"{itl}_count") - metric(before, f"{itl}_count")
     round_s = (metric(text, f"{itl}_sum") - metric(before, f"{itl}_sum")) / rounds
     print(
-        f"dropped non-streamed {mode} request: engine free {freed * 1e3:.1f} ms after the close "
-        f"({polls} scrapes in between); server log: engine free {engine_s * 1e3:.2f} ms after it saw the "
-        f"client gone; its rounds took {round_s * 1e3:.2f} ms each: {engine_s / round_s:.2f} rounds",
+        f"dropped non-streamed {mode} request: the server logged the engine free {logged * 1e3:.1f} ms "
+        f"after the close, {engine_s * 1e3:.2f} ms after it saw the client gone; its rounds took "
+        f"{round_s * 1e3:.2f} ms each: {engine_s / round_s:.2f} rounds",
         flush=True,
     )
     return engine_s / round_s

@@ -105,6 +105,7 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
             while True:
                 kind, payload = await job.events.get()
                 if kind == "gone":
+                    await _engine_released(job, payload)
                     flow.abort()
                     return Response(status_code=499)
                 if kind == "error" or payload.stop_reason == "cancelled":
@@ -149,6 +150,7 @@ async def _stream(
             while True:
                 kind, payload = await job.events.get()
                 if kind == "gone":
+                    await _engine_released(job, payload)
                     flow.abort()
                     return
                 if kind == "tokens":
@@ -234,5 +236,11 @@ async def _until_gone(request: Request, job: Job, scheduler: Scheduler) -> None:
     before its next phase) and tell the handler, which answers and counts it."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.events.put_nowait(("gone", None))  # on the loop already: queued before any later "done"
-    scheduler.withdraw(job)
+    job.events.put_nowait(("gone", not scheduler.withdraw(job)))  # True: it was running
+
+
+async def _engine_released(job: Job, was_running: bool) -> None:
+    """After a client left: wait for a running job's last event before answering and logging, so
+    the loop leaves the GIL to the engine while it stops (before its next phase)."""
+    while was_running and (await job.events.get())[0] not in ("done", "error"):
+        pass
