@@ -5,13 +5,15 @@ Three figures for issue 17, all on the tiny fitted pair (`ddtree_runtime.tiny`),
 1. tokens/s of `Engine.generate` in this process (what `python -m ddtree_runtime generate` reports)
    against one warmed, non-streamed `/v1/chat/completions` per request through a real server
    (`python -m ddtree_runtime serve --modes ar,dflash,ddtree`), per mode, in `--runs` turns of
-   shuffled order, the median of each turn's ratio; the goal is served within 10% of direct. Beside it, what serving adds per
-   request: the client's time minus the engine's own time in the server's log line (`engine_s`);
+   shuffled order, the median of each turn's ratio; the goal is served within 10% of direct.
+   Beside it, what serving adds per request: the client's time minus the engine's own time in
+   the server's log line (`engine_s`);
 2. `/health` latency (p50, p99, max) while `--clients` streaming clients keep the engine busy; the
    goal is p99 under 50 ms with 16 clients;
 3. a non-streamed request dropped mid-generation, nine times per mode: how long the engine ran on
-   after the server saw the client gone (its log, read without touching the server), in rounds (the mean inter-round time from
-   `vllm:inter_token_latency_seconds`), and the median; goal: one round.
+   after the server saw the client gone (its log, read without touching the server), in rounds
+   (the mean inter-round time from `vllm:inter_token_latency_seconds`), and the median; goal: one
+   round.
 
 Direct runs twice per turn: with torch's default CPU threads (what the `generate` CLI uses) and with
 the server's default (every core but one, `--threads`).
@@ -46,6 +48,7 @@ from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import MODES
 
 PROMPT, TOKENS, BUDGET, MAX_CONTEXT = "the city", 64, 16, 4096
+CHAT = "/v1/chat/completions"
 PROBE = """
 import http.client, json, sys, time
 port, seconds = int(sys.argv[1]), float(sys.argv[2])
@@ -92,10 +95,10 @@ def wait_ready(client: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -
     raise SystemExit("server not ready after 300 s")
 
 
-def chat_records(log: Path) -> list[dict]:
-    """The server log's lines for `/v1/chat/completions` requests, oldest first."""
+def log_records(log: Path, **match: str) -> list[dict]:
+    """The server log's JSON lines whose fields equal `match`, oldest first."""
     lines = filter(None, log.read_text().splitlines())
-    return [e for e in map(json.loads, lines) if e.get("path") == "/v1/chat/completions"]
+    return [e for e in map(json.loads, lines) if all(e.get(k) == v for k, v in match.items())]
 
 
 def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) -> tuple[float, float]:
@@ -104,15 +107,15 @@ def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) 
     engine's own generation time, from the request's log line)."""
     body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
                        "max_tokens": tokens, "ignore_eos": True, "temperature": 0, "mode": mode})  # fmt: skip
-    seen = len(chat_records(log))
+    seen = len(log_records(log, path=CHAT))
     began = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    conn.request("POST", CHAT, body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     data = json.loads(resp.read())
     seconds = time.perf_counter() - began
     assert resp.status == 200, data
     end = time.monotonic() + 10
-    while len(records := chat_records(log)) == seen:  # the line is written after the last byte
+    while len(records := log_records(log, path=CHAT)) == seen:  # the line is written after the last byte
         assert time.monotonic() < end, "no log line for the request"
         time.sleep(0.001)
     return data["usage"]["completion_tokens"] / seconds, seconds - records[seen]["engine_s"]
@@ -228,13 +231,9 @@ def drop_frees(port: int, mode: str, log: Path) -> float:
         probe.request("GET", "/metrics")
         return probe.getresponse().read().decode()
 
-    def cancelled() -> list[dict[str, float]]:
-        lines = filter(None, log.read_text().splitlines())
-        return [e for e in map(json.loads, lines) if e["event"] == "cancelled"]
-
     itl = "vllm:inter_token_latency_seconds"
     before = scrape()
-    seen = len(cancelled())
+    seen = len(log_records(log, event="cancelled"))
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -244,7 +243,7 @@ def drop_frees(port: int, mode: str, log: Path) -> float:
             time.sleep(0.01)
         time.sleep(0.2)  # tokens are flowing
     dropped = time.perf_counter()  # the socket is closed
-    while len(events := cancelled()) == seen:
+    while len(events := log_records(log, event="cancelled")) == seen:
         time.sleep(0.001)
     logged = time.perf_counter() - dropped
     text = scrape()

@@ -210,8 +210,8 @@ class Engine:
 
         EOS (kept in the output) and stop strings (needs `decode`) end it early; `on_tokens` gets
         each round's new tokens (e.g. to stream). Setting `cancel` from another thread stops it
-        before its next phase (a graphed round: before its next round), with the tokens so far. `profile` runs the
-        phases one by one with a sync between them, for the per-phase split.
+        before its next phase (a graphed round: before its next round), with the tokens so far.
+        `profile` runs the phases one by one with a sync between them, for the per-phase split.
         """
         full_block = self.drafter.config.block_size if self.drafter is not None else 2
         block = block_size or full_block

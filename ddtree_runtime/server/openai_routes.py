@@ -1,7 +1,8 @@
 """The OpenAI routes: `/v1/models`, `/v1/completions` and `/v1/chat/completions`.
 
 Handlers run on one asyncio loop and never wait on the engine: they validate (tokenizing a large
-body in a worker thread, after a size check that needs no tokenizer), queue a `Job`, then await its events.
+body in a worker thread, after a size check that needs no tokenizer), queue a `Job`, then await
+its events.
 Every completion also watches its connection, so a client that leaves, streamed or not, cancels
 its generation before the engine's next phase and is counted as `abort`.
 """
