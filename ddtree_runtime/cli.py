@@ -18,7 +18,7 @@ import torch
 from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import Engine, GenerationError
-from ddtree_runtime.loader import load_pair
+from ddtree_runtime.loader import default_dtype, load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
@@ -36,7 +36,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, help="cache size in tokens (default: what the request needs)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        help="default: bfloat16 on cuda and on CPUs with native bf16, else float32",
+    )
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (through the chat template when the model has one)")
     prompt.add_argument("--prompt-ids", help="comma-separated token ids, used as they are")
@@ -66,7 +70,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     tiny.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server/)")
     server.add_arguments(serve)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.command in ("generate", "bench") and args.dtype is None:
+        args.dtype = default_dtype(args.device)
+    return args
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[int]:

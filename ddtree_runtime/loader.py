@@ -29,6 +29,17 @@ from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 
 
+def default_dtype(device: str) -> str:
+    """The dtype weights are loaded in when none is asked for: bfloat16 on CUDA, and on a CPU with
+    native bf16 dot products (AVX512-BF16 or AMX), where a speculative round's wide matmuls (a verify
+    pass of 9-65 rows) run about twice as fast as in float32; elsewhere float32, because emulated
+    bf16 is several times slower than float32 (benchmarks/RESULTS.md, the demo's dtype rows)."""
+    if device == "cuda":
+        return "bfloat16"
+    caps = torch.cpu.get_capabilities()
+    return "bfloat16" if caps.get("avx512_bf16") or caps.get("amx_bf16") else "float32"
+
+
 def weight_files(directory: Path) -> list[Path]:
     """The safetensors files of a checkpoint: the index's shards, else `*.safetensors`."""
     index = directory / "model.safetensors.index.json"

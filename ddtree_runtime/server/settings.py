@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ddtree_runtime.loader import default_dtype
 from specops_contract import MODES, SERVE_DEFAULTS
 
 ENV_PREFIX = "SPECOPS_SERVE_"
@@ -41,7 +42,7 @@ class Settings:
     host: str = SERVE_DEFAULTS["host"]
     port: int = SERVE_DEFAULTS["port"]
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype: str | None = None  # resolved by settings_from: bfloat16 on cuda, float32 on cpu
+    dtype: str | None = None  # resolved by settings_from: loader.default_dtype(device)
     max_context: int | None = None  # None: the target's max_position_embeddings, capped
     temperature: float | None = None  # for requests that send none; None: generation_config.json, else 0
     threads: int | None = None  # torch CPU threads; None: every core but one (the HTTP loop's)
@@ -60,7 +61,10 @@ FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
     "host": (str, "address to bind (default 127.0.0.1)"),
     "port": (int, "port to bind (default 8000; 0 picks a free one)"),
     "device": (str, "cpu | cuda (default cuda when available)"),
-    "dtype": (str, f"{' | '.join(DTYPES)} (default bfloat16 on cuda, float32 on cpu)"),
+    "dtype": (
+        str,
+        f"{' | '.join(DTYPES)} (default bfloat16 on cuda and on CPUs with native bf16, else float32)",
+    ),
     "max_context": (
         int,
         f"cache size in tokens: prompt + output + verify rows (default: the model's, "
@@ -144,7 +148,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     s = Settings(**given)
     s = replace(
         s,
-        dtype=s.dtype or ("bfloat16" if s.device == "cuda" else "float32"),
+        dtype=s.dtype or default_dtype(s.device),
         modes=_modes(modes, s.mode),
         budgets=_budgets(budgets, s.budget),
         threads=max(1, len(os.sched_getaffinity(0)) - 1) if s.threads is None else s.threads,

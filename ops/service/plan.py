@@ -31,7 +31,6 @@ def serve_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
     serve = {**SERVE_DEFAULTS, **args["serve"]}
     cpu = ctx.vars.get("profile") == "cpu"
     device = serve.get("device") or ("cpu" if cpu else "cuda")
-    dtype = serve.get("dtype") or ("float32" if device == "cpu" else "bfloat16")
     flags = {
         "--target": args["target"],
         "--drafter": args["drafter"],
@@ -40,9 +39,10 @@ def serve_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
         "--host": serve["host"],
         "--port": serve["port"],
         "--device": device,
-        "--dtype": dtype,
         "--env-file": args["env_file"],
     }
+    if serve.get("dtype"):  # unset: the server picks for the host's hardware (loader.default_dtype)
+        flags["--dtype"] = serve["dtype"]
     argv = [f"{args['venv']}/bin/python", "-m", "ddtree_runtime", "serve"]
     for flag, value in flags.items():
         argv += [flag, str(value)]

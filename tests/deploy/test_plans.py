@@ -159,7 +159,7 @@ def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_not
     assert "WorkingDirectory=/opt/specops/releases/0.1.0+gbbbbbbb\n" in unit
     assert 'Environment="PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site"' in unit
     assert "EnvironmentFile=/opt/specops/run/specops-ddtree.env\n" in unit
-    assert "--device cuda --dtype bfloat16 --env-file /opt/specops/run/specops-ddtree.env" in unit
+    assert "--device cuda --env-file /opt/specops/run/specops-ddtree.env" in unit  # the host picks the dtype
     assert (
         "WantedBy=multi-user.target" in unit
         and "StandardOutput=append:/opt/specops/logs/specops-ddtree.log" in unit
@@ -174,7 +174,11 @@ def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_not
 
 
 def test_supervisor_restarts_only_when_something_changed():
-    step, args, ctx = get_step("service")(), service_args(), context(profile="cpu")
+    step, args, ctx = (
+        get_step("service")(),
+        service_args(serve={"port": 8011, "dtype": "float32"}),
+        context(profile="cpu"),
+    )
     first = step.plan(facts(current=None), args, ctx)
     lines = describe(first)
     assert lines[0] == "write: /opt/specops/bin/specops-supervisor.py 0755"
@@ -186,7 +190,8 @@ def test_supervisor_restarts_only_when_something_changed():
         "/opt/specops/run/specops-ddtree.pid --log /opt/specops/logs/specops-ddtree.log --cwd "
         "/opt/specops/releases/0.1.0+gbbbbbbb --env-file /opt/specops/run/specops-ddtree.env"
     )
-    assert "--device cpu --dtype float32" in start and "--port 8011 " in start
+    assert "--device cpu --env-file /opt/specops/run/specops-ddtree.env --dtype float32" in start
+    assert "--port 8011 " in start
     assert first.data["rollback_to"] is None
 
     running = host_after(first, facts(current=None))

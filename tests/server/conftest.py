@@ -63,7 +63,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, tiny_pair: TinyPair) -> I
     )
     oracle = subprocess.Popen(
         [sys.executable, "-m", "ddtree_runtime", "generate", *pair_args, "--mode", "ddtree",
-         "--budget", str(BUDGET), "--prompt", PROMPT, "--max-new-tokens", str(ORACLE_TOKENS), "--format", "json"],
+         "--budget", str(BUDGET), "--dtype", "float32", "--prompt", PROMPT, "--max-new-tokens", str(ORACLE_TOKENS), "--format", "json"],
         cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
