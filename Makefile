@@ -27,7 +27,7 @@ demo: venv
 	$(BIN)/fab bench
 	$(BIN)/fab status
 
-# Regenerate the committed demo pair (demo_pair/): a stdlib-trained LM and its trained drafter (CPU, ~30 min).
+# Regenerate the committed demo pair (demo_pair/): a stdlib-trained LM and its trained drafter (CPU, ~20 min).
 demo-pair: venv
 	nice -n 15 $(BIN)/python demo_pair/build.py
 

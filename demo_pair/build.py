@@ -1,4 +1,4 @@
-"""Regenerate the demo pair: `python demo_pair/build.py [--out demo_pair]` (CPU, tens of minutes).
+"""Regenerate the demo pair: `python demo_pair/build.py [--out demo_pair]` (CPU, about 20 minutes).
 
 1. The target: a small Qwen3 LM with its own byte-level BPE, trained from scratch on the Python
    standard library's sources (ddtree_runtime/train/lm.py), which every machine has offline.
@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE), help="where target/ and drafter/ go (default: demo_pair/)")
     p.add_argument("--work", default="/tmp/specops-demo-pair", help="work directory (resumable)")
     p.add_argument("--lm-steps", type=int, default=LMSpec.steps)
-    p.add_argument("--train-prompts", type=int, default=320)
+    p.add_argument("--train-prompts", type=int, default=960)
     p.add_argument("--eval-prompts", type=int, default=16)
-    p.add_argument("--drafter-steps", type=int, default=500)
+    p.add_argument("--drafter-steps", type=int, default=1500)
+    p.add_argument("--response-tokens", type=int, default=128, help="target tokens regenerated per prompt")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the demo CPU is shared)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     code = train_main([
         "--target", str(target), "--prompts", str(train_p), "--held-out-prompts", str(held_p),
         "--out", str(run), "--held-out", "0", "--min-chars", "16", "--near-dup", "0.9",
-        "--max-prompt-tokens", "128", "--response-tokens", "96", "--draft-layers", "1", "--block-size", "8",
+        "--max-prompt-tokens", "128", "--response-tokens", str(a.response_tokens), "--draft-layers", "1", "--block-size", "8",
         "--target-layer-ids", "1,3", "--steps", str(a.drafter_steps), "--lr", "1e-3", "--warmup-steps", "20",
         "--micro-batch", "4", "--anchors", "24", "--loss-gamma", "4", "--save-every", "50",
         "--eval-prompts", str(a.eval_prompts), "--eval-budgets", "16,32,64", "--eval-tokens", "96",
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(src, out / name, ignore=shutil.ignore_patterns("train_spec.json"))
     shutil.copy(target / "train_spec.json", out / "target_train_spec.json")
     shutil.copy(run / "eval.json", out / "eval.json")
+    shutil.copy(run / "data" / "manifest.json", out / "data_manifest.json")
     shutil.copy(held_p, out / "held_out_prompts.jsonl")
     print(json.loads((out / "eval.json").read_text())["tau"])
     return 0
