@@ -5,7 +5,7 @@ trained on) is decoded by `Engine.generate`, the call `python -m ddtree_runtime 
 after one untimed warm-up; EOS is ignored so every mode emits the same number of tokens. Prints one
 row per mode and budget with the speedup over `ar` measured in the same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/demo_pair_bench.py [--prompts 8] [--max-new-tokens 96]
+    OMP_NUM_THREADS=1 python benchmarks/demo_pair_bench.py [--prompts 8] [--max-new-tokens 96] [--dtype D]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.loader import load_pair
+from ddtree_runtime.loader import default_dtype, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
 PAIR = Path(__file__).resolve().parent.parent / "demo_pair"
@@ -31,18 +31,21 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budgets", default="16,32,64")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=default_dtype("cpu"))
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     pair = Path(a.pair)
     tok = Tokenizer(pair / "target")
     rows = [json.loads(line)["prompt"] for line in (pair / "held_out_prompts.jsonl").read_text().splitlines()]
     prompts = [tok.encode(r)[-128:] for r in rows[: a.prompts]]
-    target, drafter = load_pair(pair / "target", pair / "drafter", torch.device("cpu"), torch.float32)
+    target, drafter = load_pair(
+        pair / "target", pair / "drafter", torch.device("cpu"), getattr(torch, a.dtype)
+    )
     budgets = [int(b) for b in a.budgets.split(",")]
     engine = Engine(target, drafter, max_context=128 + a.max_new_tokens + max(budgets) + 1)
     runs = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
     print(
-        f"demo pair, {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens, T=0, float32, "
+        f"demo pair, {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens, T=0, {a.dtype}, "
         f"{a.threads} thread(s), {platform.machine()} x{torch.get_num_threads()} torch {torch.__version__}"
     )
     print(f"{'mode':>7} {'budget':>6} {'tok/s':>8} {'tau':>6} {'vs ar':>7}")
