@@ -1,4 +1,4 @@
-"""Tree Gated DeltaNet (kernels/gdn_tree.py) beside the chain over the same number of tokens.
+"""Tree Gated DeltaNet (ddtree_kernels/gdn_tree.py) beside the chain over the same number of tokens.
 
 One Qwen3.6-27B DeltaNet layer by default: 48 value heads (16 key heads, repeated), Dk = Dv = 128,
 fp32 recurrence, a 257-node DDTree-shaped tree (B = 256) from a cached state. Prints one JSON row
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree_kernels.gdn_tree import gdn_tree
 from ddtree_runtime.models.gdn import gdn_chain, gdn_tree_torch
-from kernels.gdn_tree import gdn_tree
 
 
 def timed_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:

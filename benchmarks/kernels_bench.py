@@ -21,17 +21,17 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.kv_compact import compact
-from kernels.marginal_topk import marginal_topk
-from kernels.tree_attention import (
+from ddtree_kernels.kv_compact import compact
+from ddtree_kernels.marginal_topk import marginal_topk
+from ddtree_kernels.tree_attention import (
     AttentionConfig,
     _tree_attention_kernel,
     tree_attention,
     tree_attention_reference,
     tree_visibility,
 )
-from kernels.tree_build import build_tree, candidate_pairs, tree_from_topk
-from kernels.tree_walk import node_choices, tree_walk, walk_choices
+from ddtree_kernels.tree_build import build_tree, candidate_pairs, tree_from_topk
+from ddtree_kernels.tree_walk import node_choices, tree_walk, walk_choices
 
 HQ, HKV, D, LAYERS_ROT = 32, 8, 128, 8
 DEV = torch.device("cuda")
@@ -115,7 +115,7 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
             row["best_us"], row["best_config"] = best[0], str(best[1])
     if with_sdpa:
         total = ctx + n
-        from kernels.tree_attention import ancestors_reference
+        from ddtree_kernels.tree_attention import ancestors_reference
 
         tree_mask = ancestors_reference(parents)
         mask = torch.cat([torch.ones(n, ctx, dtype=torch.bool, device=DEV), tree_mask], dim=1)

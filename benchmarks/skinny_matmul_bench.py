@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from ddtree_kernels.host import num_sms
+from ddtree_kernels.skinny_matmul import SkinnyConfig, default_config, skinny_matmul
 from ddtree_runtime.roofline import measure_ceilings
-from kernels.host import num_sms
-from kernels.skinny_matmul import SkinnyConfig, default_config, skinny_matmul
 
 SHAPES = {  # name: (N, K)
     "qkv": (6144, 4096),

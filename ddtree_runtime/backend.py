@@ -2,7 +2,7 @@
 
 Every step of a decoding round that touches the tree goes through one of these methods, and so do
 the decoder layers' small fused steps (RMSNorm with the residual add, q/k norm + RoPE + the cache
-write, SwiGLU's gate), so that the Triton kernels (`kernels/backend.py`, `TritonBackend`) can
+write, SwiGLU's gate), so that the Triton kernels (`ddtree_kernels/backend.py`, `TritonBackend`) can
 replace them on CUDA. The PyTorch versions are the kernels' references. `TorchBackend`
 is the CPU path and the oracle the kernels are tested against; it favours clarity over speed.
 
@@ -21,17 +21,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels.qk_rope import qk_rope_reference
-from kernels.rms_norm import rms_norm_reference
-from kernels.silu_mul import silu_mul_reference
-from kernels.skinny_matmul import skinny_matmul_reference
+from ddtree_kernels.qk_rope import qk_rope_reference
+from ddtree_kernels.rms_norm import rms_norm_reference
+from ddtree_kernels.silu_mul import silu_mul_reference
+from ddtree_kernels.skinny_matmul import skinny_matmul_reference
 
 Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
 
 
 class Backend(Protocol[Vis]):
     """What the engine and the models call; `TorchBackend` (Vis = dense bool Tensor) and
-    `kernels.backend.TritonBackend` (Vis = `TreeVisibility` bitmasks) both satisfy it."""
+    `ddtree_kernels.backend.TritonBackend` (Vis = `TreeVisibility` bitmasks) both satisfy it."""
 
     name: str
 
@@ -276,7 +276,7 @@ def select_backend(device: torch.device) -> Backend[Any]:
     """The Triton backend on CUDA when the kernels package provides it, else the PyTorch one."""
     if torch.device(device).type == "cuda":
         try:
-            from kernels.backend import TritonBackend
+            from ddtree_kernels.backend import TritonBackend
         except ImportError:
             return TorchBackend()
         return TritonBackend()

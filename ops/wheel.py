@@ -28,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGED = (
     "ops",
     "ddtree_runtime",
-    "kernels",
+    "ddtree_kernels",
     "drafter_config",
     "specops_contract.py",
     "pyproject.toml",

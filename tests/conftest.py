@@ -2,7 +2,7 @@
 fitted checkpoint pair that the runtime, server, deploy and bench tests share (fitting it costs ~10 s).
 
 Triton kernels run under the interpreter on machines without an NVIDIA driver (CI). This must be set
-before any test module imports ``kernels.*``, whichever folder imports it first.
+before any test module imports ``ddtree_kernels.*``, whichever folder imports it first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Gated DeltaNet over a token tree, in PyTorch: the CPU path and the oracle of `kernels/gdn_tree.py`.
+"""Gated DeltaNet over a token tree, in PyTorch: the CPU path and the oracle of `ddtree_kernels/gdn_tree.py`.
 
 The gated delta rule (Yang et al., "Gated Delta Networks", arXiv 2412.06464), per value head, with
 the state S [Dk, Dv] and for each token t (q, k l2-normalised, q scaled by Dk^-1/2, g_t <= 0):

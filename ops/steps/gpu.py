@@ -163,7 +163,9 @@ def smoke_script(test: str) -> str:
     script = resources.files("ops.gpu.remote").joinpath(f"smoke_{test}.py").read_text()
     if test == "kernels":  # nothing is deployed yet: this checkout's kernels travel with the script
         sources = {
-            f.name: f.read_text() for f in resources.files("kernels").iterdir() if f.name.endswith(".py")
+            f.name: f.read_text()
+            for f in resources.files("ddtree_kernels").iterdir()
+            if f.name.endswith(".py")
         }
         script = f"SOURCES = {dict(sorted(sources.items()))!r}\n{script}"
     return script
@@ -282,8 +284,8 @@ def _kernel_failure(entry: dict[str, Any], result: dict[str, Any]) -> str:
     if "OutOfResources" in error or "out of resource" in error:
         return (
             f"{what}: {error} (fix: the launch does not fit this {arch} GPU ({result.get('smem_optin')} B of "
-            f"shared memory per block): lower the tiles or stages of its row in kernels/arch.py and check the "
-            f"row with `python -m kernels.aot`)"
+            f"shared memory per block): lower the tiles or stages of its row in ddtree_kernels/arch.py and check the "
+            f"row with `python -m ddtree_kernels.aot`)"
         )
     return f"{what}: {error} (fix: run `TRITON_INTERPRET=0 pytest tests/kernels` on this host to find the failing case)"
 

@@ -1,7 +1,7 @@
-"""Every kernel compiled for sm_90, sm_100 and sm_120 on this CPU machine (kernels/aot.py compiles
-the launches of kernels/aot_specs.py): each config the planner (kernels/arch.py) can choose fits its
+"""Every kernel compiled for sm_90, sm_100 and sm_120 on this CPU machine (ddtree_kernels/aot.py compiles
+the launches of ddtree_kernels/aot_specs.py): each config the planner (ddtree_kernels/arch.py) can choose fits its
 family's shared memory without spills, each architecture gets its own matrix instructions, and
-kernels/ARCH.md lists what is compiled.
+ddtree_kernels/ARCH.md lists what is compiled.
 
 A cold run compiles ~60 launches (about a minute on 2 cores); Triton's cache makes reruns quick.
 """
@@ -13,8 +13,8 @@ import re
 import pytest
 import triton
 
-from kernels import aot, aot_specs
-from kernels.arch import ROWS, WIDE_ROWS
+from ddtree_kernels import aot, aot_specs
+from ddtree_kernels.arch import ROWS, WIDE_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> Non
     assert not found, "\n".join(found)
     if aot._cuobjdump() is not None:
         gone = [key for key in aot.ACCEPTED_SPILLS if not compiled[key].spill_ops]
-        assert not gone, f"no longer spill, remove from kernels.aot.ACCEPTED_SPILLS: {gone}"
+        assert not gone, f"no longer spill, remove from ddtree_kernels.aot.ACCEPTED_SPILLS: {gone}"
     # the check has teeth: the H200's big-tree tiles do not fit an sm_120 block
     big = next(s for s in aot_specs.specs().values() if s.row == "sm_90" and "main 128x64" in s.case)
     assert compiled[big.key].shared > ROWS["sm_120"].smem_per_block
@@ -78,8 +78,10 @@ def test_the_committed_table_is_current(compiled) -> None:
     text = aot.ARCH_MD.read_text()
     for spec in aot_specs.specs().values():
         assert f"| {spec.kernel} | {spec.case} | {spec.row} | sm_{spec.cc} |" in text, (
-            f"{spec.key} is missing from kernels/ARCH.md (fix: python -m kernels.aot --write)"
+            f"{spec.key} is missing from ddtree_kernels/ARCH.md (fix: python -m ddtree_kernels.aot --write)"
         )
     made_by = re.search(r"with Triton (\S+) for", text).group(1)
     if made_by == triton.__version__:
-        assert text == aot.table(compiled), "kernels/ARCH.md is stale (fix: python -m kernels.aot --write)"
+        assert text == aot.table(compiled), (
+            "ddtree_kernels/ARCH.md is stale (fix: python -m ddtree_kernels.aot --write)"
+        )

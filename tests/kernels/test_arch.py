@@ -1,4 +1,4 @@
-"""The per-architecture planner (kernels/arch.py): which row a device gets, and the tiles tree
+"""The per-architecture planner (ddtree_kernels/arch.py): which row a device gets, and the tiles tree
 attention then launches. That each row's tiles fit its family is tests/kernels/test_aot.py."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.arch import ROWS, arch_row, device_row
-from kernels.tree_attention import AttentionConfig, _default_config, _plan
+from ddtree_kernels.arch import ROWS, arch_row, device_row
+from ddtree_kernels.tree_attention import AttentionConfig, _default_config, _plan
 
 H200, RTX_PRO_6000 = 232448, 101376  # shared_memory_per_block_optin as the devices report it
 

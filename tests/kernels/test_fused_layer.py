@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddtree_kernels.qk_rope import qk_rope, qk_rope_reference
+from ddtree_kernels.rms_norm import rms_norm, rms_norm_reference
+from ddtree_kernels.silu_mul import silu_mul, silu_mul_reference
+from ddtree_kernels.skinny_matmul import SkinnyConfig, skinny_matmul, skinny_matmul_reference
 from ddtree_runtime.models.qwen3 import rope_tables
-from kernels.qk_rope import qk_rope, qk_rope_reference
-from kernels.rms_norm import rms_norm, rms_norm_reference
-from kernels.silu_mul import silu_mul, silu_mul_reference
-from kernels.skinny_matmul import SkinnyConfig, skinny_matmul, skinny_matmul_reference
 from tests.kernels.trees import DEVICE
 
 # bf16: the CPU interpreter truncates each bf16 rounding (a GPU rounds to nearest)

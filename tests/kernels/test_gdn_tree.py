@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ddtree_kernels.gdn_tree import gdn_tree, gdn_tree_reference
 from ddtree_runtime.models.gdn import advance_state, gdn_tree_torch
-from kernels.gdn_tree import gdn_tree, gdn_tree_reference
 from tests.kernels.trees import DEVICE, make_parents
 
 
@@ -100,11 +100,11 @@ def test_sizes_out_of_range_are_refused() -> None:
 
 def test_hybrid_verify_and_commit_on_the_kernels_match_torch(tmp_path) -> None:
     """One DDTree verify + commit of a random Qwen3.5 hybrid through TritonBackend and TorchBackend."""
+    from ddtree_kernels.backend import TritonBackend
     from ddtree_runtime.backend import TorchBackend
     from ddtree_runtime.config import Qwen3_5Config
     from ddtree_runtime.models.qwen3_5 import Qwen3_5
     from ddtree_runtime.tiny_hybrid import _hybrid_config
-    from kernels.backend import TritonBackend
 
     torch.manual_seed(0)
     model = Qwen3_5(Qwen3_5Config.from_dict(_hybrid_config(40, 64, 4), tmp_path / "config.json")).to(DEVICE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.host import cdiv, next_pow2, num_sms
+from ddtree_kernels.host import cdiv, next_pow2, num_sms
 
 
 def test_cdiv_and_next_pow2_match_triton() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.kv_compact import compact, compact_reference
+from ddtree_kernels.kv_compact import compact, compact_reference
 from tests.kernels.trees import DEVICE, make_parents
 
 

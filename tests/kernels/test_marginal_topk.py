@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.marginal_topk import marginal_topk, marginal_topk_reference
+from ddtree_kernels.marginal_topk import marginal_topk, marginal_topk_reference
 from tests.kernels.trees import DEVICE
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.tree_attention import (
+from ddtree_kernels.tree_attention import (
     AttentionConfig,
     ancestors_reference,
     tree_attention,
@@ -128,7 +128,7 @@ def test_a_separate_tail_launch_gives_the_same_attention(hkv, main_splits, shape
 
 def test_the_planner_sends_a_small_tail_to_its_own_launch() -> None:
     """257 nodes on 132 SMs: 8 tiles x 8 KV heads x 2 splits fill one wave; the 257th node goes apart."""
-    from kernels.tree_attention import _plan
+    from ddtree_kernels.tree_attention import _plan
 
     cfg = AttentionConfig(128, 64, 8, 3)
     main, tail = _plan(257 * 4, 4, 4096 + 257, 8, cfg, 132)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddtree_kernels.tree_build import build_tree, build_tree_reference
 from ddtree_runtime.backend import TorchBackend
-from kernels.tree_build import build_tree, build_tree_reference
 from tests.kernels.trees import DEVICE
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddtree_kernels.tree_walk import node_choices, tree_walk, tree_walk_reference, walk_choices
 from ddtree_runtime.backend import TorchBackend
-from kernels.tree_walk import node_choices, tree_walk, tree_walk_reference, walk_choices
 from tests.kernels.trees import DEVICE, make_tree
 
 

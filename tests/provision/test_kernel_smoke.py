@@ -75,7 +75,7 @@ def _rtx_pro_6000(error: str) -> dict:
 
 
 def test_gpu_failures_name_their_fix() -> None:
-    # the exception Triton raises at launch; 139936 B is what kernels/ARCH.md gives the H200 decode tiles on sm_120
+    # the exception Triton raises at launch; 139936 B is what ddtree_kernels/ARCH.md gives the H200 decode tiles on sm_120
     oor = OutOfResources(139936, 101376, "shared memory")
     with pytest.raises(StepFailed) as info:
         judge_kernels(_rtx_pro_6000(f"{type(oor).__name__}: {oor}"))
@@ -87,7 +87,7 @@ def test_gpu_failures_name_their_fix() -> None:
     )
     assert (
         "(fix: the launch does not fit this sm_120 GPU (101376 B of shared memory per block): lower the tiles or "
-        "stages of its row in kernels/arch.py and check the row with `python -m kernels.aot`)"
+        "stages of its row in ddtree_kernels/arch.py and check the row with `python -m ddtree_kernels.aot`)"
     ) in message
     assert (
         "marginal_topk (k=64 of 15 x 5000) differs from its PyTorch reference: error 0.5 > 2e-05" in message

@@ -14,7 +14,7 @@ import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-import kernels
+import ddtree_kernels
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.tiny import SPECIALS, TinyPair
@@ -54,8 +54,8 @@ def test_graph_replays_give_the_eager_tokens(tiny_pair: TinyPair, dtype: torch.d
 def _compiled() -> int:
     """Compiled specialisations of every Triton kernel in the kernels package, on every device."""
     total = 0
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module(f"kernels.{info.name}")
+    for info in pkgutil.iter_modules(ddtree_kernels.__path__):
+        module = importlib.import_module(f"ddtree_kernels.{info.name}")
         for obj in vars(module).values():
             if isinstance(obj, JITFunction):
                 total += sum(len(entry[0]) for entry in obj.device_caches.values())

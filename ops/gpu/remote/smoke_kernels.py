@@ -1,10 +1,10 @@
 """Smoke test: each specops kernel runs once on the host's GPU against its PyTorch reference.
 
 Runs before anything is deployed, so the kernels arrive with the script: the controller puts a
-line ``SOURCES = {...}`` (file name -> source of its ``kernels/*.py``) in front of this file, and
+line ``SOURCES = {...}`` (file name -> source of its ``ddtree_kernels/*.py``) in front of this file, and
 they are written to a temporary package first (``@triton.jit`` reads its function's source file).
 Small shapes, but the attention cases reach every tile choice of the device's row in
-``kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
+``ddtree_kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
 ``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
 row and one entry per kernel: name, config, max error and tolerance, or the error.
 """
@@ -167,13 +167,13 @@ def import_kernels(tmp):
     """This checkout's kernels package, written under ``tmp`` and imported ahead of any installed one."""
     import importlib
 
-    os.makedirs(os.path.join(tmp, "kernels"))
+    os.makedirs(os.path.join(tmp, "ddtree_kernels"))
     for name, text in SOURCES.items():
-        with open(os.path.join(tmp, "kernels", name), "w") as f:
+        with open(os.path.join(tmp, "ddtree_kernels", name), "w") as f:
             f.write(text)
     sys.path.insert(0, tmp)
     return {
-        name: importlib.import_module(f"kernels.{name}")
+        name: importlib.import_module(f"ddtree_kernels.{name}")
         for name in (
             "arch",
             "host",

@@ -4,7 +4,7 @@ DDTree (Ringel & Romano, arXiv 2604.12989) drafts per-position marginals ``p_d(t
 d = 1..D after the root and verifies the B prefixes ``(t_1..t_d)`` with the largest score
 ``sum_k log p_k(t_k)``. The paper finds them with a best-first heap (B sequential pops, a host
 loop); this module finds the same set in six launches with no host sync: five for the
-per-position top-k (kernels/marginal_topk.py) and ONE single-program kernel for the tree.
+per-position top-k (ddtree_kernels/marginal_topk.py) and ONE single-program kernel for the tree.
 
 **Why a level-by-level frontier is exact.** Let ``s_d[r]`` be position d's log-probabilities
 sorted descending (r = rank; only ranks < k = min(B, V) can matter). Keep, for every depth d, a
@@ -63,8 +63,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import next_pow2
-from kernels.marginal_topk import _key, _mono, _unmono, marginal_topk
+from ddtree_kernels.host import next_pow2
+from ddtree_kernels.marginal_topk import _key, _mono, _unmono, marginal_topk
 
 
 def candidate_pairs(budget: int, k: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -289,7 +289,7 @@ def _tree_kernel(
 
 
 def tree_launch(budget: int) -> tuple[dict[str, int | bool], int]:
-    """The tree kernel's constexprs and warps for ``budget`` (``kernels.aot_specs`` uses the same):
+    """The tree kernel's constexprs and warps for ``budget`` (``ddtree_kernels.aot_specs`` uses the same):
     no register spills up to B = 1024 on sm_90."""
     bp = max(16, next_pow2(budget))
     small = min(128, bp)

@@ -1,6 +1,6 @@
 """Per-position top-k log-probabilities of the drafter's logits, without a sort of the vocabulary.
 
-DDTree's tree build (kernels/tree_build.py) needs, for each draft position d, the k = min(B, V) best
+DDTree's tree build (ddtree_kernels/tree_build.py) needs, for each draft position d, the k = min(B, V) best
 tokens and their log-probabilities ``log softmax(x_d)`` sorted descending. ``torch.topk`` over
 V = 152k costs far more than reading the row; here each row is read twice and only ~M candidates
 are ever ranked.
@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import cdiv, next_pow2
+from ddtree_kernels.host import cdiv, next_pow2
 
 
 @triton.jit
@@ -272,7 +272,7 @@ _THRESHOLD_ROUNDS = 4
 
 
 class TopkLaunch(NamedTuple):
-    """``marginal_topk``'s launch choices for one (V, k); ``kernels.aot_specs`` uses the same."""
+    """``marginal_topk``'s launch choices for one (V, k); ``ddtree_kernels.aot_specs`` uses the same."""
 
     m: int  # strided chunks: >= 2k (>= 1024), at most the vocabulary padded to a power of two
     tiles_per_prog: int  # two loads a program: enough programs to fill the GPU at D = 15

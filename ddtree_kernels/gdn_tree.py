@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import next_pow2
+from ddtree_kernels.host import next_pow2
 
 MAX_NODES = 4096
 

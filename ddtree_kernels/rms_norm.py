@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import next_pow2
+from ddtree_kernels.host import next_pow2
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""The launch of every kernel, as the ``Spec`` that ``kernels/aot.py`` compiles for each target.
+"""The launch of every kernel, as the ``Spec`` that ``ddtree_kernels/aot.py`` compiles for each target.
 
 **This module is the one place that mirrors the launch wrappers.** Each ``Spec`` names a kernel's
 arguments with sample values (meta tensors: no memory) at the real model shapes (Qwen3-8B: 32/8
@@ -17,7 +17,7 @@ from functools import cache
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels import (
+from ddtree_kernels import (
     kv_compact,
     marginal_topk,
     qk_rope,
@@ -28,9 +28,9 @@ from kernels import (
     tree_build,
     tree_walk,
 )
-from kernels.aot import TARGETS, Spec
-from kernels.arch import ROWS, WIDE_ROWS, ArchRow, Tiles
-from kernels.host import cdiv, next_pow2
+from ddtree_kernels.aot import TARGETS, Spec
+from ddtree_kernels.arch import ROWS, WIDE_ROWS, ArchRow, Tiles
+from ddtree_kernels.host import cdiv, next_pow2
 
 # Qwen3-8B with its DFlash drafter (block 16) and the largest tree budget
 HQ, HKV, HEAD_DIM, VOCAB, LAYERS = 32, 8, 128, 151936, 36
@@ -47,7 +47,7 @@ def _strides(names: str, tensor: torch.Tensor) -> dict[str, int]:
     return dict(zip(names.split(), tensor.stride(), strict=False))
 
 
-# --- tree attention (kernels/tree_attention.py) -------------------------------------------------
+# --- tree attention (ddtree_kernels/tree_attention.py) -------------------------------------------------
 
 
 def _attention(

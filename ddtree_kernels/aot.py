@@ -4,13 +4,13 @@
 cubin for any target: the compiler reports the shared memory a launch needs, and the cubin (read
 with the ``cuobjdump`` in Triton's wheel) gives registers, stack, local-memory ops (spills) and the
 matrix instructions. ``tests/kernels/test_aot.py`` fails when a config the planner
-(``kernels/arch.py``) can choose does not fit its family's shared memory, or spills.
+(``ddtree_kernels/arch.py``) can choose does not fit its family's shared memory, or spills.
 
 This module is the machinery: a ``Spec`` (one launch), compiling it for a target and reading its
 cubin, the checks and the table. What is compiled, each kernel's launch at the model's shapes, is
-``kernels/aot_specs.py``.
+``ddtree_kernels/aot_specs.py``.
 
-``python -m kernels.aot --write`` regenerates ``kernels/ARCH.md``.
+``python -m ddtree_kernels.aot --write`` regenerates ``ddtree_kernels/ARCH.md``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from triton.backends.nvidia.compiler import CUDABackend
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, native_specialize_impl
 
-from kernels.arch import ROWS, WIDE_ROWS
+from ddtree_kernels.arch import ROWS, WIDE_ROWS
 
-# Opt-in shared memory per block of each compiled target (the row limits of kernels/arch.py are
+# Opt-in shared memory per block of each compiled target (the row limits of ddtree_kernels/arch.py are
 # at most these); 8.0 (A100) is compiled for the generic row only.
 DEVICE_SMEM = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 TARGETS = (90, 100, 120)
@@ -104,8 +104,8 @@ class Compiled:
 
 
 def _specs() -> dict[str, Spec]:
-    """Every spec by key, from ``kernels/aot_specs.py`` (imported on call: it builds on this module)."""
-    from kernels import aot_specs
+    """Every spec by key, from ``ddtree_kernels/aot_specs.py`` (imported on call: it builds on this module)."""
+    from ddtree_kernels import aot_specs
 
     return aot_specs.specs()
 
@@ -189,7 +189,7 @@ def problems(spec: Spec, result: Compiled) -> list[str]:
     if result.shared > spec.smem_limit:
         found.append(
             f"{spec.key}: needs {result.shared} bytes of shared memory, the limit is {spec.smem_limit} "
-            f"(fix: smaller tiles or fewer stages in kernels/arch.py ROWS['{spec.row}'])"
+            f"(fix: smaller tiles or fewer stages in ddtree_kernels/arch.py ROWS['{spec.row}'])"
         )
     if result.spill_ops and spec.key not in ACCEPTED_SPILLS:
         found.append(
@@ -207,11 +207,11 @@ def _cell(value: Any) -> str:
 
 
 def table(results: dict[str, Compiled]) -> str:
-    """kernels/ARCH.md: the planner's rows, then every compiled spec."""
-    from kernels.aot_specs import BUDGET, CONTEXT, HEAD_DIM, HKV, HQ, VOCAB  # as in _specs
+    """ddtree_kernels/ARCH.md: the planner's rows, then every compiled spec."""
+    from ddtree_kernels.aot_specs import BUDGET, CONTEXT, HEAD_DIM, HKV, HQ, VOCAB  # as in _specs
 
     lines = [
-        "# Kernels per architecture (generated: `python -m kernels.aot --write`; checked by tests/kernels/test_aot.py)",
+        "# Kernels per architecture (generated: `python -m ddtree_kernels.aot --write`; checked by tests/kernels/test_aot.py)",
         "",
         f'Compiled ahead of time with Triton {triton.__version__} for `GPUTarget("cuda", cc, 32)`, no GPU involved, at '
         f"Qwen3-8B shapes ({HQ}/{HKV} heads, head_dim {HEAD_DIM}, bf16, vocabulary {VOCAB}, context {CONTEXT}, "
@@ -219,7 +219,7 @@ def table(results: dict[str, Compiled]) -> str:
         "spill ops (STL/LDL in the SASS) and matrix instructions come from `cuobjdump` (Triton's copy). Figures move "
         "with the Triton version (3.6 on the H200 allocated 254 registers where 3.9 allocates 241).",
         "",
-        "## The planner's rows (kernels/arch.py)",
+        "## The planner's rows (ddtree_kernels/arch.py)",
         "",
         "| row | targets | shared limit B | decode | small (<= 256 rows) | large | tail |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -248,7 +248,7 @@ def table(results: dict[str, Compiled]) -> str:
             f"{r.shared} | {spec.smem_limit} | {_cell(r.registers)} | {_cell(r.stack)} | {_cell(r.spill_ops)} | "
             f"{matrix} |"
         )
-    lines += ["", "Spills accepted (`ACCEPTED_SPILLS` in kernels/aot.py):", ""]
+    lines += ["", "Spills accepted (`ACCEPTED_SPILLS` in ddtree_kernels/aot.py):", ""]
     lines += [f"- {key}: {reason}" for key, reason in ACCEPTED_SPILLS.items()]
     return "\n".join(lines) + "\n"
 

@@ -5,8 +5,8 @@ sm_90 (H100/H200) or sm_100 (B200/B300) block may opt in to 227 KB, an sm_120 pa
 RTX 5090, GB10) to 99 KB. The tree-attention tiles tuned on the H200 (128 x 64 keys, 4 stages: 165
 KB) would fail at the first launch on sm_120. Each family therefore gets a row of launch choices
 whose every config is compiled ahead of time for that family's architecture and checked to fit
-``smem_per_block`` without register spills (``kernels/aot.py``, ``tests/kernels/test_aot.py``;
-figures in ``kernels/ARCH.md``). ``ROWS`` hold for head_dim <= 128 in a 2-byte dtype; ``WIDE_ROWS``
+``smem_per_block`` without register spills (``ddtree_kernels/aot.py``, ``tests/kernels/test_aot.py``;
+figures in ``ddtree_kernels/ARCH.md``). ``ROWS`` hold for head_dim <= 128 in a 2-byte dtype; ``WIDE_ROWS``
 for head_dim <= 256 (the gated full-attention layers of Qwen3.5/3.6), whose K and V tiles are twice
 as large.
 
@@ -145,7 +145,7 @@ def _table(head_dim: int) -> dict[str, ArchRow]:
     if head_dim <= 256:
         return WIDE_ROWS
     raise RuntimeError(
-        f"tree attention has launch rows for head_dim <= 256, got {head_dim} (fix: add rows to kernels/arch.py)"
+        f"tree attention has launch rows for head_dim <= 256, got {head_dim} (fix: add rows to ddtree_kernels/arch.py)"
     )
 
 
@@ -161,8 +161,8 @@ def arch_row(capability: tuple[int, int], smem_optin: int, head_dim: int = 128) 
         return generic
     raise RuntimeError(
         f"GPU sm_{capability[0]}{capability[1]} allows {smem_optin} bytes of shared memory per block, less than "
-        f"the {generic.smem_per_block} that every tree-attention config in kernels/arch.py needs "
-        f"(fix: add a row for this family to kernels/arch.py ROWS and check it with `python -m kernels.aot`)"
+        f"the {generic.smem_per_block} that every tree-attention config in ddtree_kernels/arch.py needs "
+        f"(fix: add a row for this family to ddtree_kernels/arch.py ROWS and check it with `python -m ddtree_kernels.aot`)"
     )
 
 

@@ -49,9 +49,9 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.arch import ROWS, ArchRow, device_row
-from kernels.host import cdiv, next_pow2, num_sms
-from kernels.precision import dot, dot_precision
+from ddtree_kernels.arch import ROWS, ArchRow, device_row
+from ddtree_kernels.host import cdiv, next_pow2, num_sms
+from ddtree_kernels.precision import dot, dot_precision
 
 _LOG2E = 1.4426950408889634
 
@@ -306,7 +306,7 @@ def _merge_splits_kernel(
 def _default_config(rows: int, arch: ArchRow) -> AttentionConfig:
     """Small row counts (decode, small trees) are memory-bound: short tiles, many splits.
 
-    The tiles come from the device family's row in kernels/arch.py, which fit its shared memory.
+    The tiles come from the device family's row in ddtree_kernels/arch.py, which fit its shared memory.
     """
     if rows <= 16:
         return AttentionConfig(*arch.decode)
@@ -316,7 +316,7 @@ def _default_config(rows: int, arch: ArchRow) -> AttentionConfig:
 
 
 # The tail launch's tiles on sm_90: 16 rows (the smallest tl.dot tile), many splits over the keys;
-# other families take theirs from kernels/arch.py.
+# other families take theirs from ddtree_kernels/arch.py.
 _TAIL_CONFIG = AttentionConfig(*ROWS["sm_90"].tail)
 # Per-program cost outside the key loop, in key tiles (prologue, partial store, merge share), and
 # the cost of a second (tail) launch in the same units; fitted to the H200 sweep in RESULTS.md.

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import cdiv, next_pow2, num_sms
+from ddtree_kernels.host import cdiv, next_pow2, num_sms
 
 
 @triton.jit
@@ -132,7 +132,7 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
 
 
 class ChoiceLaunch(NamedTuple):
-    """``_choice_kernel``'s launch for N rows over V; ``kernels.aot_specs`` uses the same."""
+    """``_choice_kernel``'s launch for N rows over V; ``ddtree_kernels.aot_specs`` uses the same."""
 
     grid: tuple[int, int]  # (row blocks, vocabulary splits)
     chunk: int  # vocabulary a split: a multiple of BLOCK_V
@@ -153,7 +153,7 @@ def choice_launch(n: int, vocab: int, sms: int) -> ChoiceLaunch:
 
 def walk_launch(n: int, splits: int) -> tuple[dict[str, int], int]:
     """``_walk_kernel``'s constexprs and warps for N nodes whose choices come in ``splits`` parts
-    (``kernels.aot_specs`` uses the same)."""
+    (``ddtree_kernels.aot_specs`` uses the same)."""
     return dict(SPLITS=splits, N_PAD=max(16, next_pow2(n))), 4
 
 

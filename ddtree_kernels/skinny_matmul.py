@@ -21,8 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels.host import cdiv, num_sms
-from kernels.precision import dot, dot_precision
+from ddtree_kernels.host import cdiv, num_sms
+from ddtree_kernels.precision import dot, dot_precision
 
 MAX_ROWS = 16  # one tl.dot tile of rows; more rows are a GEMM's job
 SKINNY_MAX_N = 65536  # wider (an LM head) streams at ~95% through cuBLAS already

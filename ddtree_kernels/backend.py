@@ -12,16 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_kernels.gdn_tree import gdn_tree
+from ddtree_kernels.kv_compact import compact
+from ddtree_kernels.qk_rope import qk_rope
+from ddtree_kernels.rms_norm import rms_norm
+from ddtree_kernels.silu_mul import silu_mul
+from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
+from ddtree_kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
+from ddtree_kernels.tree_build import build_tree, candidate_pairs
+from ddtree_kernels.tree_walk import tree_walk
 from ddtree_runtime.backend import TorchBackend
-from kernels.gdn_tree import gdn_tree
-from kernels.kv_compact import compact
-from kernels.qk_rope import qk_rope
-from kernels.rms_norm import rms_norm
-from kernels.silu_mul import silu_mul
-from kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
-from kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
-from kernels.tree_build import build_tree, candidate_pairs
-from kernels.tree_walk import tree_walk
 
 
 class TritonBackend:
