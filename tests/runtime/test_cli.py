@@ -24,7 +24,17 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def pair_args(tiny_pair: TinyPair) -> list[str]:
-    return ["--target", str(tiny_pair.target), "--drafter", str(tiny_pair.drafter), "--device", "cpu"]
+    """float32: the exactness the tests assert (the default is bf16 on CPUs with native bf16)."""
+    return [
+        "--target",
+        str(tiny_pair.target),
+        "--drafter",
+        str(tiny_pair.drafter),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
 
 
 def test_generate_json_matches_ar(pair_args: list[str]) -> None:
