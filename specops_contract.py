@@ -36,9 +36,11 @@ REQUESTS_WAITING = "vllm:num_requests_waiting"
 
 # ---------------------------------------------------------------- cache rows per mode
 def verify_rows(mode: str, block_size: int, budget: int) -> int:
-    """Cache rows one verify pass needs beyond prompt + output: the root, plus a chain of
-    ``block_size - 1`` drafts (dflash) or ``budget`` tree nodes (ddtree)."""
-    return {"ar": 1, "dflash": block_size, "ddtree": budget + 1}[mode]
+    """Cache rows one round writes past the committed context (prompt + output so far): the root,
+    plus a chain of ``block_size - 1`` drafts (dflash) or ``budget`` tree nodes (ddtree); a ddtree
+    round also needs the drafter's whole block, which its draft writes at the same rows. The one
+    rule the engine, the server's limits and the benchmarks use."""
+    return {"ar": 1, "dflash": block_size, "ddtree": max(budget + 1, block_size)}[mode]
 
 
 # ---------------------------------------------------------------- user-facing errors

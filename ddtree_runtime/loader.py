@@ -27,6 +27,7 @@ from ddtree_runtime.config import (
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.target import Target
 
 
 def default_dtype(device: str) -> str:
@@ -78,7 +79,7 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Pat
         )
 
 
-def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3 | Qwen3_5:
+def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Target:
     """A Qwen3 or Qwen3.5 target; HF names lose their `model.` (or `model.language_model.`) prefix,
     vision and `mtp.*` tensors are skipped, a tied head shares the embedding, and the QKV and
     gate/up projections are fused for inference."""
@@ -87,7 +88,7 @@ def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype)
         path = directory / "config.json"
         cfg: Qwen3Config | Qwen3_5Config = Qwen3_5Config.from_dict(read_json(path), path)
         with torch.device("meta"):
-            model: Qwen3 | Qwen3_5 = Qwen3_5(cfg)
+            model: Target = Qwen3_5(cfg)
     else:
         cfg = Qwen3Config.from_dir(directory)
         with torch.device("meta"):
@@ -120,7 +121,7 @@ def load_drafter(directory: str | Path, device: torch.device, dtype: torch.dtype
 
 def load_pair(
     target_dir: str | Path, drafter_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[Qwen3 | Qwen3_5, DFlashDrafter | None]:
+) -> tuple[Target, DFlashDrafter | None]:
     """Target and drafter, refusing a drafter that does not fit before any weight is read."""
     if drafter_dir is not None:
         check_pair(Path(target_dir), Path(drafter_dir))
