@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ops import hostlock
+from ops.api.args import ArgError
+from ops.api.changes import Applied, StepFailed
+from ops.api.context import StepContext
 from ops.connection import connect
 from ops.errors import SpecopsError
 from ops.hosts import Host
@@ -46,7 +49,7 @@ from ops.results import (
     write_summary,
 )
 from ops.steps import get_step
-from ops.steps.base import Applied, ArgError, Step, StepContext, StepFailed
+from ops.steps.base import Step
 
 if TYPE_CHECKING:
     from ops.bench.progress import BenchProgress

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from drafter_config.store import LocalStore
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
+from ops.api.templates import render_template
 from ops.bench.matrix import Cell, Server
 from ops.bench.progress import BenchProgress
 from ops.bench.prompts import HF_PREFIX, parse_hf_spec, prompt_set_name, shipped_sets
@@ -32,8 +35,6 @@ from ops.service.plan import plan_service
 from ops.service.rollout import execute_plan
 from ops.service.settings import serve_url, service_args
 from ops.shell import join
-from ops.steps.base import StepContext, StepFailed
-from ops.steps.files import render_template
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.steps.base import Arg, arguments, check_args
+from ops.api.args import Arg, arguments, check_args
 from specops_contract import MODES, SERVE_DEFAULTS, SERVICE
 
 SERVE_KEYS = {

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
 from ops.bench.hardware import parse_hardware
 from ops.bench.matrix import load_matrix
 from ops.bench.session import render_argv
@@ -19,7 +21,6 @@ from ops.errors import InputFileError
 from ops.inventory import parse_inventory
 from ops.runner import TEMPLATES_DIR
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed
 from ops.steps.bench import parse_tuned
 from ops.wheel import REPO_ROOT
 

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from ops.api.args import ArgError
+from ops.api.changes import Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
 from ops.connection import CommandResult
 from ops.hosts import Host
 from ops.service.backends import Preflight, Wait
 from ops.service.metrics import status_metrics as parse_metrics
 from ops.service.releases import parse_layout
 from ops.steps import get_step
-from ops.steps.base import ArgError, Plan, Run, StepContext, StepFailed, Write
 from ops.steps.release import releases_to_prune
 from ops.wheel import REPO_ROOT
 

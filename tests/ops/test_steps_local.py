@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from ops.api.changes import Applied, Plan, StepFailed
+from ops.api.context import StepContext
 from ops.connection import connect
 from ops.hosts import Host
 from ops.steps import get_step
-from ops.steps.base import Applied, Plan, StepContext, StepFailed
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 

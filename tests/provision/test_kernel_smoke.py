@@ -10,7 +10,7 @@ import json
 import pytest
 from triton.runtime.errors import OutOfResources
 
-from ops.steps.base import StepFailed
+from ops.api.changes import StepFailed
 from ops.steps.gpu import judge_kernels, smoke_script, smoke_verdict
 from tests.provision.helpers import run_remote_scripts, synth
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ops.api.changes import StepFailed
 from ops.gpu.facts import parse_probe, probe_script
 from ops.gpu.pins import check_installed, parse_requirement
-from ops.steps.base import StepFailed
 from ops.steps.gpu import arch_supported, judge_smoke, smoke_script
 from ops.steps.pins import plan_install
 from tests.provision.helpers import h200, run_remote_scripts, synth
