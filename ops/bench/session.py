@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from drafter_config.store import LocalStore
 from ops.api.changes import StepFailed
 from ops.api.context import StepContext
 from ops.api.templates import render_template
@@ -35,6 +34,7 @@ from ops.service.plan import plan_service
 from ops.service.rollout import execute_plan
 from ops.service.settings import serve_url, service_args
 from ops.shell import join
+from specops_files.store import LocalStore
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection
