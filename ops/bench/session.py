@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ops.api.changes import StepFailed
-from ops.api.context import StepContext
+from ops.api.context import Progress, StepContext
 from ops.api.templates import render_template
 from ops.bench.matrix import Cell, Server
 from ops.bench.progress import BenchProgress
@@ -73,7 +73,7 @@ class Session:
         return self.args["venv"] or self.layout.venv
 
     @property
-    def progress(self) -> BenchProgress:
+    def progress(self) -> Progress:
         """The run's display (``ctx.progress``); ``ensure_progress`` gives one to a direct run."""
         assert self.ctx.progress is not None, "ensure_progress(ctx) before a session runs"
         return self.ctx.progress
@@ -391,7 +391,7 @@ class Session:
         return ServerOutcome(done, failures)
 
 
-def ensure_progress(ctx: StepContext) -> BenchProgress:
+def ensure_progress(ctx: StepContext) -> Progress:
     """The run's progress display; a step applied outside ``fab bench``/``fab tune`` gets plain lines."""
     if ctx.progress is None:
         ctx.progress = BenchProgress(live=False)
