@@ -27,6 +27,21 @@ def test_fab_list_shows_tasks_with_help() -> None:
         assert option in helped.stdout
 
 
+def test_every_task_refuses_a_bad_option_value_with_one_line_and_exit_2() -> None:
+    from ops.tasks import ns
+
+    for name in sorted(ns.tasks):
+        done = fab(name, *(["missing.yaml"] if name == "play" else []), "--forks", "x")
+        assert done.returncode == 2, (name, done.stderr)
+        assert done.stderr.strip() == (
+            "error: --forks must be a whole number of hosts in parallel, got 'x' (fix: --forks 8)"
+        ), (name, done.stderr)
+    done = fab("bench", "--matrix", "no-such-matrix.yaml")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --matrix no-such-matrix.yaml: no such file (fix: e.g. --matrix playbooks/bench-matrix.yaml)"
+    ), done.stderr
+
+
 def test_fab_play_converges_then_changes_nothing(sshd_hosts, make_inventory, tmp_path: Path) -> None:
     inventory = make_inventory(sshd_hosts(1), local=True)
     results = tmp_path / "results"
