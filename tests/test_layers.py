@@ -56,6 +56,17 @@ def test_imports_point_one_way(where: str, banned: tuple[str, ...], why: str) ->
     assert not wrong, f"{why}:\n" + "\n".join(wrong)
 
 
+def test_no_script_imports_a_test_module() -> None:
+    """Benchmarks may use the test harness (``tests/sshd.py``, helpers), never a test module."""
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sources("benchmarks")
+        for module in sorted(imported(path))
+        if module.startswith("tests.") and module.rsplit(".", 1)[-1].startswith("test_")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ops.steps.base import Step\n"

@@ -23,8 +23,7 @@ from ops.bench.store import completed_cells, find_results, load_result
 from ops.steps.bench import TUNED_FILE
 from ops.tasks import run_bench_file
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, server_pid
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import complete, deploy, free_port, host_vars, server_pid
 
 MATRIX = """
 workload: {prompts: [math], output_len: [12], num_prompts: 2, warmup: 1}

@@ -3,8 +3,7 @@ sliding + full drafter) to a real sshd host: linted, started, answering over HTT
 
 from __future__ import annotations
 
-from tests.deploy.helpers import complete, deploy, free_port, link, running_release, step
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import complete, deploy, free_port, host_vars, link, running_release, step
 
 
 def test_deploy_serves_a_hybrid_pair(sshd_hosts, make_inventory, hybrid_pair, checkout, servers, tmp_path):

@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, healthy, is_running, server_pid
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import complete, deploy, free_port, healthy, host_vars, is_running, server_pid
 from tests.deploy.test_wheel_and_supervisor import SUPERVISOR, supervise
 
 
