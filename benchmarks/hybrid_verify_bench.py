@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gdn_tree_bench import timed_us
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.config import Qwen3_5Config
+from ddtree_runtime.loader import default_device
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 
 QWEN36_27B = {
@@ -40,7 +41,7 @@ SMALL = {**QWEN36_27B, "vocab_size": 1000, "hidden_size": 128, "intermediate_siz
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device())
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--layers", type=int, default=64)
     p.add_argument("--budget", type=int, default=256)

@@ -240,6 +240,8 @@ def test_systemd_asked_for_where_it_is_not_usable_is_refused():
         ({"port": "http"}, "serve.port: expected int"),
         ({"port": 70000}, "serve.port: expected 1-65535"),
         ({"mode": "beam"}, "serve.mode: expected one of ar, dflash, ddtree"),
+        ({"dtype": "bf16"}, "serve.dtype: expected one of float32, bfloat16, float16, got 'bf16'"),
+        ({"device": "tpu"}, "serve.device: expected one of cpu, cuda, got 'tpu'"),
     ],
 )
 def test_bad_serve_vars_name_the_key(serve, message):
