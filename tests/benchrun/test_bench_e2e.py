@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from invoke import Context
 
 from ops import tasks
@@ -87,6 +88,7 @@ def kill_after_first_cell(command: list[str], results: Path, env: dict[str, str]
     return run_dir
 
 
+@pytest.mark.slow
 def test_bench_killed_and_resumed_then_tune(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, capsys
 ):

@@ -112,6 +112,7 @@ def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
     return failed.value
 
 
+@pytest.mark.slow
 def test_hf_prompts_fetched_once_and_a_running_server_reused(
     sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
 ):

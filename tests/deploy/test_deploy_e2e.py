@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ops.steps.release import COMPLETE
@@ -37,6 +38,8 @@ from tests.deploy.helpers import (
     step,
     with_crash,
 )
+
+pytestmark = pytest.mark.slow  # each test deploys real releases and servers (20-90 s)
 
 
 def test_deploy_redeploy_new_commit_broken_release_and_rollback(

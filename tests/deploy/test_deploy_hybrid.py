@@ -3,9 +3,12 @@ sliding + full drafter) to a real sshd host: linted, started, answering over HTT
 
 from __future__ import annotations
 
+import pytest
+
 from tests.deploy.helpers import complete, deploy, free_port, host_vars, link, running_release, step
 
 
+@pytest.mark.slow
 def test_deploy_serves_a_hybrid_pair(sshd_hosts, make_inventory, hybrid_pair, checkout, servers, tmp_path):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)

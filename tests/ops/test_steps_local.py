@@ -154,6 +154,7 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_python_venv_and_pip_install(local, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     python = os.path.realpath(sys.executable)  # the base interpreter, not a version-manager shim

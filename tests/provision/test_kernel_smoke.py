@@ -17,6 +17,7 @@ from tests.provision.helpers import run_remote_scripts, synth
 VENV = "/opt/specops/venv"
 
 
+@pytest.mark.slow
 def test_kernel_smoke_on_this_cpu_machine() -> None:
     script = smoke_script("kernels")
     # a row whose decode tile is below tl.dot's 16 rows: a real failure of one launch

@@ -69,6 +69,7 @@ def test_arch_supported(cap, arch_list, ok) -> None:
     assert arch_supported(cap, arch_list) is ok
 
 
+@pytest.mark.slow
 def test_smoke_scripts_and_probe_for_real_on_this_cpu_machine() -> None:
     """No GPU here: torch's test fails with its fix; Triton's kernel runs in the interpreter; the probe
     reports this venv's CPU torch, which satisfies its own pin."""
