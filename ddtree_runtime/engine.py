@@ -31,7 +31,7 @@ from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Target
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
-from specops_contract import MODES, verify_rows
+from specops_contract import MODES, SERVE_OPTIONS, verify_rows
 
 
 class GenerationError(ValueError):
@@ -194,7 +194,7 @@ class Engine:
         prompt_ids: Sequence[int],
         *,
         mode: str = "ddtree",
-        budget: int = 64,
+        budget: int = SERVE_OPTIONS["budget"].default,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_p: float = 1.0,

@@ -30,6 +30,11 @@ from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.models.target import Target
 
 
+def default_device() -> str:
+    """The device when none is asked for: CUDA when torch sees one, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def default_dtype(device: str) -> str:
     """The dtype weights are loaded in when none is asked for: bfloat16 on CUDA, and on a CPU with
     native bf16 dot products (AVX512-BF16 or AMX), where a speculative round's wide matmuls (a verify

@@ -25,9 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ops import hostlock
+from ops.api.args import ArgError
+from ops.api.changes import Applied, StepFailed
+from ops.api.context import Progress, StepContext
 from ops.connection import connect
 from ops.errors import SpecopsError
 from ops.hosts import Host
@@ -46,10 +49,7 @@ from ops.results import (
     write_summary,
 )
 from ops.steps import get_step
-from ops.steps.base import Applied, ArgError, Step, StepContext, StepFailed
-
-if TYPE_CHECKING:
-    from ops.bench.progress import BenchProgress
+from ops.steps.base import Step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -79,7 +79,7 @@ class RunWide:
     redactor: Redactor
     reporter: Reporter
     results_dir: Path
-    progress: BenchProgress | None
+    progress: Progress | None
     stop: threading.Event = field(default_factory=threading.Event)  # set by Ctrl-C
 
     def context(self, host: Host, variables: dict[str, Any]) -> StepContext:
@@ -106,7 +106,7 @@ def run_playbook(
     redactor: Redactor | None = None,
     live: bool | None = None,
     results_dir: Path | None = None,
-    progress: BenchProgress | None = None,
+    progress: Progress | None = None,
 ) -> RunResult:
     """Run ``playbook`` on every host; never raises for a host's failure (see RunResult).
 

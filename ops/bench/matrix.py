@@ -47,7 +47,7 @@ from ops.bench.prompts import HF_PREFIX, HF_SYNTAX, parse_hf_spec, prompt_set_na
 from ops.bench.schema import SYSTEMS, BenchResult
 from ops.errors import InputFileError
 from ops.yamlfile import line_of, load_yaml, plain
-from specops_contract import MODES
+from specops_contract import MODES, SERVE_DEFAULTS
 
 OUR_MODES = MODES
 FOREIGN_MODES = {
@@ -290,7 +290,7 @@ def _server_settings(
         values = raw if isinstance(raw, list) else [raw]
         settings[key] = [_typed(path, _line(entry, key) or line, key, v, int) for v in values]
     if system == "ddtree" and mode == "ddtree" and "budget" not in settings:
-        settings["budget"] = [64]
+        settings["budget"] = [SERVE_DEFAULTS["budget"]]
     return settings
 
 

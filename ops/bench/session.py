@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from drafter_config.store import LocalStore
+from ops.api.changes import StepFailed
+from ops.api.context import Progress, StepContext
+from ops.api.templates import render_template
 from ops.bench.matrix import Cell, Server
 from ops.bench.progress import BenchProgress
 from ops.bench.prompts import HF_PREFIX, parse_hf_spec, prompt_set_name, shipped_sets
@@ -32,8 +34,7 @@ from ops.service.plan import plan_service
 from ops.service.rollout import execute_plan
 from ops.service.settings import serve_url, service_args
 from ops.shell import join
-from ops.steps.base import StepContext, StepFailed
-from ops.steps.files import render_template
+from specops_files.store import LocalStore
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection
@@ -72,7 +73,7 @@ class Session:
         return self.args["venv"] or self.layout.venv
 
     @property
-    def progress(self) -> BenchProgress:
+    def progress(self) -> Progress:
         """The run's display (``ctx.progress``); ``ensure_progress`` gives one to a direct run."""
         assert self.ctx.progress is not None, "ensure_progress(ctx) before a session runs"
         return self.ctx.progress
@@ -390,7 +391,7 @@ class Session:
         return ServerOutcome(done, failures)
 
 
-def ensure_progress(ctx: StepContext) -> BenchProgress:
+def ensure_progress(ctx: StepContext) -> Progress:
     """The run's progress display; a step applied outside ``fab bench``/``fab tune`` gets plain lines."""
     if ctx.progress is None:
         ctx.progress = BenchProgress(live=False)

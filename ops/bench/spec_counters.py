@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ops.service.metrics import label, samples
+from ops.service.metrics import samples
 from specops_contract import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS
 
 COUNTERS = {SPEC_DRAFTS: "drafts", SPEC_DRAFT_TOKENS: "draft_tokens", SPEC_ACCEPTED: "accepted"}
@@ -23,7 +23,7 @@ def parse_spec_counters(text: str) -> dict[str, Any]:
     per_pos: dict[int, float] = {}
     for sample in samples(text):
         if sample.name == SPEC_ACCEPTED_PER_POS:
-            position = label(sample.labels, "position")
+            position = sample.labels.get("position")
             if position is not None and position.isdigit():
                 per_pos[int(position)] = per_pos.get(int(position), 0.0) + sample.value
         elif sample.name in COUNTERS:

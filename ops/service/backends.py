@@ -6,7 +6,7 @@
   file, TERM then KILL), which loads the same environment file into the process. ``fab bench``
   also starts vLLM and SGLang under it, each with its own pidfile and log.
 
-Every verb returns changes (``ops.steps.base``) for a plan to list; none of them runs anything.
+Every verb returns changes (``ops.api.changes``) for a plan to list; none of them runs anything.
 ``hand_over`` stops the server when the *other* backend ran it before, so a host can move from one
 backend to the other.
 """
@@ -17,11 +17,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Run, StepFailed, Write
 from ops.layout import HostLayout
 from ops.service.facts import parse_json_line, run_script
 from ops.service.remote import HERE as REMOTE_DIR
 from ops.shell import join
-from ops.steps.base import Run, StepFailed, Write
 
 if TYPE_CHECKING:
     from ops.connection import Connection

@@ -14,12 +14,12 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Fact, StepFailed
 from ops.layout import HostLayout
 from ops.service.releases import layout_fact
 from ops.service.remote import script
 from ops.service.settings import serve_url
 from ops.shell import join
-from ops.steps.base import Fact, StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection

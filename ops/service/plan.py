@@ -12,13 +12,14 @@ import hashlib
 import json
 from typing import Any
 
+from ops.api.changes import Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
+from ops.api.templates import render_template
 from ops.layout import HostLayout
 from ops.service.backends import Preflight, Supervisor, Systemd, backends, port_check, wait
 from ops.service.releases import switch_commands
 from ops.service.settings import serve_url
 from ops.shell import join
-from ops.steps.base import Plan, Run, StepContext, StepFailed, Write
-from ops.steps.files import render_template
 from specops_contract import SERVE_DEFAULTS
 
 UNIT_TEMPLATE = "specops-ddtree.service.j2"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Applied, Plan, StepFailed
+from ops.api.context import StepContext
 from ops.service.facts import gather
 from ops.service.plan import plan_service
-from ops.steps.base import Applied, Plan, StepContext, StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import Connection

@@ -1,26 +1,19 @@
 """The service step's arguments, declared once: the deploy, rollback, tune and bench steps all
 take them (``fab bench`` restarts our server through the same arguments and defaults).
 
-The inventory's ``serve`` mapping is type-checked here; what the server itself defaults to is
-``specops_contract.SERVE_DEFAULTS``.
+The inventory's ``serve`` mapping is checked here against the server's own options
+(``specops_contract.SERVE_OPTIONS``: the ones marked ``inventory``, their types and choices); what
+the server defaults to is ``specops_contract.SERVE_DEFAULTS``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ops.steps.base import Arg, arguments, check_args
-from specops_contract import MODES, SERVE_DEFAULTS, SERVICE
+from ops.api.args import Arg, arguments, check_args
+from specops_contract import SERVE_DEFAULTS, SERVE_OPTIONS, SERVICE
 
-SERVE_KEYS = {
-    "host": str,
-    "port": int,
-    "mode": str,
-    "budget": int,
-    "dtype": str,
-    "device": str,
-    "max_context": int,
-}
+SERVE_KEYS = {name: option.kind for name, option in SERVE_OPTIONS.items() if option.inventory}
 SERVE_FOREIGN = {"num_speculative_tokens"}  # read by the drafter lint, not by our server
 BACKENDS = ("auto", "systemd", "supervisor")
 
@@ -40,8 +33,10 @@ def serve_arg(value: Any) -> dict[str, Any]:
             clean[key] = kind(str(raw).strip()) if kind is int and not isinstance(raw, bool) else kind(raw)
         except ValueError:
             raise ValueError(f"serve.{key}: expected {kind.__name__}, got {raw!r}") from None
-    if "mode" in clean and clean["mode"] not in MODES:
-        raise ValueError(f"serve.mode: expected one of {', '.join(MODES)}, got {clean['mode']!r}")
+    for key, value in clean.items():
+        choices = SERVE_OPTIONS[key].choices
+        if choices and value not in choices:
+            raise ValueError(f"serve.{key}: expected one of {', '.join(choices)}, got {value!r}")
     if "port" in clean and not 0 < clean["port"] < 65536:
         raise ValueError(f"serve.port: expected 1-65535, got {clean['port']}")
     return clean
@@ -70,7 +65,7 @@ SERVICE_ARGS = arguments(
     serve=Arg(
         serve_arg,
         default={},
-        help="inventory serve vars: host, port, mode, budget, dtype, device, max_context",
+        help=f"inventory serve vars: {', '.join(SERVE_KEYS)}",
     ),
     name=Arg(str, default=SERVICE, help="service (unit) name"),
     backend=Arg(backend_arg, default="auto", help="auto | systemd | supervisor"),

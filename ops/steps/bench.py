@@ -22,6 +22,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Action, Applied, Fact, Plan, StepFailed
 from ops.bench.hardware import hardware_fact
 from ops.bench.matrix import Cell, Server, load_matrix
 from ops.bench.session import ServerOutcome, Session, ensure_progress
@@ -31,12 +33,12 @@ from ops.layout import HostLayout
 from ops.service.releases import layout_fact
 from ops.service.settings import backend_arg, serve_arg
 from ops.shell import join
-from ops.steps.base import Action, Applied, Arg, Fact, Plan, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 from specops_contract import SERVICE
 
 if TYPE_CHECKING:
+    from ops.api.context import StepContext
     from ops.connection import CommandResult, Connection
-    from ops.steps.base import StepContext
 
 TUNED_FILE = f"{SERVICE}.tuned.json"  # in <base>/run (HostLayout.tuned)
 CELL_TIMEOUT_S = 3600.0

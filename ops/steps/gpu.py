@@ -12,13 +12,16 @@ import json
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, StepFailed
+from ops.api.context import StepContext
 from ops.gpu import facts as gpu_facts
 from ops.gpu.gather import gather_env, gather_host
 from ops.gpu.pins import ProfilePins, load_pins
 from ops.gpu.policy import PROFILES, check, profile_named, sm
 from ops.layout import HostLayout
 from ops.shell import join
-from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, arguments, register
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import Connection

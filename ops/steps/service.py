@@ -22,13 +22,15 @@ the server's command line holds paths and numbers only.
 
 from __future__ import annotations
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, StepFailed
 from ops.layout import HostLayout
 from ops.service.facts import gather
 from ops.service.plan import plan_service
 from ops.service.rollout import apply_service
 from ops.service.settings import SERVICE_ARGS, serve_arg
 from ops.service.status import is_down, status_line, status_summary
-from ops.steps.base import Arg, Plan, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 from specops_contract import SERVICE
 
 

@@ -20,22 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from drafter_config.store import LocalStore
+from ops.api.args import Arg, arguments
+from ops.api.changes import Applied, Fact, Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
 from ops.shell import join, quote
-from ops.steps.base import (
-    Applied,
-    Arg,
-    Fact,
-    Plan,
-    Run,
-    Step,
-    StepContext,
-    StepFailed,
-    Write,
-    arguments,
-    register,
-)
+from ops.steps.base import Step, register
 from ops.steps.command import tail
+from specops_files.store import LocalStore
 
 HOME_FILES = (
     "summary.json",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
 from ops.bench.hardware import parse_hardware
 from ops.bench.matrix import load_matrix
 from ops.bench.session import render_argv
@@ -18,8 +20,8 @@ from ops.connection import CommandResult
 from ops.errors import InputFileError
 from ops.inventory import parse_inventory
 from ops.runner import TEMPLATES_DIR
+from ops.service.metrics import status_metrics
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed
 from ops.steps.bench import parse_tuned
 from ops.wheel import REPO_ROOT
 
@@ -50,6 +52,29 @@ def test_counter_deltas_give_tau_rate_positions_and_histogram():
     assert delta.histogram == {1: 5, 2: 5, 3: 5, 4: 5}
     mean = sum(k * n for k, n in delta.histogram.items()) / sum(delta.histogram.values())
     assert mean == 1 + 30 / 20  # the histogram's mean is tau
+
+
+# What a hand-split parser got wrong: a served model name with a space, a comma and escaped quotes
+# (even one that reads like another label), and sample timestamps after the value.
+METRICS_HOSTILE = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{model_name="org/model 8B, \"fp8\"",engine="0"} 10 1712345678000
+vllm:spec_decode_num_draft_tokens_total{model_name="a,b=c",engine="0"} 80 1712345678000
+vllm:spec_decode_num_accepted_tokens_total{model_name="a b",engine="0"} 12
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="x, position=\"9\"",position="0"} 7
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="x",position="1"} 5 1712345678000
+"""
+
+
+def test_label_values_and_timestamps_do_not_fool_the_parser():
+    assert parse_spec_counters(METRICS_HOSTILE) == {
+        "drafts": 10,
+        "draft_tokens": 80,
+        "accepted": 12,
+        "per_pos": {0: 7, 1: 5},
+    }
+    assert status_metrics(METRICS_HOSTILE)["mean_acceptance_length"] == 2.2
+    assert parse_spec_counters("<html><body>502 Bad Gateway</body></html>\n") == {}  # not metrics
 
 
 def test_a_server_without_speculation_has_no_counters():

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from invoke import Context
 
 from ops import tasks
@@ -23,8 +24,7 @@ from ops.bench.store import completed_cells, find_results, load_result
 from ops.steps.bench import TUNED_FILE
 from ops.tasks import run_bench_file
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, server_pid
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import complete, deploy, free_port, host_vars, server_pid
 
 MATRIX = """
 workload: {prompts: [math], output_len: [12], num_prompts: 2, warmup: 1}
@@ -88,6 +88,7 @@ def kill_after_first_cell(command: list[str], results: Path, env: dict[str, str]
     return run_dir
 
 
+@pytest.mark.slow
 def test_bench_killed_and_resumed_then_tune(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, capsys
 ):

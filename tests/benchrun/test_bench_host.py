@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
 from ops.bench.prompts import parse_hf_spec, rows_to_jsonl
 from ops.bench.store import completed_cells, load_result
 from ops.connection import connect
 from ops.inventory import load_inventory
 from ops.runner import TEMPLATES_DIR
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed
 from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import complete, free_port, healthy, is_running
 
@@ -111,6 +112,7 @@ def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
     return failed.value
 
 
+@pytest.mark.slow
 def test_hf_prompts_fetched_once_and_a_running_server_reused(
     sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
 ):

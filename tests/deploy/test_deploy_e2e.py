@@ -15,50 +15,31 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ops.steps.release import COMPLETE
 from ops.tasks import run_file
 from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import (
+    CRASH_AT_START,
+    CRASH_ON_IMPORT,
+    MAIN,
     Sampler,
     argv_holding,
     complete,
     deploy,
     free_port,
     healthy,
+    host_vars,
     link,
     running_release,
     server_pid,
     step,
+    with_crash,
 )
 
-MAIN = "ddtree_runtime/__main__.py"
-CRASH_ON_IMPORT = 'raise RuntimeError("deliberately broken release: crashes on import")\n'
-CRASH_AT_START = (
-    'import sys\nif "serve" in sys.argv and "--help" not in sys.argv:\n'
-    '    raise SystemExit("deliberately broken release: crashes at start-up")\n'
-)
-FUTURE = "from __future__ import annotations\n"
-
-
-def with_crash(main: str, code: str) -> str:
-    """``__main__.py`` with ``code`` run first (after a ``from __future__`` line, which must lead)."""
-    head, sep, tail = main.partition(FUTURE)
-    return head + sep + code + tail if sep else code + main
-
-
-def host_vars(tiny_pair, checkout, port: int, **extra) -> dict:
-    return {
-        "profile": "cpu",
-        "target": str(tiny_pair.target),
-        "drafter": str(tiny_pair.drafter),
-        "serve": {"port": port, "budget": 8},
-        "venv_site_packages": ["controller"],
-        "release_source": str(checkout.path),
-        "deploy_timeout": 120,
-        **extra,
-    }
+pytestmark = pytest.mark.slow  # each test deploys real releases and servers (20-90 s)
 
 
 def test_deploy_redeploy_new_commit_broken_release_and_rollback(

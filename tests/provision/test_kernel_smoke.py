@@ -10,13 +10,14 @@ import json
 import pytest
 from triton.runtime.errors import OutOfResources
 
-from ops.steps.base import StepFailed
+from ops.api.changes import StepFailed
 from ops.steps.gpu import judge_kernels, smoke_script, smoke_verdict
 from tests.provision.helpers import run_remote_scripts, synth
 
 VENV = "/opt/specops/venv"
 
 
+@pytest.mark.slow
 def test_kernel_smoke_on_this_cpu_machine() -> None:
     script = smoke_script("kernels")
     # a row whose decode tile is below tl.dot's 16 rows: a real failure of one launch

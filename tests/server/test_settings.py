@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_runtime.server.settings import SettingsError, add_arguments, settings_from
+from ddtree_runtime.server.settings import Settings, SettingsError, add_arguments, settings_from
+from ops.service.settings import SERVE_KEYS
+from specops_contract import SERVE_DEFAULTS, SERVE_OPTIONS
 from tests.server.client import SECRET, Server
 from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
 
@@ -50,6 +53,23 @@ def test_env_file_errors_name_the_line_never_the_value(
     with pytest.raises(SettingsError) as e:
         _settings("--target", "t", "--drafter", "d", "--env-file", env)
     assert needle in str(e.value) and env in str(e.value) and SECRET not in str(e.value)
+
+
+def test_every_option_is_declared_once_in_the_contract(tmp_path: Path) -> None:
+    """The flags, the env-file keys, the settings and the inventory's serve keys are one table."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {a.dest for a in parser._actions} - {"help", "env_file"}
+    assert flags == set(SERVE_OPTIONS) == {f.name for f in dataclasses.fields(Settings)}
+    assert (
+        set(SERVE_KEYS) <= set(SERVE_OPTIONS) and SERVE_DEFAULTS["budget"] == SERVE_OPTIONS["budget"].default
+    )
+    env = _env(tmp_path, "SPECOPS_SERVE_QUEUE_SIZE=3\nSPECOPS_SERVE_DTYPE=float16\n")
+    s = _settings("--target", "t", "--drafter", "d", "--env-file", env)
+    assert (s.queue_size, s.dtype, s.drain_timeout) == (3, "float16", SERVE_OPTIONS["drain_timeout"].default)
+    assert "(default 64)" in parser.format_help()  # the contract's default, in --help
+    with pytest.raises(SettingsError, match="--dtype: 'bf16' is not valid"):
+        _settings("--target", "t", "--drafter", "d", "--dtype", "bf16")
 
 
 def test_bad_flags_are_refused() -> None:

@@ -7,12 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from ddtree_runtime.tiny import TinyPair
 from ops.runner import REPO_ROOT
 from ops.tasks import PLAYBOOKS, run_bench_file
 from tests.train.test_pipeline import write_prompts
 
 
+@pytest.mark.slow
 def test_fab_train_drafter_twice(sshd_hosts, make_inventory, raw_pair: TinyPair, tmp_path: Path) -> None:
     (h1,) = sshd_hosts(1)
     prompts = write_prompts(tmp_path / "prompts.txt", n=30)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddtree_runtime.loader import load_target
@@ -37,6 +38,7 @@ def train_args(target: Path, prompts: Path, out: Path) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_chain_under_torchrun_then_a_rerun_changes_nothing(raw_pair: TinyPair, tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "prompts.txt")
     run = tmp_path / "run"

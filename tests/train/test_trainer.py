@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddtree_runtime.engine import Engine
@@ -68,6 +69,7 @@ def test_loss_decreases_on_a_fixed_batch(raw_pair: TinyPair, tmp_path: Path) -> 
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
 
 
+@pytest.mark.slow
 def test_training_beats_untrained_and_resumes(raw_pair: TinyPair, tmp_path: Path) -> None:
     target, drafter, _ = _setup(raw_pair)
     data, held = _greedy(target, 24, seed=1), _greedy(target, 6, seed=2)
