@@ -187,8 +187,8 @@ def plan_service(
     if preflight:
         new_release = system.follows_release and rollback_to not in (None, wanted)
         changes += _start_checks(args, spec, new_release, running)
-    if not system.follows_release:
-        changes.append(installed(spec["argv"][0], system.name))
+        if not system.follows_release:  # before anything stops: vLLM/SGLang is in its venv
+            changes.append(installed(spec["argv"][0], system.name))
     first_disruptive = len(changes)
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
