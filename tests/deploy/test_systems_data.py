@@ -20,7 +20,7 @@ from ops.service.metrics import status_metrics
 from ops.service.status import status_line, status_summary, tau_drop
 from ops.steps.base import ArgError, StepFailed, Write
 from tests.deploy.standin import settings, sglang_parser, vllm_parser
-from tests.deploy.test_plans import A, B, BASE, context, facts, host_after, service_args
+from tests.deploy.test_plans import BASE, A, B, context, facts, host_after, service_args
 
 VLLM = {"system": "vllm", "port": 8000, "mode": "dflash", "num_speculative_tokens": 15}
 
@@ -180,7 +180,7 @@ def test_the_gate_passes_fails_and_names_the_likely_fields():
     assert "dflash_config.mask_token_id, dflash_config.target_layer_ids" in str(low.value)
     assert "--attention-backend" in str(low.value) and "VLLM_USE_V2_MODEL_RUNNER=1" in str(low.value)
     with pytest.raises(
-        AcceptanceFailed, match="sglang does not answer /metrics .fix: start SGLang with --enable"
+        AcceptanceFailed, match=r"sglang does not answer /metrics \(fix: start SGLang with --enable"
     ):
         judge(probe_answer(None, None), "sglang", {"dflash": (None, "no min_tau set")})
     with pytest.raises(AcceptanceFailed, match="counted no speculation over 4 requests"):
@@ -210,7 +210,7 @@ def test_the_gate_runs_after_a_restart_only_and_not_for_ar():
     assert json.loads(shlex.split(wait.command)[-1])["model"] == "/m/target"
     plain = get_plan(facts(current=A), service_args(serve={**VLLM, "mode": "ar"}, acceptance={"min_tau": 2}))
     assert not any(isinstance(c, Probe) for c in plain.changes)
-    with pytest.raises(StepFailed, match="acceptance gate: prompts nope.jsonl"):
+    with pytest.raises(StepFailed, match=r"acceptance gate: prompts nope\.jsonl"):
         get_plan(facts(current=A), service_args(serve=VLLM, acceptance={"prompts": "nope.jsonl"}))
 
 
