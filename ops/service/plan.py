@@ -121,7 +121,12 @@ def _definition(
 
 
 def _rollback_target(
-    current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any], digest: str
+    current: str | None,
+    wanted: str,
+    state: dict[str, Any],
+    layout: dict[str, Any],
+    digest: str,
+    follows_release: bool = True,
 ) -> tuple[str | None, dict[str, Any] | None]:
     """What to go back to if ``wanted`` fails, and with which service arguments (None: the new ones).
 
@@ -130,6 +135,8 @@ def _rollback_target(
     file. When the release stays and only the settings change, it is the same release with its
     old settings."""
     proven, proven_args = state.get("release"), state.get("args")
+    if not follows_release:  # vLLM/SGLang: our release only carries tools; go back to the settings
+        return (wanted, proven_args) if proven_args and state.get("fingerprint") != digest else (None, None)
     target = current if current != wanted else proven if proven != wanted else None
     target = target if target in layout["releases"] else None
     if target is None and proven == wanted and proven_args and state.get("fingerprint") != digest:
@@ -143,11 +150,12 @@ def plan_service(
     ctx: StepContext,
     previous: Any = _UNSET,
     preflight: bool = True,
-    gate: bool = True,
+    rollback: bool = False,
 ) -> Plan:
-    """Pure. ``previous`` overrides where ``<base>/previous`` ends up, ``preflight`` False skips
-    the start check and ``gate`` False the acceptance gate (the automatic rollback goes back to
-    settings that answered before)."""
+    """Pure. ``previous`` overrides where ``<base>/previous`` ends up; ``rollback`` is the automatic
+    one: a restart even where the state file still matches (the failed server runs the new command
+    line), no start check and no acceptance gate (it goes back to settings that answered before);
+    ``preflight`` False skips the start check alone (the bench)."""
     layout, svc = facts["layout"], facts["service"]
     system = system_of(args)
     wanted = wanted_release(layout, args, ctx)
@@ -162,6 +170,9 @@ def plan_service(
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     process = backend.process(svc)
     reasons = restart_reasons(current, wanted, process, svc, digest, system.follows_release)
+    if rollback:
+        reasons.append("rolling back")
+        preflight = False
     data = {
         "release": wanted,
         "previous": previous,
@@ -176,12 +187,14 @@ def plan_service(
         switch = switch_commands(args["base"], wanted, previous) if current != wanted else []
         if switch:  # vLLM/SGLang: the release only carries our tools; the server keeps running
             message += f"; its command line is unchanged, so a new release ({wanted}) does not restart it"
+        if definition:
+            message += "; update the service definition"
         if definition or switch:
-            return Plan.of(
-                [*definition, *switch], message + "; update the service definition", pid=pid, **data
-            )
+            return Plan.of([*definition, *switch], message, pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
-    rollback_to, rollback_args = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
+    rollback_to, rollback_args = _rollback_target(
+        current, wanted, svc["state"] or {}, layout, digest, system.follows_release
+    )
     running = process or other.process(svc)
     changes: list[Run | Write] = list(definition)
     if preflight:
@@ -195,7 +208,7 @@ def plan_service(
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
     ready = {**backend.wait_on, "ready_on": system.ready_on, "model": served_id(args)}
     changes.append(wait(data["url"], args["timeout"], args["prompt"], ready))
-    if gate:
+    if not rollback:
         changes += _gate(args, ctx, data["url"])
     changes.append(
         _state_write(args, wanted, digest, backend.name, {"argv": spec["argv"], "pins": svc.get("pins")})

@@ -109,9 +109,7 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
     if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
         ctx.reporter.note(f"{ctx.host.name} | release {bad} {why} ({failure}); rolling back to {old}")
     try:
-        back = plan_service(
-            gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False, gate=False
-        )
+        back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], rollback=True)
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
     except StepFailed as again:
         raise StepFailed(
