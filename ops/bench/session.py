@@ -143,7 +143,7 @@ class Session:
             "block_size": server.block_size,
             **server.vars,
         }
-        context.setdefault("served_name", context["target"])
+        context["served_name"] = context["served_name"] or context["target"]
         return context
 
     def _running_already(self, server: Server, url: str, served: str) -> bool:
