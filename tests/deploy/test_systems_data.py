@@ -232,3 +232,22 @@ def test_status_shows_the_system_and_flags_a_drop_below_the_gates_threshold():
     assert line.startswith("release 0.1.0+gaaaaaaa: vllm 0.34.0, pid 7 (supervisor), up 9s, /health 200")
     assert "dflash passed its gate at tau 3.1 (min_tau 2)" in line
     assert "ACCEPTANCE DROPPED: live tau 1.2 < min_tau 2 (likely wrong: the drafter's config.json" in line
+
+
+def test_tune_sweeps_num_speculative_tokens_of_the_deployed_system_with_its_settings():
+    from ops.bench.tune import sweeps, tuned_serve
+
+    serve = {**VLLM, "tensor_parallel": 2, "extra_args": ["--enforce-eager"]}
+    args = {"serve": serve, "tokens": [], "budgets": [8], "vllm_dflash_tokens": [], "prompts": "math"}
+    args |= {"temperature": 0.0, "output_len": 64, "num_prompts": 4, "warmup": 1}
+    (points,) = sweeps(args)
+    assert [(s.system, s.mode, s.num_speculative_tokens) for s in points] == [
+        ("vllm", "ar", None),
+        *[("vllm", "dflash", k) for k in (3, 7, 11, 15)],  # up to block_size - 1 of a b16 drafter
+    ]
+    assert points[1].vars == {"tensor_parallel": 2, "extra_args": ["--enforce-eager"]}
+    mtp = sweeps({**args, "serve": {"system": "sglang", "mode": "mtp"}, "tokens": [4, 2]})[0]
+    assert [s.num_speculative_tokens for s in mtp[1:]] == [2, 4] and mtp[1].template == "serve-sglang.argv.j2"
+    best = {"mode": "mtp", "num_speculative_tokens": 2, "budget": None}
+    assert tuned_serve("sglang", best) == {"system": "sglang", "mode": "mtp", "num_speculative_tokens": 2}
+    assert service_args(serve={**serve, **tuned_serve("vllm", {**best, "mode": "dflash"})})
