@@ -29,6 +29,7 @@ from ops.steps.base import Run, StepContext, StepFailed
 if TYPE_CHECKING:
     from ops.connection import Connection
 
+API_KEYS = ("VLLM_API_KEY", "SPECOPS_SERVE_API_KEY")  # env-file keys that vLLM and our server read
 PROMPT_CHARS = 2000  # a probe prompt is cut here: the whole probe travels as one argument
 FIELDS = {  # the config fields most likely wrong when a mode accepts too little
     "dflash": (
@@ -159,9 +160,13 @@ def probe(
     settings: dict[str, Any],
     ctx: StepContext,
     record_path: str,
+    env_file: str = "",
 ) -> Probe:
-    """The gate for ``modes`` ({mode: extra request fields}) of the server at ``url``."""
+    """The gate for ``modes`` ({mode: extra request fields}) of the server at ``url``; a key the
+    server wants is read on the host from ``env_file``."""
     spec = {
+        "env_file": env_file,
+        "key_names": list(API_KEYS),
         "url": url,
         "model": model,
         "prompts": probe_prompts(settings, ctx),

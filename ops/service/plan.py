@@ -254,7 +254,7 @@ def _gate(args: dict[str, Any], ctx: StepContext, url: str) -> list[Probe]:
     system = system_of(args)
     extra = {"mode": mode} if system.follows_release else {}  # our server: the request's mode
     record = HostLayout(args["base"], args["name"]).acceptance()
-    return [probe(url, served_id(args), system.name, {mode: extra}, settings, ctx, record)]
+    return [probe(url, served_id(args), system.name, {mode: extra}, settings, ctx, record, args["env_file"])]
 
 
 def _state_write(

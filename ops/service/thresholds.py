@@ -1,6 +1,6 @@
 """The acceptance gate's settings as the service step takes them (``acceptance``; the gate itself
-is ``ops/service/acceptance.py``): type-checked at load, so a wrong ``min_tau`` fails before any
-host is touched."""
+is ``ops/service/acceptance.py``), type-checked with the step's arguments: a wrong ``min_tau``
+fails the step with one line naming it, before anything on the host changes."""
 
 from __future__ import annotations
 

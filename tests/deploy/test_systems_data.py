@@ -251,3 +251,20 @@ def test_tune_sweeps_num_speculative_tokens_of_the_deployed_system_with_its_sett
     best = {"mode": "mtp", "num_speculative_tokens": 2, "budget": None}
     assert tuned_serve("sglang", best) == {"system": "sglang", "mode": "mtp", "num_speculative_tokens": 2}
     assert service_args(serve={**serve, **tuned_serve("vllm", {**best, "mode": "dflash"})})
+
+
+def test_the_probe_sends_the_servers_api_key_from_the_env_file_only(tmp_path):
+    from ops.service.acceptance import API_KEYS
+    from ops.service.remote.accept import api_key
+
+    env = tmp_path / "specops-ddtree.env"
+    env.write_text("# comment=x\nHF_TOKEN=hf_abc\nVLLM_API_KEY=sk-a=b\n")
+    assert api_key(str(env), list(API_KEYS)) == "sk-a=b"
+    assert api_key(str(tmp_path / "absent.env"), list(API_KEYS)) is None
+    gate = next(
+        c
+        for c in get_plan(facts(current=A), service_args(serve=VLLM, acceptance={"requests": 1})).changes
+        if isinstance(c, Probe)
+    )
+    spec = json.loads(shlex.split(gate.command)[-1])
+    assert spec["env_file"] == f"{BASE}/run/specops-ddtree.env" and "sk-" not in gate.command
