@@ -27,6 +27,8 @@ def acceptance_arg(value: Any) -> dict[str, Any]:
         if isinstance(clean[key], bool) or not str(clean[key]).isdigit() or int(clean[key]) < 1:
             raise ValueError(f"acceptance.{key}: expected a whole number >= 1, got {clean[key]!r}")
         clean[key] = int(clean[key])
+    if not isinstance(clean["prompts"], str) or not clean["prompts"].strip():
+        raise ValueError(f"acceptance.prompts: a shipped set name or a JSONL file, got {clean['prompts']!r}")
     clean["timeout"] = float(clean["timeout"])
     clean["enabled"] = clean["enabled"] is True or str(clean["enabled"]).lower() in ("true", "yes")
     return clean
