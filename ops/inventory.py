@@ -64,7 +64,11 @@ hosts:
   local:
     connection: local
     base: ~/.cache/specops/demo
-    vars: {profile: cpu, bench_matrix: bench-demo.yaml}
+    vars:
+      profile: cpu
+      bench_matrix: bench-demo.yaml
+      min_tau: 2
+      acceptance: {prompts: ../demo_pair/held_out_prompts.jsonl}
 """
 
 

@@ -194,7 +194,7 @@ def facts_table(result: RunResult, title: str) -> Table:
         "python",
         "systemd",
         "gpus",
-        *(["driver", "CUDA", "torch", "triton", "vllm"] if stacks else []),
+        *(["driver", "CUDA", "torch", "triton", "vllm", "systems"] if stacks else []),
         "venv",
         "release",
     ]
@@ -217,7 +217,11 @@ def facts_table(result: RunResult, title: str) -> Table:
             f["python"]["version"] or "none",
             "usable" if f["systemd"]["usable"] else "no",
             gpus,
-            *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm") if stacks),
+            *(
+                stack.get(key) or "-"
+                for key in ("driver", "cuda", "torch", "triton", "vllm", "systems")
+                if stacks
+            ),
             f["venv"] or "none",
             f["release"] or "none",
         ]

@@ -48,6 +48,23 @@ class Preflight(Run):
     import is refused while the running one keeps serving (no rollback needed)."""
 
 
+class Installed(Run):
+    """Before a vLLM or SGLang server is (re)started: its executable is in its venv."""
+
+    def apply(self, conn: Connection) -> None:
+        if not conn.run(self.command, timeout=self.timeout).ok:
+            raise StepFailed(self.why)
+
+
+def installed(executable: str, system: str) -> Installed:
+    return Installed(
+        join(["test", "-x", executable]),
+        timeout=60,
+        why=f"{executable} is missing: {system} is not installed there (fix: list {system} in the "
+        "host's systems and run fab provision, or set serve.venv to the venv that has it)",
+    )
+
+
 class PortCheck(Run):
     """Before a running server stops: the port the new one binds is free, or the running one's."""
 

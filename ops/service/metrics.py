@@ -26,6 +26,9 @@ from specops_contract import (
 )
 
 STATUS_NAMES = {
+    "sglang:spec_verify_calls": "verify_calls",  # SGLang 0.5.23 (--enable-metrics)
+    "sglang:generation_tokens": "generation_tokens",
+    "sglang:num_requests": "requests",
     SPEC_DRAFTS: "drafts",
     SPEC_DRAFT_TOKENS: "draft_tokens",
     SPEC_ACCEPTED: "accepted_tokens",
@@ -54,7 +57,8 @@ def samples(text: str) -> Iterator[Sample]:
 
 
 def status_metrics(text: str) -> dict[str, float]:
-    """Pure: the counters ``fab status`` shows, summed over labels, plus the mean acceptance length."""
+    """Pure: the counters ``fab status`` shows, summed over labels, plus the mean acceptance length
+    (vLLM's and ours: 1 + accepted / drafts; SGLang's: generation tokens per verify call)."""
     found: dict[str, float] = {}
     for sample in samples(text):
         key = STATUS_NAMES.get(sample.name)
@@ -62,4 +66,8 @@ def status_metrics(text: str) -> dict[str, float]:
             found[key] = found.get(key, 0.0) + sample.value
     if found.get("drafts"):
         found["mean_acceptance_length"] = round(1 + found.get("accepted_tokens", 0.0) / found["drafts"], 3)
+    elif found.get("verify_calls"):
+        found["mean_acceptance_length"] = round(
+            found.get("generation_tokens", 0.0) / found["verify_calls"], 3
+        )
     return found

@@ -1,12 +1,14 @@
 """Service steps: ``service`` (run a release, prove it answers, roll back if not) and ``service_status``.
 
-``service`` takes a host from any state to "the DDTree server answers on release R": it points
+``service`` takes a host from any state to "the server answers on release R" (our DDTree runtime,
+or vLLM / SGLang: ``serve.system``, see ``ops/service/systems.py``): it points
 ``<base>/current`` at R, (re)starts the server only when the release, the environment file or the
 unit changed (or it is down or unhealthy), then waits for ``/health`` and one real completion.
 Before it stops a running release for a new one, the new one must pass a start check (``serve
 --help`` imports it): a release that cannot even import is refused while the old one keeps
 serving. If R starts but does not answer within the timeout, the step switches back to the
-release that ran before, restarts it, confirms it answers, and fails with R's log tail.
+release that ran before, restarts it, confirms it answers, and fails with R's log tail; the same
+happens when R answers but fails its acceptance gate (tau under ``min_tau``, ``ops/service/acceptance.py``).
 ``release: previous`` is ``fab rollback``. One GPU holds one model, so a restart is a short gap
 in service; there is no second copy running side by side.
 

@@ -6,6 +6,7 @@ this controller's torch (``venv_site_packages: [controller]``); the server loads
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -205,7 +206,16 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
                     "local": {
                         "connection": "local",
                         "base": str(base),
-                        "vars": {"profile": "cpu", "serve": {"port": port}},
+                        "vars": {
+                            "profile": "cpu",
+                            "serve": {"port": port},
+                            "min_tau": 2,  # the acceptance gate, on the pair's own held-out prompts
+                            "acceptance": {
+                                "prompts": "../demo_pair/held_out_prompts.jsonl",
+                                "requests": 2,
+                                "max_tokens": 32,
+                            },
+                        },
                     }
                 }
             }
@@ -240,3 +250,7 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
         REPO_ROOT / "demo_pair" / "drafter" / "model.safetensors"
     ).read_bytes()
     assert complete(port)["choices"]
+    # The acceptance gate measured the committed pair's real tau from our server's own counters.
+    gate = json.loads((base / "run" / "specops-ddtree.acceptance.json").read_text())["modes"]["ddtree"]
+    assert gate["tau"] >= 2 and gate["source"] == "inventory min_tau", gate
+    assert f"acceptance: ddtree tau {gate['tau']:.2f} >= 2 (inventory min_tau)" in done.stdout

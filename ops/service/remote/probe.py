@@ -1,11 +1,15 @@
 """Service facts, printed as one JSON object; reads only (``--check`` runs it for real).
 
-argv[1]: JSON {name, pidfile, state, log, env_file, supervisor, health, metrics}.
+argv[1]: JSON {name, pidfile, state, acceptance, log, env_file, supervisor, health, metrics,
+venv, packages}.
 """
 
+import glob
 import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,6 +102,18 @@ def read_json(path):
         return None
 
 
+def pins(venv, packages):
+    """Installed versions of ``packages`` (PEP 503 names) in the venv, read from its metadata
+    (this python may not be the venv's: nothing is imported)."""
+    paths = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
+    found = {}
+    for dist in importlib.metadata.distributions(path=paths) if paths else ():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name in packages and name not in found:
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
 def main(s):
     sup = supervised(s["pidfile"])
     systemd = systemd_facts(s["name"])
@@ -105,6 +121,8 @@ def main(s):
         "supervisor_process": sup,
         "systemd": systemd,
         "state": read_json(s["state"]),
+        "acceptance": read_json(s["acceptance"]),
+        "pins": pins(s["venv"], s["packages"]),
         "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
         "env_sha": sha(s["env_file"]),
         "supervisor_sha": sha(s["supervisor"]),
