@@ -157,7 +157,11 @@ def test_no_profile_at_all(name) -> None:
 
 def test_the_shipped_pins(tmp_path: Path) -> None:
     assert {p: PINS[p].cuda for p in PINS} == {"blackwell": "cu130", "hopper": "cu130", "cpu": "cpu"}
-    assert [r.spec for r in PINS["blackwell"].requirements()] == ["torch==2.14.0", "triton==3.8.0"]
+    assert [r.spec for r in PINS["blackwell"].requirements()] == [
+        "torch==2.14.0",
+        "triton==3.8.0",
+        "fla-core==0.6.0",
+    ]
     assert [r.spec for r in PINS["blackwell"].requirements("vllm")] == [
         "torch==2.14.0",
         "triton==3.8.0",

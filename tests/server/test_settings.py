@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddtree_runtime.server.settings import Settings, SettingsError, add_arguments, settings_from
-from ops.service.settings import SERVE_KEYS
+from ops.service.settings import FOREIGN_ONLY, SERVE_KEYS
 from specops_contract import SERVE_DEFAULTS, SERVE_OPTIONS
 from tests.server.client import SECRET, Server
 from tests.server.conftest import BUDGET, MODEL, PROMPT, Launched
@@ -61,9 +61,9 @@ def test_every_option_is_declared_once_in_the_contract(tmp_path: Path) -> None:
     add_arguments(parser)
     flags = {a.dest for a in parser._actions} - {"help", "env_file"}
     assert flags == set(SERVE_OPTIONS) == {f.name for f in dataclasses.fields(Settings)}
-    assert (
-        set(SERVE_KEYS) <= set(SERVE_OPTIONS) and SERVE_DEFAULTS["budget"] == SERVE_OPTIONS["budget"].default
-    )
+    ours = {name for name, option in SERVE_OPTIONS.items() if option.inventory}
+    assert ours <= set(SERVE_KEYS) and SERVE_DEFAULTS["budget"] == SERVE_OPTIONS["budget"].default
+    assert set(SERVE_KEYS) - ours == {"system", *FOREIGN_ONLY, "num_speculative_tokens"}  # vLLM / SGLang
     env = _env(tmp_path, "SPECOPS_SERVE_QUEUE_SIZE=3\nSPECOPS_SERVE_DTYPE=float16\n")
     s = _settings("--target", "t", "--drafter", "d", "--env-file", env)
     assert (s.queue_size, s.dtype, s.drain_timeout) == (3, "float16", SERVE_OPTIONS["drain_timeout"].default)
