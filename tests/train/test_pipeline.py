@@ -1,6 +1,6 @@
-"""The whole chain on the tiny target, through the real command: curation → regeneration → offline
-extraction → training under torchrun (world size 2, gloo) → lint → τ with the runtime. A rerun with
-nothing new to do changes nothing."""
+"""The whole chain on the tiny target, through the real command: curation → cost → regeneration →
+offline extraction → training under torchrun (world size 2, gloo) → lint → τ with the runtime. A
+rerun with nothing new to do changes nothing."""
 
 from __future__ import annotations
 
@@ -13,9 +13,15 @@ from pathlib import Path
 
 import torch
 
-from ddtree_runtime.loader import load_target
+from ddtree_runtime.loader import load_drafter, load_target
 from ddtree_runtime.tiny import WORDS, TinyPair
-from ddtree_runtime.train.checkpoint import drafter_config, find_mask_token, new_drafter
+from ddtree_runtime.train.checkpoint import (
+    Layout,
+    drafter_config,
+    find_mask_token,
+    new_drafter,
+    save_drafter,
+)
 from ddtree_runtime.train.evaluate import measure_tau
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -47,13 +53,16 @@ def test_chain_under_torchrun_then_a_rerun_changes_nothing(raw_pair: TinyPair, t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "extract shard" in done.stderr and "train 80/80 loss" in done.stderr
+    assert "cost: train" in done.stderr and json.loads((run / "cost.json").read_text())["ranks"] == 2
     assert "train: world size 2 (DDP)" in done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["lint"]["errors"] == 0
     tau = summary["eval"]["tau"]
     manifest = json.loads((run / "data" / "manifest.json").read_text())
     assert manifest["counts"]["read"] == 60 and manifest["responses"]["rows"] == manifest["counts"]["train"]
-    assert len(list((run / "features").glob("shard-*.safetensors"))) == -(-manifest["counts"]["train"] // 8)
+    shards = [len(list(f.glob("shard-*.safetensors"))) for f in sorted((run / "features").iterdir())]
+    train_rows = manifest["counts"]["train"]
+    assert shards == [-(-len(range(r, train_rows, 2)) // 8) for r in range(2)]  # each rank its share
 
     lint = subprocess.run(
         [sys.executable, "-m", "ops.cli", "config", "lint", str(run / "drafter"), "--target", str(raw_pair.target)],
@@ -62,8 +71,15 @@ def test_chain_under_torchrun_then_a_rerun_changes_nothing(raw_pair: TinyPair, t
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
     target = load_target(raw_pair.target, torch.device("cpu"), torch.float32)
-    raw = drafter_config(raw_pair.target, 1, 6, find_mask_token(raw_pair.target))
-    untrained = new_drafter(target, raw, run / "untrained")
+    layout = Layout(block_size=6).resolve(target.config)
+    raw = drafter_config(target.config, layout, find_mask_token(raw_pair.target))
+    save_drafter(
+        new_drafter(target.config, raw_pair.target, raw, torch.device("cpu")),
+        raw,
+        tmp_path / "u",
+        torch.float32,
+    )
+    untrained = load_drafter(tmp_path / "u", torch.device("cpu"), torch.float32)
     held = [
         json.loads(line)["prompt"]
         for line in (run / "data" / "prompts.held_out.jsonl").read_text().splitlines()
