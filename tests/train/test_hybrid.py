@@ -1,7 +1,8 @@
 """Training for a hybrid (Qwen3.5-layout) target, end to end on the CPU through the command: a new
 drafter with sliding and full layers beats an untrained one in τ measured by the runtime; fine-tuning
 it (`--init-from`) lints it first and starts from its weights; a drafter that does not fit is refused
-before any work; `--estimate` prints the cost and stops."""
+before any work; `--estimate` prints the cost and stops; a new drafter for Qwen3.6-27B has z-lab's
+layout."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.loader import load_drafter, load_target
 from ddtree_runtime.tiny import TinyPair
 from ddtree_runtime.tokenizer import Tokenizer
 from ddtree_runtime.train.__main__ import main
 from ddtree_runtime.train.checkpoint import Layout, drafter_config, find_mask_token, new_drafter, save_drafter
 from ddtree_runtime.train.evaluate import measure_tau
+from tests.lint import qwen36
 from tests.train.test_pipeline import write_prompts
+
+REPO = Path(__file__).resolve().parents[2]
 
 LAYOUT = Layout(
     layers=2, block_size=6, heads=4, kv_heads=2, head_dim=16, sliding_window=8, target_layer_ids=[1, 2]
@@ -101,3 +107,11 @@ def test_estimate_prints_the_cost_and_stops(
     assert cost["hours"]["train"] > 0 and cost["features_bytes"] > 0
     assert "cost: features offline shards" in err and "cost: regenerate" in err
     assert not (run / "data" / "responses").exists() and not (run / "train_state.pt").exists()
+
+
+def test_a_new_drafter_for_qwen36_27b_has_z_labs_layout() -> None:
+    cfg = Qwen3_5Config.from_dict(qwen36.target(), Path("<qwen3.6-27b>/config.json"))
+    raw = drafter_config(cfg, Layout().resolve(cfg), qwen36.MASK)
+    spec = yaml.safe_load((REPO / "drafter_config" / "specs" / "qwen3.6-27b-dflash.yaml").read_text())
+    got = {**raw, **raw["dflash_config"]}
+    assert {k: got.get(k) for k in spec["values"]} == spec["values"]
