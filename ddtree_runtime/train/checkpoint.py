@@ -125,7 +125,8 @@ def new_drafter(
     """A drafter for `raw` on `device` in fp32, warm-started from the target's last layers."""
     cfg = DFlashConfig.from_dict(raw, Path("<new drafter>"))
     torch.manual_seed(seed)
-    drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
+    with torch.device(device):  # a 27B-class drafter initialises in a blink on the GPU, not the CPU
+        drafter = DFlashDrafter(cfg).float()
     state = _warm_start(target, target_dir, cfg, device)
     missing = set(drafter.load_state_dict(state, strict=False).missing_keys)
     assert not set(state) & missing
@@ -169,15 +170,16 @@ def _warm_start(
 def init_from(directory: Path, device: torch.device) -> tuple[dict[str, Any], DFlashDrafter]:
     """An existing drafter to fine-tune: its config.json as it is, its weights in fp32, unfused."""
     raw = read_json(directory / "config.json")
-    drafter = DFlashDrafter(DFlashConfig.from_dict(raw, directory / "config.json"))
+    with torch.device("meta"):  # no initialisation that the weights overwrite
+        drafter = DFlashDrafter(DFlashConfig.from_dict(raw, directory / "config.json"))
     state = read_state_dict(directory, lambda k: k.removeprefix("model."), device, torch.float32)
-    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    missing, unexpected = drafter.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ConfigError(
             f"{directory}: weights do not match its config.json: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]} (fix: point --init-from at a whole DFlash checkpoint)"
         )
-    return raw, drafter.to(device)
+    return raw, drafter
 
 
 def save_drafter(drafter: DFlashDrafter, raw: dict[str, Any], out: Path, dtype: torch.dtype) -> None:

@@ -118,7 +118,7 @@ def _check_free(out: Path, need: int) -> None:
     if need > free:
         raise ExtractionError(
             f"{out}: extraction needs {human_bytes(need)} but {human_bytes(free)} is free "
-            "(fix: free space, pick another --features-dir, or use online extraction)"
+            "(fix: free space, or use online extraction)"
         )
 
 

@@ -129,7 +129,8 @@ def run(spec: RunSpec) -> dict[str, Any]:
     )
     target.requires_grad_(False)
     tok = Tokenizer(target_dir) if (target_dir / "tokenizer.json").exists() else None
-    raw, drafter = _drafter(spec, target, target_dir, job)
+    if spec.init_from is not None:
+        _lint_init(job, spec, target_dir)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     if job.host_first:
         manifest = curate.write_prompt_sets(
@@ -154,6 +155,7 @@ def run(spec: RunSpec) -> dict[str, Any]:
         if job.is_leader:
             log("train: done already")
     else:
+        raw, drafter = _drafter(spec, target, target_dir, job)
         samples = prepare(job, spec, target, tok, drafter, out)
         if samples is None:  # --estimate
             return json.loads((out / "cost.json").read_text()) if job.is_leader else {}
@@ -176,28 +178,33 @@ def run(spec: RunSpec) -> dict[str, Any]:
 def _drafter(
     spec: RunSpec, target: Target, target_dir: Path, job: Job
 ) -> tuple[dict[str, Any], DFlashDrafter]:
-    """The drafter to train and its config: `--init-from`'s, linted against the target first, or a
-    new one laid out for the target."""
+    """The drafter to train and its config: `--init-from`'s or a new one laid out for the target."""
     if spec.init_from is not None:
-        report = _lint(Path(spec.init_from), target_dir)
-        if report.errors:
-            from drafter_config.findings import format_findings
-
-            raise ConfigError(
-                f"--init-from {spec.init_from}: the drafter does not fit the target {target_dir} "
-                f"(fix: the findings below, or start a new drafter):\n{format_findings(report)}"
-            )
         raw, drafter = init_from(Path(spec.init_from), job.device)
         if job.is_leader:
             cfg = drafter.config
             log(
-                f"init: {spec.init_from} (lint clean: {len(report.findings)} findings), block "
-                f"{cfg.block_size}, layers {list(cfg.layer_types)}, target layers {list(cfg.target_layer_ids)}"
+                f"init: {spec.init_from}, block {cfg.block_size}, layers {list(cfg.layer_types)}, "
+                f"target layers {list(cfg.target_layer_ids)}"
             )
         return raw, drafter
     mask = spec.mask_token_id if spec.mask_token_id is not None else find_mask_token(target_dir)
     raw = drafter_config(target.config, spec.layout.resolve(target.config), mask)
     return raw, new_drafter(target.config, target_dir, raw, job.device, spec.train.seed)
+
+
+def _lint_init(job: Job, spec: RunSpec, target_dir: Path) -> None:
+    """`--init-from`'s drafter must pass the lint against the target before any work starts."""
+    from drafter_config.findings import format_findings
+
+    report = _lint(Path(str(spec.init_from)), target_dir)
+    if report.errors:
+        raise ConfigError(
+            f"--init-from {spec.init_from}: the drafter does not fit the target {target_dir} "
+            f"(fix: the findings below, or start a new drafter):\n{format_findings(report)}"
+        )
+    if job.is_leader:
+        log(f"lint (--init-from): clean ({len(report.findings)} findings, 0 errors)")
 
 
 def _check_same_prompts(job: Job, data: Path) -> None:
@@ -241,6 +248,13 @@ def prepare(
             )
         return pairs
 
+    def progress(stage: str) -> Callable[[int, int], None]:
+        def report(done: int, total: int) -> None:
+            if job.is_leader:  # one rank's progress stands for all: they run in step
+                log(f"{stage} {done}/{total} (rank {job.rank})")
+
+        return report
+
     name = f"{job.rank:05d}-of-{job.world:05d}"
     responses = data / "responses" / f"{name}.jsonl"
     responses.parent.mkdir(exist_ok=True)
@@ -248,7 +262,7 @@ def prepare(
         data / "prompts.train.jsonl",
         responses,
         respond,
-        progress=lambda done, total: job.is_leader and log(f"regenerate {done}/{total} (rank {job.rank})"),
+        progress=progress("regenerate"),
         shard=(job.rank, job.world),
     )
     rows = curate.read_samples(responses)
@@ -268,9 +282,7 @@ def prepare(
             folder,
             spec.shard_size,
             DTYPES[spec.save_dtype],
-            progress=lambda done, total: (
-                job.is_leader and log(f"extract shard {done}/{total} (rank {job.rank})")
-            ),
+            progress=progress("extract shard"),
             sharing=job.local_world,
         )
         return extract.OfflineSamples(folder)

@@ -240,8 +240,16 @@ class TrainDrafter(Step):
                 f"training run exited {exit_code} (the log is {args['out']}/train.log; rerun to resume)",
                 stderr=tail(log, 30),
             )
-        summary = json.loads(conn.read_bytes(posixpath.join(args["out"], "summary.json")))
         leader = is_leader(args, ctx.host.name)
+        if args["options"].get("estimate"):  # the cost and nothing else
+            cost = json.loads(conn.read_bytes(posixpath.join(args["out"], "cost.json"))) if leader else {}
+            if home is not None and leader:
+                LocalStore().write_bytes(
+                    str(home / "cost.json"), (json.dumps(cost, indent=2) + "\n").encode()
+                )
+            hours = ", ".join(f"{k} {v:.2f} h" for k, v in cost.get("hours", {}).items())
+            return Applied(True, f"estimate only: {hours or 'see the rank-0 host'}", {"cost": cost})
+        summary = json.loads(conn.read_bytes(posixpath.join(args["out"], "summary.json")))
         if home is not None:
             store = LocalStore()
             for rel in HOME_FILES if leader else WORKER_HOME_FILES:

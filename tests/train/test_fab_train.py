@@ -1,5 +1,6 @@
 """`fab train-drafter` against real sshd hosts on the CPU: the pipeline runs detached on the host,
-progress and results come home to results/<run-id>/<host>/, and a second run changes nothing. Over
+progress and results come home to results/<run-id>/<host>/, a second run changes nothing, and
+`estimate: true` brings the cost home without training. Over
 two hosts it is one gloo job (torchrun's c10d rendezvous on the rank-0 host) whose loss curve is
 the single-host run's, and after a host drops mid-training a rerun resumes from the checkpoint."""
 
@@ -72,6 +73,16 @@ def test_fab_train_drafter_twice(sshd_hosts, make_inventory, raw_pair: TinyPair,
     assert second.ok and second.hosts["h1"].status == "ok", second.summary()
     assert all(not s.changed for s in second.hosts["h1"].steps)
     assert {p: p.stat().st_mtime_ns for p in host_run.rglob("*") if p.is_file()} == stamps
+
+    estimate = make_inventory(
+        [h1], host_vars={"h1": _host_vars(raw_pair.target, prompts, {**options, "estimate": True})}
+    )
+    third, run_dir = run_bench_file(
+        PLAYBOOKS / "train-drafter.yaml", inventory=str(estimate), results=str(results), live=False
+    )
+    assert third.ok, third.summary()
+    assert "estimate only: regenerate" in third.hosts["h1"].steps[-1].message
+    assert json.loads((run_dir / "h1" / "cost.json").read_text())["steps"] == 30
 
 
 def _drop_when_trained_past(leader_run: Path, step: int, host: SshdHost, run: Path) -> threading.Thread:

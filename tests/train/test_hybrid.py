@@ -77,7 +77,7 @@ def test_hybrid_target_trains_end_to_end_and_fine_tunes(
     start = ["--target", target, "--prompts", str(prompts), "--limit", "16", "--steps", "5"]
     assert main([*start, "--out", str(fine), "--init-from", str(run / "drafter"), *FLAGS]) == 0
     _, err = capsys.readouterr()
-    assert f"init: {run / 'drafter'} (lint clean" in err and "lint: clean" in err
+    assert "lint (--init-from): clean" in err and f"init: {run / 'drafter'}" in err and "lint: clean" in err
     assert _curve(fine)[0] < 0.5 * _curve(run)[0]  # it starts where the first run ended, not afresh
     tuned = json.loads((fine / "drafter" / "config.json").read_text())
     assert {k: v for k, v in tuned.items() if k != "torch_dtype"} == {
