@@ -138,12 +138,23 @@ def _json_or_none(text: str) -> Any:
         return None
 
 
+def alive_test(out: str) -> str:
+    """A shell test that holds while the run in `out` lives: no exit code yet, and the pid in
+    train.pid runs a command naming the run directory. `kill -0` alone is fooled by a zombie the
+    init process has not reaped yet and by a pid the kernel has given to another process."""
+    q = quote(out)
+    return (
+        f"[ ! -e {q}/exit_code ] && p=$(cat {q}/train.pid 2>/dev/null) && "
+        f'grep -qF -- {q} "/proc/$p/cmdline" 2>/dev/null'
+    )
+
+
 def run_state_fact(out: str) -> Fact[dict[str, Any]]:
-    """request.json, summary.json and whether train.pid is alive, in one round trip."""
+    """request.json, summary.json and whether the run is alive, in one round trip."""
     q = quote(out)
     command = (
         f"cat {q}/request.json 2>/dev/null; echo; echo '--specops--'; cat {q}/summary.json 2>/dev/null; echo; "
-        f"echo '--specops--'; p=$(cat {q}/train.pid 2>/dev/null) && kill -0 \"$p\" 2>/dev/null && echo alive"
+        f"echo '--specops--'; {alive_test(out)} && echo alive"
     )
     return Fact(command, lambda r: parse_run_state(r.stdout))
 
@@ -272,7 +283,7 @@ class TrainDrafter(Step):
         deadline, offset, text, delay = time.monotonic() + args["timeout"], 0, "", 0.25
         while True:
             done = conn.stat(code_path) is not None
-            if not done and not conn.run(f"kill -0 $(cat {quote(args['out'])}/train.pid)").ok:
+            if not done and not conn.run(alive_test(args["out"])).ok:
                 done = conn.stat(code_path) is not None  # it may have ended between the two looks
                 if not done:
                     raise StepFailed(
