@@ -20,7 +20,7 @@ from ddtree_runtime.train.checkpoint import Layout, drafter_config, find_mask_to
 from ddtree_runtime.train.distributed import join
 from ddtree_runtime.train.extract import Sample
 from ddtree_runtime.train.forward import Target, draft_blocks
-from ddtree_runtime.train.trainer import TrainSpec, position_weights, sample_anchors, train
+from ddtree_runtime.train.trainer import BlockLoss, TrainSpec, position_weights, sample_anchors, train
 
 JOB = join("cpu")
 
@@ -68,6 +68,13 @@ def test_helpers() -> None:
     anchors = sample_anchors(4, 10, 3, random.Random(0))
     assert len(anchors) == 3 and all(4 <= a <= 8 for a in anchors) and anchors == sorted(anchors)
     assert sample_anchors(9, 10, 3, random.Random(0)) == []
+
+
+def test_a_micro_batch_without_anchors_still_reaches_every_weight(raw_pair: TinyPair) -> None:
+    target, drafter = _setup(raw_pair)
+    loss, weight = BlockLoss(drafter, target, 4.0)([])  # every sequence was too short
+    loss.backward()
+    assert float(weight) == 0 and all(p.grad is not None for p in drafter.parameters())
 
 
 def test_loss_decreases_on_a_fixed_batch(raw_pair: TinyPair, tmp_path: Path) -> None:
