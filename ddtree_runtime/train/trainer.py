@@ -89,8 +89,10 @@ class BlockLoss(nn.Module):
         block = self.drafter.config.block_size
         weights = position_weights(block, self.gamma, embed.device)[None]
         loss_sum = weight_sum = embed.new_zeros((), dtype=torch.float32)
-        if not batch:  # every sequence too short for an anchor: a zero loss that reaches every weight,
-            return sum(p.sum() for p in self.drafter.parameters()) * 0.0, weight_sum  # as DDP needs
+        if not batch:
+            # every sequence was too short for an anchor: a zero loss that still reaches every
+            # weight, since DDP's backward must run on every rank
+            return sum(p.sum() for p in self.drafter.parameters()) * 0.0, weight_sum
         for features, tokens, anchors in batch:
             hidden = draft_blocks(self.drafter, features, tokens, anchors, embed)  # [K, B, h]
             logits = self.drafter.logits(hidden[:, 1:], head)  # [K, B-1, V]
