@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_kernels.fp8_gemm import fp8_gemm
+from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.gdn_tree import gdn_tree
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.qk_rope import qk_rope
@@ -44,6 +46,13 @@ class TritonBackend:
         if x.shape[0] <= MAX_ROWS and weight.shape[0] <= SKINNY_MAX_N and x.stride(-1) == 1:
             return skinny_matmul(x, weight)
         return F.linear(x, weight)
+
+    @staticmethod
+    def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+        """An FP8 target's linear: the skinny kernel for a few rows, else the block-scaled GEMM."""
+        if x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
+            return fp8_skinny(x, weight, scale, block)
+        return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)
     silu_mul = staticmethod(silu_mul)

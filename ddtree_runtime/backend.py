@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_kernels.fp8_gemm import fp8_linear_reference
 from ddtree_kernels.qk_rope import qk_rope_reference
 from ddtree_kernels.rms_norm import rms_norm_reference
 from ddtree_kernels.silu_mul import silu_mul_reference
@@ -36,6 +37,8 @@ class Backend(Protocol[Vis]):
     name: str
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
+
+    def fp8_linear(self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor: ...
 
     def rms_norm(
         self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
@@ -105,6 +108,7 @@ class TorchBackend:
         return _ancestors(parents)
 
     linear = staticmethod(skinny_matmul_reference)
+    fp8_linear = staticmethod(fp8_linear_reference)  # dequantizes: W8A8 maths in fp32
     rms_norm = staticmethod(rms_norm_reference)
     qk_rope = staticmethod(qk_rope_reference)
     silu_mul = staticmethod(silu_mul_reference)
