@@ -97,3 +97,13 @@ def test_the_layout_is_checked() -> None:
         fp8_gemm(x, weight, scale[:, :0], (128, 128))
     with pytest.raises(RuntimeError, match="T <= 16"):
         fp8_skinny(x.repeat(9, 1), weight, scale, (128, 128))
+
+
+def test_the_triton_backend_picks_a_kernel_by_rows_and_matches_the_torch_backend() -> None:
+    from ddtree_kernels.backend import TritonBackend
+    from ddtree_runtime.backend import TorchBackend
+
+    for t, block in ((3, (128, 128)), (40, (128, 128)), (2, (1, 192)), (20, (1, 192))):
+        x, weight, scale = _operands(t, 96, 192, block, torch.float32, seed=t)
+        out = TritonBackend.fp8_linear(x, weight, scale, block)
+        assert _rel(out, TorchBackend.fp8_linear(x, weight, scale, block)) < TOL[torch.float32]
