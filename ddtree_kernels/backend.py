@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddtree_kernels.fp8_gemm import fp8_gemm
+from ddtree_kernels.fp8_gemm import fp8_gemm, fp8_linear_reference
 from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.gdn_tree import gdn_tree
+from ddtree_kernels.host import fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.qk_rope import qk_rope
 from ddtree_kernels.rms_norm import rms_norm
@@ -49,7 +50,10 @@ class TritonBackend:
 
     @staticmethod
     def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
-        """An FP8 target's linear: the skinny kernel for a few rows, else the block-scaled GEMM."""
+        """An FP8 target's linear: the skinny kernel for a few rows, else the block-scaled GEMM; the
+        dequantized reference on GPUs without FP8 tensor cores (sm_80)."""
+        if not fp8_tensor_cores(x.device):
+            return fp8_linear_reference(x, weight, scale, block)
         if x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
             return fp8_skinny(x, weight, scale, block)
         return fp8_gemm(x, weight, scale, block)
