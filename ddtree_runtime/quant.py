@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ddtree_kernels.fp8_gemm import fp8_linear_reference
 from ddtree_kernels.host import cdiv
+from ddtree_runtime.backend import select_backend
 from ddtree_runtime.config import ConfigError
 from drafter_config.quantization import Fp8Scheme, QuantConfigError, read_fp8_scheme
 
@@ -42,8 +42,11 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        """The reference path, for callers that do not go through a backend."""
-        out = fp8_linear_reference(x, self.weight, self.scale, self.block)
+        """For callers that hold no backend (the hybrid's projections, the LM head through the
+        drafter): the FP8 matmul of x's device, the kernels on CUDA and the reference on the CPU."""
+        rows = x.reshape(-1, x.shape[-1])
+        out = select_backend(x.device).fp8_linear(rows, self.weight, self.scale, self.block)
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if self.bias is None else out + self.bias
 
     @classmethod
