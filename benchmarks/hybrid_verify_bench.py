@@ -6,6 +6,7 @@ All 64 layers (48 Gated DeltaNet + 16 gated full attention), hidden 5120, bf16, 
 ratio; the weight bytes read per pass are in it too, for the roofline.
 
     python benchmarks/hybrid_verify_bench.py [--budget 256] [--context 2048] [--layers 64]
+    python benchmarks/hybrid_verify_bench.py --fp8 block  # an FP8 target (Qwen's block format)
     python benchmarks/hybrid_verify_bench.py --small --device cpu --dtype float32  # smoke test
 """
 
@@ -20,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.fp8_bench import quantize_linears
 from benchmarks.gdn_tree_bench import timed_us
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.config import Qwen3_5Config
@@ -48,6 +50,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--small", action="store_true", help="tiny widths, for a CPU smoke run")
+    p.add_argument("--fp8", choices=["block", "channel"], help="quantize the projections (an FP8 target)")
     args = p.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     raw = {**(SMALL if args.small else QWEN36_27B), "num_hidden_layers": args.layers}
@@ -65,6 +68,8 @@ def main() -> None:
             else:
                 w.normal_(0.0, (w.shape[-1] if w.ndim > 1 else 1) ** -0.5)
     model.eval()
+    if args.fp8:
+        quantize_linears(model, args.fp8)
     backend = select_backend(device)
     model.setup_caches(args.context + args.budget + 2)
     gen = torch.Generator().manual_seed(1)
@@ -110,7 +115,7 @@ def main() -> None:
         ver_commit = 1e-3 * timed_us(verify_commit, device, args.reps)
     weight_bytes = sum(w.numel() * w.element_size() for w in model.parameters())
     print(json.dumps({
-        "model": "qwen3.6-27b-shaped" if not args.small else "small", "layers": args.layers,
+        "model": "qwen3.6-27b-shaped" if not args.small else "small", "layers": args.layers, "fp8": args.fp8,
         "device": str(device), "dtype": args.dtype, "backend": backend.name, "context": args.context,
         "tree_tokens": len(parents), "prefill_ms": round(prefill, 2), "ar_step_ms": round(ar, 3),
         "verify_ms": round(ver, 3), "verify_commit_ms": round(ver_commit, 3),
