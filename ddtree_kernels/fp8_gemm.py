@@ -184,11 +184,12 @@ def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
 
 def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
     """Tiles by architecture: 128 x 128 on sm_90/sm_100 (232 KB of shared memory), 64 x 128 on
-    sm_120 and elsewhere (99 KB); 64-row tiles while a 128-row tile would be mostly padding."""
+    sm_120 and elsewhere (99 KB; 8 warps: with 4 the block-scaled tile spills on sm_120, see
+    ARCH.md); 64-row tiles while a 128-row tile would be mostly padding."""
     big = capability is not None and capability[0] in (9, 10)
     if big and rows > 64:
         return GemmConfig(128, 128, 8, 4)
-    return GemmConfig(64, 128, 4, 3 if not big else 4)
+    return GemmConfig(64, 128, 4, 4) if big else GemmConfig(64, 128, 8, 3)
 
 
 def fp8_gemm(
