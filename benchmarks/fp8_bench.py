@@ -14,10 +14,11 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
    matmul weights at 1 byte, LM head, KV cache and drafter at 2; FLOPs at the measured FP8
    (`torch._scaled_mm`) and bf16 matmul rates.
 
-    python benchmarks/fp8_bench.py [--fmt block|channel] [--context 4096] [--skip-kernels] [--skip-model]
+    python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
+        [--skip-kernels] [--skip-model]
 
-The Qwen3.6-27B hybrid shape: `python benchmarks/hybrid_verify_bench.py --fp8 block --budget 256`
-(its `weight_bytes` is then the FP8 floor's numerator). Several minutes of GPU time in all.
+`--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
+minutes of GPU time in all.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.roofline import measure_context, random_pair, verify_pass_ms
+from benchmarks.roofline import SHAPES as MODEL_SHAPES
+from benchmarks.roofline import Clock, measure_context, random_pair, verify_pass_ms
 from benchmarks.skinny_matmul_bench import SHAPES, graphed_ms
 from ddtree_kernels.fp8_gemm import act_quant, fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
@@ -42,7 +44,7 @@ from ddtree_kernels.skinny_matmul import skinny_matmul
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.fp8 import quantize_weight
 from ddtree_runtime.quant import Fp8Linear
-from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, round_floor_s
+from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, pass_cost, round_floor_s
 
 BLOCKS = {"block": (128, 128), "channel": None}  # None: per-channel, (1, K)
 LEFT_IN_BF16 = ("in_proj_a", "in_proj_b")  # the hybrid's small DeltaNet projections, as exports keep them
@@ -125,20 +127,19 @@ def kernel_rows(ceil: Ceilings) -> list[dict]:
 
 
 def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) -> float:
-    """One target pass over `rows` new rows: FP8 matmul weights (1 byte), bf16 LM head, embedding
-    rows and KV cache; matmul FLOPs at the FP8 rate, head and attention at the bf16 rate."""
-    head = cfg.vocab_size * cfg.hidden_size
-    keys = context + rows
-    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * keys
-    nbytes = matmul_params(cfg) + 2 * (head + rows * cfg.hidden_size + kv)
-    attn = cfg.num_hidden_layers * 4 * cfg.num_attention_heads * rows * keys * cfg.head_dim
-    compute = 2 * rows * matmul_params(cfg) / fp8_rate + (2 * rows * head + attn) / ceil.matmul_flops_per_s
+    """One target pass over `rows` new rows (`roofline.pass_cost`, dense or hybrid) with its decoder
+    matmul weights at 1 byte and their FLOPs at the FP8 rate; LM head, embeddings, KV cache and
+    recurrent states as in bf16."""
+    nbytes, flops = pass_cost(cfg, rows, context, rows)
+    matmul = matmul_params(cfg)
+    nbytes -= matmul  # 1 byte per FP8 weight instead of 2
+    compute = (flops - 2 * rows * matmul) / ceil.matmul_flops_per_s + 2 * rows * matmul / fp8_rate
     return 1e3 * max(nbytes / ceil.copy_bytes_per_s, compute)
 
 
-def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, context: int, new_tokens: int) -> dict:
+def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: int, new_tokens: int) -> dict:
     device = torch.device("cuda")
-    target, drafter = random_pair(device, torch.bfloat16)
+    target, drafter = random_pair(shape, device, torch.bfloat16, small=False)
     count = quantize_linears(target, fmt)
     weights = sum(t.numel() * t.element_size() for t in target.parameters())
     engine = Engine(target, drafter, context + 1024)
@@ -156,12 +157,13 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, context: int, new_toke
                 ]
             )
         row["fp8_floor_ms"], row["x_fp8_floor"] = round(floor, 3), round(row["round_ms"] / floor, 2)
-    verify_ms = verify_pass_ms(engine, context, 257)
+    verify_ms = verify_pass_ms(engine, Clock(device), context, 257)
     verify_floor = fp8_floor_ms(ceil, fp8_rate, tcfg, 257, context)
     ar = next(r for r in rows if r["mode"] == "ar")
     ddtree = next(r for r in rows if r["mode"] == "ddtree")
     summary = {
         "fmt": fmt,
+        "shape": shape,
         "fp8_linears": count,
         "target_weight_gib": round(weights / 2**30, 2),
         "context": context,
@@ -184,6 +186,7 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, context: int, new_toke
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--fmt", choices=list(BLOCKS), default="block")
+    p.add_argument("--shape", choices=sorted(MODEL_SHAPES), default="qwen3-8b")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--skip-kernels", action="store_true")
@@ -202,7 +205,7 @@ def main() -> None:
     if not args.skip_kernels:
         out["kernels"] = kernel_rows(ceil)
     if not args.skip_model:
-        out["model"] = model_rows(ceil, fp8_rate, args.fmt, args.context, args.new_tokens)
+        out["model"] = model_rows(ceil, fp8_rate, args.fmt, args.shape, args.context, args.new_tokens)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from drafter_config.context import LintContext
 from drafter_config.findings import Finding
-from drafter_config.jsonpos import format_path
 from drafter_config.quantization import QuantConfigError, read_fp8_scheme
+from specops_files.jsonpos import format_path
 
 
 def check(ctx: LintContext) -> list[Finding]:
