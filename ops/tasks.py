@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from ops.bench.store import find_results
 from ops.errors import SpecopsError
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.results import RunResult, interrupted_message, make_run_dir, new_run_id, point_latest
+from ops.results import RunResult, interrupted_message, make_run_dir, new_run_id, publish_summary
 from ops.runner import DEFAULT_FORKS, DEFAULT_RESULTS, REPO_ROOT, run_playbook
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
@@ -292,8 +291,7 @@ def run_bench_file(
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
-    shutil.copyfile(result.run_dir / "summary.json", run_dir / "summary.json")
-    point_latest(run_dir.parent, run_dir.name)
+    result.record_error = publish_summary(result, run_dir)
     return result, run_dir
 
 
