@@ -67,8 +67,9 @@ class HostLayout:
         return f"{self.run}/{self.service}.tuned.json"
 
     @property
-    def hf_env(self) -> str:
-        return f"{self.run}/hf.env"
+    def hf_token(self) -> str:
+        """The Hugging Face token alone (``hf`` reads it through ``HF_TOKEN_PATH``), mode 0600."""
+        return f"{self.run}/hf.token"
 
     @property
     def deploy_lock(self) -> str:
