@@ -260,7 +260,7 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
                 outcome.steps.append(step)
                 reporter.step_finished(host.name, spec, step)
     except SpecopsError as exc:  # secrets, connection set-up or the lock, before any step could report it
-        what = "lock" if isinstance(exc, hostlock.HostLocked) else stage
+        what = "lock" if isinstance(exc, hostlock.LockError) else stage
         outcome.steps.append(StepResult(what, what, "failed", False, str(exc)))
         reporter.step_finished(host.name, None, outcome.steps[-1])
     except Exception as exc:  # a bug outside any step: this host fails, the run and its summary go on
@@ -298,7 +298,9 @@ def _host_lock(conn: Any, host: Host, run: RunWide) -> Iterator[None]:
     if not run.playbook.lock or run.check:
         yield
         return
-    mine = hostlock.acquire(conn, host.name, host.base, run.run_id)
+    mine = hostlock.acquire(
+        conn, host.name, host.base, run.run_id, lambda text: run.reporter.note(f"{host.name} | {text}")
+    )
     try:
         yield
     finally:
