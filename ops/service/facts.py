@@ -5,7 +5,8 @@ facts are plain JSON (the plan tests feed them in as data): ``supervisor_process
 ``systemd.process`` (pid, uptime, cwd, or None), ``systemd`` (usable, scope, uid, unit_path,
 unit_sha), ``state`` (what the last deploy started), ``env_sha``, ``supervisor_sha``, ``health``
 (the status code of ``/health``, or None), ``metrics`` (``/metrics`` text when asked) and
-``log_size`` (where this start's log begins).
+``log_size`` (where this start's log begins) and ``proven_env`` (release -> sha of the env file copy
+its last proven start left, ``proven.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[st
         "state": layout.state(),
         "log": layout.log(),
         "env_file": args.get("env_file") or "",
+        "proven": layout.proven,
         "supervisor": layout.supervisor,
         "health": url + "/health",
         "metrics": url + "/metrics" if metrics else "",

@@ -14,6 +14,7 @@ from typing import Any
 
 from ops.layout import HostLayout
 from ops.service.backends import Preflight, Supervisor, Systemd, backends, port_check, wait
+from ops.service.proven import keep_env, proven_records, proven_settings, restore_env
 from ops.service.releases import switch_commands
 from ops.service.settings import serve_url
 from ops.shell import join
@@ -121,9 +122,10 @@ def _definition(
     svc: dict[str, Any],
     spec: dict[str, Any],
     wanted: str,
+    env_sha: str | None,
 ) -> tuple[list[Run | Write], dict[str, Any]]:
     """The backend's install changes and the restart fingerprint (launch, env file, backend, unit)."""
-    fingerprint: dict[str, Any] = {"launch": spec, "env_sha": svc["env_sha"], "backend": backend.name}
+    fingerprint: dict[str, Any] = {"launch": spec, "env_sha": env_sha, "backend": backend.name}
     if isinstance(backend, Systemd):
         unit = unit_text(args, ctx, spec, wanted, backend.facts["scope"])
         fingerprint["unit_sha"] = hashlib.sha256(unit).hexdigest()
@@ -133,19 +135,17 @@ def _definition(
 
 def _rollback_target(
     current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any], digest: str
-) -> tuple[str | None, dict[str, Any] | None]:
-    """What to go back to if ``wanted`` fails, and with which service arguments (None: the new ones).
-
-    The release ``current`` named, else (a re-run after a cut link left ``current`` switched but
-    unproven) the release that last answered; the arguments it answered with come from the state
-    file. When the release stays and only the settings change, it is the same release with its
-    old settings."""
-    proven, proven_args = state.get("release"), state.get("args")
+) -> str | None:
+    """What to go back to if ``wanted`` fails (with the settings it was proven with, see
+    ``proven.py``): the release ``current`` named, else (a re-run after a cut link left ``current``
+    switched but unproven) the release that last answered. When the release stays and only the
+    settings change, it is the same release with its old settings."""
+    proven = state.get("release")
     target = current if current != wanted else proven if proven != wanted else None
     target = target if target in layout["releases"] else None
-    if target is None and proven == wanted and proven_args and state.get("fingerprint") != digest:
-        return wanted, proven_args
-    return target, proven_args if target is not None and target == proven else None
+    if target is None and proven == wanted and state.get("fingerprint") != digest:
+        return wanted
+    return target
 
 
 def plan_service(
@@ -154,19 +154,25 @@ def plan_service(
     ctx: StepContext,
     previous: Any = _UNSET,
     preflight: bool = True,
+    proven: bool = False,
 ) -> Plan:
-    """Pure. ``previous`` overrides where ``<base>/previous`` ends up, and ``preflight`` False skips
-    the start check (the automatic rollback goes back to a release that just ran)."""
+    """Pure. ``previous`` overrides where ``<base>/previous`` ends up, ``preflight`` False skips the
+    start check (the automatic rollback goes back to a release that just ran), and ``proven`` runs
+    the release with the settings it last answered with, env file included (the rollbacks)."""
     layout, svc = facts["layout"], facts["service"]
     wanted = wanted_release(layout, args, ctx)
+    settings = proven_settings(svc, wanted) if proven else None
+    if settings is not None:
+        args = {**settings["args"], "release": wanted}
+    env_sha = svc["env_sha"] if settings is None else settings["env_sha"]
     current = layout["current"]
     if previous is _UNSET:
         previous = current if current != wanted else layout["previous"]
     backend, other = backends(HostLayout(args["base"], args["name"]), svc, args["backend"])
     spec = launch(args, ctx, wanted)
-    if not svc["env_sha"] and not ctx.check:  # under --check the template step only planned it
+    if not env_sha and not ctx.check:  # under --check the template step only planned it
         raise StepFailed(f"environment file {args['env_file']} is missing (fix: render it before this step)")
-    definition, fingerprint = _definition(backend, args, ctx, svc, spec, wanted)
+    definition, fingerprint = _definition(backend, args, ctx, svc, spec, wanted, env_sha)
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     process = backend.process(svc)
     reasons = restart_reasons(current, wanted, process, svc, digest)
@@ -177,22 +183,26 @@ def plan_service(
         if definition:
             return Plan.of(definition, message + "; update the service definition", pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
-    rollback_to, rollback_args = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
+    rollback_to = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
     running = process or other.process(svc)
     changes: list[Run | Write] = list(definition)
     if preflight:
         changes += _start_checks(args, spec, rollback_to not in (None, wanted), running)
     first_disruptive = len(changes)
+    if settings is not None and settings["restore"]:
+        changes.append(restore_env(args, wanted))
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
     changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on))
-    changes.append(_state_write(args, wanted, digest, backend.name))
+    if env_sha is not None:
+        changes.append(keep_env(args, wanted))
+    records = proven_records(svc["state"], layout["releases"], wanted, args, env_sha)
+    changes.append(_state_write(args, wanted, digest, backend.name, records))
     data.update(
         stop=backend.stop(args["stop_timeout"]).command,
         first_disruptive=first_disruptive,
         rollback_to=rollback_to,
-        rollback_args=rollback_args,
         previous_before=layout["previous"],
         log_size=svc["log_size"],
         log=HostLayout(args["base"], args["name"]).log(),
@@ -220,8 +230,11 @@ def _start_checks(
     return checks
 
 
-def _state_write(args: dict[str, Any], wanted: str, digest: str, backend: str) -> Write:
-    """The state file: which release runs, with which fingerprint and arguments (rollback reads it)."""
-    record = {"release": wanted, "fingerprint": digest, "backend": backend, "args": args}
+def _state_write(
+    args: dict[str, Any], wanted: str, digest: str, backend: str, proven: dict[str, Any]
+) -> Write:
+    """The state file: which release runs, with which fingerprint and arguments, and what each
+    release last answered with (the rollbacks read it)."""
+    record = {"release": wanted, "fingerprint": digest, "backend": backend, "args": args, "proven": proven}
     state = HostLayout(args["base"], args["name"]).state()
     return Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs")

@@ -89,13 +89,15 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
             + ("; it was stopped" if stopped else ""),
             stderr=tail,
         )
-    args = {**(data.get("rollback_args") or data["args"]), "release": old}
+    args = {**data["args"], "release": old}  # with the settings it answered with (proven=True)
     if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
         ctx.reporter.note(
             f"{ctx.host.name} | release {bad} did not answer ({failure}); rolling back to {old}"
         )
     try:
-        back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False)
+        back = plan_service(
+            gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False, proven=True
+        )
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
     except StepFailed as again:
         raise StepFailed(

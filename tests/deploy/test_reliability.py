@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, healthy, is_running, server_pid
+from tests.deploy.helpers import complete, deploy, free_port, healthy, is_running, server_pid, step
 from tests.deploy.test_deploy_e2e import host_vars
 from tests.deploy.test_wheel_and_supervisor import SUPERVISOR, supervise
 
@@ -141,11 +142,15 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     base = servers(h1.base)
     results = tmp_path / "results"
 
-    def inventory(port: int, **serve) -> Path:
+    def inventory(port: int, serve_env: dict | None = None, **serve) -> Path:
         return make_inventory(
             [h1],
             host_vars={
-                "h1": {**host_vars(tiny_pair, checkout, port), "serve": {"port": port, "budget": 8, **serve}}
+                "h1": {
+                    **host_vars(tiny_pair, checkout, port),
+                    "serve": {"port": port, "budget": 8, **serve},
+                    "serve_env": serve_env or {},
+                }
             },
         )
 
@@ -170,6 +175,16 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     broken = deploy(inventory(port, max_context=8), results)
     assert not broken.ok and "rolled back to" in failure(broken)
     assert healthy(port) and complete(port)["choices"] and server_pid(base) != pid
+
+    # A change of serve_env alone, to a value the server refuses: the template step rewrote the env
+    # file first, so the rollback restores the one the old server answered with (issue 27, item 1).
+    env_file = base / "run" / "specops-ddtree.env"
+    answered = env_file.read_bytes()
+    refused_env = deploy(inventory(port, serve_env={"SPECOPS_SERVE_QUEUE_SIZE": 0}), results)
+    assert not refused_env.ok and "rolled back to" in failure(refused_env), failure(refused_env)
+    assert "--queue-size: 0 is not valid" in step(refused_env, "h1", "service").stderr
+    assert env_file.read_bytes() == answered and stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert healthy(port) and complete(port)["choices"]
 
     # Killed (SIGKILL): the supervisor restarts it; stopped: fab status fails for the host.
     killed = server_pid(base)

@@ -1,6 +1,6 @@
 """Service facts, printed as one JSON object; reads only (``--check`` runs it for real).
 
-argv[1]: JSON {name, pidfile, state, log, env_file, supervisor, health, metrics}.
+argv[1]: JSON {name, pidfile, state, log, env_file, proven, supervisor, health, metrics}.
 """
 
 import hashlib
@@ -98,6 +98,15 @@ def read_json(path):
         return None
 
 
+def proven_env(folder):
+    """release -> sha256 of each env file copy a proven start left (``<release>.env``)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    return {n[: -len(".env")]: sha(os.path.join(folder, n)) for n in names if n.endswith(".env")}
+
+
 def main(s):
     sup = supervised(s["pidfile"])
     systemd = systemd_facts(s["name"])
@@ -107,6 +116,7 @@ def main(s):
         "state": read_json(s["state"]),
         "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
         "env_sha": sha(s["env_file"]),
+        "proven_env": proven_env(s["proven"]) if s.get("proven") else {},
         "supervisor_sha": sha(s["supervisor"]),
         "health": None,
         "metrics": None,
