@@ -150,6 +150,25 @@ def make_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
+def resume_dir(results_root: Path, run_id: str) -> Path:
+    """The run folder ``run_id`` (or ``latest``) names: a folder right under ``results_root``,
+    never a path elsewhere (``../x``, ``/etc``, or a ``latest`` link pointing out), which a resumed
+    run would write into."""
+    root = results_root.resolve()
+    run_dir = (results_root / run_id).resolve()
+    if "/" in run_id or run_dir.parent != root:
+        raise SpecopsError(
+            f"--resume {run_id}: not a run of {results_root} (fix: pass a run id, a folder name from "
+            f"{results_root}, or latest)"
+        )
+    if not run_dir.is_dir():
+        raise SpecopsError(
+            f"--resume {run_id}: no run directory {results_root / run_id} (fix: pass a run id from "
+            f"{results_root}, or leave --resume out to start a new run)"
+        )
+    return run_dir
+
+
 def point_latest(results_root: Path, run_id: str) -> None:
     """Swap ``results/latest`` to ``run_id`` atomically (a new symlink renamed over the old)."""
     tmp = results_root / f".latest-{run_id}"
