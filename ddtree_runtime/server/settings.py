@@ -23,6 +23,7 @@ ENV_PREFIX = "SPECOPS_SERVE_"
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda")
 DEFAULT_MAX_CONTEXT = 32768  # caps the cache when the target allows more (--max-context raises it)
+KEY_ROUTES = ("v1", "all")  # what --api-key guards: /v1/* (vLLM's choice), or every route
 
 
 class SettingsError(ValueError):
@@ -49,6 +50,10 @@ class Settings:
     queue_size: int = 64
     drain_timeout: float = 20.0  # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     served_model_name: str | None = None  # None: --target as given (vLLM's convention)
+    api_key: str | None = None  # bearer token clients must send (never logged)
+    api_key_routes: str = "v1"  # v1: /v1/* only, /health and /metrics stay open; all: every route
+    header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
+    max_connections: int | None = None  # None: what the open-file limit allows (connections.py)
 
 
 FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
@@ -78,6 +83,18 @@ FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
     "queue_size": (int, "requests that may wait for the engine; more get 503 (default 64)"),
     "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 20)"),
     "served_model_name": (str, "model id clients send (default: --target as given)"),
+    "api_key": (
+        str,
+        f"bearer token clients must send on /v1/* (as vLLM's; prefer {ENV_PREFIX}API_KEY in the env file: "
+        "a flag is visible in the process list)",
+    ),
+    "api_key_routes": (str, "v1: the key guards /v1/* only, /health and /metrics stay open (default); all"),
+    "header_timeout": (float, "seconds a connection may take to send its request headers (default 10)"),
+    "max_connections": (
+        int,
+        "open connections kept; past it the oldest still sending headers is closed (default: what the "
+        "open-file limit allows)",
+    ),
 }
 
 
@@ -145,12 +162,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if "target" not in given:
         raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
     modes, budgets = given.pop("modes", None), given.pop("budgets", None)
+    listed = _budgets(budgets)
+    if "budget" not in given and listed and Settings.budget not in listed:
+        given["budget"] = listed[0]  # the default budget is one of --budgets: the first listed
     s = Settings(**given)
     s = replace(
         s,
         dtype=s.dtype or default_dtype(s.device),
         modes=_modes(modes, s.mode),
-        budgets=_budgets(budgets, s.budget),
+        budgets=tuple(sorted(set(listed))) or (s.budget,),
         threads=max(1, len(os.sched_getaffinity(0)) - 1) if s.threads is None else s.threads,
     )
     checks = [
@@ -168,10 +188,17 @@ def settings_from(args: argparse.Namespace) -> Settings:
         (s.threads is not None and s.threads >= 1, "threads", "at least 1"),
         (s.queue_size >= 1, "queue-size", "at least 1"),
         (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
+        (s.api_key is None or len(s.api_key) >= 8, "api-key", "at least 8 characters"),
+        (s.api_key_routes in KEY_ROUTES, "api-key-routes", f"one of {', '.join(KEY_ROUTES)}"),
+        (s.header_timeout > 0, "header-timeout", "more than 0 seconds"),
+        (s.max_connections is None or s.max_connections >= 8, "max-connections", "at least 8"),
     ]
     for ok, flag, fix in checks:
         if not ok:
-            raise SettingsError(f"--{flag}: {getattr(s, flag.replace('-', '_'))!r} is not valid (fix: {fix})")
+            shown = (
+                "the key" if flag == "api-key" else repr(getattr(s, flag.replace("-", "_")))
+            )  # never a secret
+            raise SettingsError(f"--{flag}: {shown} is not valid (fix: {fix})")
     return s
 
 
@@ -182,11 +209,12 @@ def _modes(raw: str | None, default: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.strip() for m in raw.split(",") if m.strip()))
 
 
-def _budgets(raw: str | None, default: int) -> tuple[int, ...]:
+def _budgets(raw: str | None) -> tuple[int, ...]:
+    """`--budgets 64,16` as given (the first is the default budget when --budget is not set)."""
     if raw is None:
-        return (default,)
+        return ()
     try:
-        budgets = tuple(sorted({int(b) for b in raw.split(",") if b.strip()}))
+        budgets = tuple(int(b) for b in raw.split(",") if b.strip())
     except ValueError:
         budgets = ()
     if not budgets:

@@ -42,7 +42,7 @@ def parse_json_line(what: str) -> Callable[[CommandResult], Any]:
     return parse
 
 
-INCLUDES = {"wait": ("sockets",), "port": ("sockets",)}  # helpers a script's text is prefixed with
+INCLUDES = {"wait": ("sockets", "apikey"), "port": ("sockets",), "probe": ("apikey",)}  # prefixed helpers
 
 
 def run_script(name: str, spec: Any) -> str:
@@ -62,6 +62,7 @@ def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[st
         "log": layout.log(),
         "env_file": args.get("env_file") or "",
         "proven": layout.proven,
+        "auth_env": args.get("env_file") or layout.env_file,  # its API key, for /health and /metrics
         "supervisor": layout.supervisor,
         "health": url + "/health",
         "metrics": url + "/metrics" if metrics else "",

@@ -194,7 +194,7 @@ def plan_service(
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
-    changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on))
+    changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on, args["env_file"]))
     if env_sha is not None:
         changes.append(keep_env(args, wanted))
     records = proven_records(svc["state"], layout["releases"], wanted, args, env_sha)

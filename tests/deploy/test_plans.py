@@ -161,6 +161,7 @@ def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_not
     assert "WorkingDirectory=/opt/specops/releases/0.1.0+gbbbbbbb\n" in unit
     assert 'Environment="PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site"' in unit
     assert "EnvironmentFile=/opt/specops/run/specops-ddtree.env\n" in unit
+    assert "LimitNOFILE=65536\n" in unit  # a thousand client connections need more than 1024 files
     assert "--device cuda --env-file /opt/specops/run/specops-ddtree.env" in unit  # the host picks the dtype
     assert (
         "WantedBy=multi-user.target" in unit
@@ -321,7 +322,9 @@ def test_prune_keeps_the_newest_and_always_current_and_previous():
     assert releases_to_prune(layout, 1) == ["r8", "r7", "r6", "r5", "r4", "r3"]
     step = get_step("release_prune")()
     args = step.check_args({"base": BASE, "keep": "3"})
-    assert describe(step.plan(layout, args, context()))[0] == f"run: rm -rf -- {BASE}/releases/r7"
+    assert describe(step.plan(layout, args, context()))[0] == (  # and the env file it answered with
+        f"run: rm -rf -- {BASE}/releases/r7 {BASE}/run/specops-ddtree.proven/r7.env"
+    )
     assert not step.plan({**layout, "releases": {"r1": 1, "r2": 2}}, args, context()).will_change
     with pytest.raises(ArgError, match="whole number >= 1"):
         step.check_args({"base": BASE, "keep": 0})

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,8 @@ from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import complete, deploy, free_port, healthy, is_running, server_pid, step
 from tests.deploy.test_deploy_e2e import host_vars
 from tests.deploy.test_wheel_and_supervisor import SUPERVISOR, supervise
+
+API_KEY = "sk-specops-deploy-test-0123456789"
 
 
 class Impostor(BaseHTTPRequestHandler):
@@ -136,13 +139,13 @@ def test_supervisor_restarts_a_crashed_server_then_reports_a_crash_loop(tmp_path
 
 
 def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_one(
-    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, impostor
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, impostor, monkeypatch
 ):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     results = tmp_path / "results"
 
-    def inventory(port: int, serve_env: dict | None = None, **serve) -> Path:
+    def inventory(port: int, serve_env: dict | None = None, secrets: dict | None = None, **serve) -> Path:
         return make_inventory(
             [h1],
             host_vars={
@@ -152,6 +155,7 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
                     "serve_env": serve_env or {},
                 }
             },
+            host_fields={"h1": {"secrets": secrets}} if secrets else None,
         )
 
     # An impostor answers on the port: our server dies on bind, and the deploy fails saying so.
@@ -203,6 +207,21 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     )
     down = deploy(inventory(port), results, "status.yaml")
     assert not down.ok and "not running" in failure(down, "service_status")
+
+    # An API key from an inventory secret (issue 27, item 6), guarding every route here: the deploy's
+    # health wait and fab status send it; a client without it gets 401.
+    monkeypatch.setenv("SPECOPS_TEST_API_KEY", API_KEY)
+    keyed = inventory(
+        port,
+        serve_env={"SPECOPS_SERVE_API_KEY_ROUTES": "all"},
+        secrets={"SPECOPS_SERVE_API_KEY": {"env": "SPECOPS_TEST_API_KEY"}},
+    )
+    assert deploy(keyed, results).ok
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        complete(port)
+    assert not healthy(port)
+    status = deploy(keyed, results, "status.yaml")
+    assert status.ok and "/health 200" in status.hosts["h1"].registered["service_status"]["message"]
 
 
 def test_one_changing_run_per_host_and_a_clean_ctrl_c(

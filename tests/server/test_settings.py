@@ -103,13 +103,19 @@ def test_modes_and_budgets_default_to_mode_and_budget_and_must_hold_them() -> No
     s = _settings("--target", "t", "--drafter", "d", "--modes", "ar, ddtree", "--budgets", "64,16,16")
     assert (s.modes, s.budgets, s.budget) == (("ar", "ddtree"), (16, 64), 64)
     assert _settings("--target", "t", "--mode", "ar").modes == ("ar",)  # no drafter needed
+    # without --budget, the default budget is one of --budgets: 64 when listed, else the first
+    s = _settings("--target", "t", "--drafter", "d", "--modes", "ar,ddtree", "--budgets", "32,8")
+    assert (s.budget, s.budgets) == (32, (8, 32))
+    assert _settings("--target", "t", "--drafter", "d", "--budgets", "8,64").budget == 64
     for argv, flag in (
         (("--modes", "ar,dflash"), "--mode"),  # the default mode ddtree is not among them
         (("--modes", "ddtree,beam"), "--modes"),
-        (("--budgets", "16,32"), "--budget"),  # the default 64 is not among them
+        (("--budgets", "16,32", "--budget", "64"), "--budget"),  # a given budget must be listed
         (("--budgets", "16,x"), "--budgets"),
         (("--budgets", "0", "--budget", "0"), "--budgets"),
         (("--threads", "0"), "--threads"),
+        (("--api-key-routes", "health"), "--api-key-routes"),
+        (("--header-timeout", "0"), "--header-timeout"),
     ):
         with pytest.raises(SettingsError, match=flag):
             _settings("--target", "t", "--drafter", "d", *argv)

@@ -1,6 +1,7 @@
 """Service facts, printed as one JSON object; reads only (``--check`` runs it for real).
 
-argv[1]: JSON {name, pidfile, state, log, env_file, proven, supervisor, health, metrics}.
+argv[1]: JSON {name, pidfile, state, log, env_file, proven, auth_env, supervisor, health, metrics}.
+``apikey.py`` is prepended: /health and /metrics carry the key of ``auth_env`` when it sets one.
 """
 
 import hashlib
@@ -39,9 +40,9 @@ def process(pid):
     return {"pid": pid, "uptime_s": round(up - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 1), "cwd": cwd}
 
 
-def get(url, limit):
+def get(url, limit, headers):
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as r:
             return r.status, r.read(limit).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -123,11 +124,12 @@ def main(s):
         "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0,
     }
     if sup or systemd["process"]:
-        facts["health"], error = get(s["health"], 1 << 16)
+        headers = auth_headers(s.get("auth_env"))  # noqa: F821 (from apikey.py)
+        facts["health"], error = get(s["health"], 1 << 16, headers)
         if facts["health"] is None:
             facts["health_error"] = error
         if s["metrics"]:
-            status, text = get(s["metrics"], 1 << 20)
+            status, text = get(s["metrics"], 1 << 20, headers)
             facts["metrics"] = text if status == 200 else None
     print(json.dumps(facts))
 
