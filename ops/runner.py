@@ -169,8 +169,7 @@ def _run_hosts(hosts: list[Host], run: RunWide, forks: int) -> dict[str, HostRes
 
     def work(host: Host) -> None:
         with slots:
-            if not run.abandon.is_set():
-                outcomes[host.name] = _run_host(host, run)
+            outcomes[host.name] = _not_started(host, run) if run.stop.is_set() else _run_host(host, run)
 
     threads = [threading.Thread(target=work, args=(h,), name=f"host-{h.name}", daemon=True) for h in hosts]
     for thread in threads:
@@ -185,6 +184,16 @@ def _run_hosts(hosts: list[Host], run: RunWide, forks: int) -> dict[str, HostRes
             thread.join(0.1)
     left = StepResult("abandoned", "abandoned", "failed", False, ABANDONED)
     return {h.name: outcomes.get(h.name) or HostResult(h.name, [left], interrupted=True) for h in hosts}
+
+
+def _not_started(host: Host, run: RunWide) -> HostResult:
+    """A host whose turn came after Ctrl-C: every step skipped, nothing connected."""
+    outcome = HostResult(host.name, interrupted=True)
+    for spec in run.playbook.steps:
+        outcome.steps.append(StepResult(spec.name, spec.step, "skipped", False, INTERRUPTED))
+        run.reporter.step_finished(host.name, spec, outcome.steps[-1])
+    run.reporter.host_finished(host.name, outcome)
+    return outcome
 
 
 class _interruptible:
