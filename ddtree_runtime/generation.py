@@ -82,28 +82,26 @@ class IncrementalText:
     Decoding every id after every new one is quadratic: a 32K-token output spent about a minute in
     its stop-string check. Here each step decodes the ids since the last stable point, with the ids
     before it as context (a tokenizer may drop a word's leading space at the start of a decode), and
-    keeps what that added once it is stable: it extends the window's earlier text and does not end in
-    a partial UTF-8 character (U+FFFD). ``text`` is then always a prefix of ``decode(ids)``.
+    hands out what that added once it is stable: it extends the window's earlier text and does not
+    end in a partial UTF-8 character (U+FFFD). What it has handed out, joined, is always a prefix of
+    ``decode(ids)``; callers keep only the part they need.
     """
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
         self.decode = decode
         self.ids: list[int] = []
-        self.text = ""
-        self._context = 0  # ids[_context:_read] decode to the end of `text` (the context)
-        self._read = 0  # ids before this are in `text`
+        self._context = 0  # ids[_context:_read] decode to the end of what was handed out
+        self._read = 0  # ids before this are handed out
 
     def push(self, ids: Sequence[int]) -> str:
-        """Append ``ids``; returns the text this added to ``text`` (maybe "" for now)."""
+        """Append ``ids``; returns the text this adds (maybe "" for now)."""
         self.ids.extend(ids)
         before = self.decode(self.ids[self._context : self._read])
         after = self.decode(self.ids[self._context :])
         if len(after) <= len(before) or not after.startswith(before) or after.endswith("\ufffd"):
             return ""
-        added = after[len(before) :]
-        self.text += added
         self._context, self._read = self._read, len(self.ids)
-        return added
+        return after[len(before) :]
 
 
 def first_stop(text: str, added: int, stop: Sequence[str]) -> int | None:
@@ -131,6 +129,7 @@ class Output:
         self.on_tokens, self.cancel = on_tokens, cancel
         self.reason: str | None = None
         self.seen = IncrementalText(decode) if decode is not None and self.stop else None
+        self.recent = ""  # the end of the text so far, one character shorter than the longest stop
 
     def emit(self, tokens: list[int]) -> bool:
         """Append tokens one by one until a rule fires, then hand the round's tokens to
@@ -153,8 +152,11 @@ class Output:
     def _stopped(self, token: int) -> bool:
         """Whether a stop string appears once ``token`` is decoded (only the new text is searched)."""
         assert self.seen is not None
-        added = len(self.seen.push([token]))
-        return first_stop(self.seen.text, added, self.stop) is not None
+        added = self.seen.push([token])
+        window = self.recent + added
+        keep = max(len(s) for s in self.stop) - 1
+        self.recent = window[max(0, len(window) - keep) :]
+        return first_stop(window, len(added), self.stop) is not None
 
     def cancelled(self) -> bool:
         """True once `cancel` is set (from any thread) before another rule ended the generation."""

@@ -124,11 +124,12 @@ class TextStream:
 
     Each round decodes only its new tokens (`IncrementalText`) and releases what can no longer
     change: text before the first stop string, minus a tail that could still grow into one; a
-    partial UTF-8 character is never released.
+    partial UTF-8 character is never released. Only that held tail waits between rounds.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
         self.text, self.stop = IncrementalText(decode), stop
+        self.pending = ""  # decoded, not released yet
         self.sent = 0  # characters released so far
         self.stopped = False
 
@@ -136,23 +137,21 @@ class TextStream:
         """New tokens in; the text that is now safe to send out."""
         if self.stopped:
             return ""
-        added = len(self.text.push(tokens))
-        text = self.text.text
-        cut = first_stop(text, added, self.stop)
+        added = self.text.push(tokens)
+        self.pending += added
+        cut = first_stop(self.pending, len(added), self.stop)
         self.stopped = cut is not None
-        return self._release(text, cut if cut is not None else len(text) - self._held(text))
+        end = cut if cut is not None else len(self.pending) - self._held(self.pending)
+        out, self.pending = self.pending[:end], self.pending[end:]
+        self.sent += len(out)
+        return out
 
     def finish(self, final_text: str) -> str:
         """The rest of the engine's final text."""
-        return self._release(final_text, len(final_text))
+        rest = final_text[self.sent :]
+        self.sent = len(final_text)
+        return rest
 
     def _held(self, text: str) -> int:
         """Length of the longest tail of `text` that is a proper prefix of a stop string."""
         return max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-
-    def _release(self, text: str, end: int) -> str:
-        """``text[sent:end]``, the released text being a prefix of every later text."""
-        if end <= self.sent:
-            return ""
-        delta, self.sent = text[self.sent : end], end
-        return delta
