@@ -322,6 +322,8 @@ class DFlashConfig:
         sliding = raw.get("use_sliding_window") and raw.get("sliding_window") is not None
         window = _size(raw, "sliding_window", path) if sliding else None
         block = size("block_size", 16)
+        if block < 2:
+            raise ConfigError(f"{path}: block_size {block} leaves no draft positions (fix: block_size >= 2)")
         causal = raw.get("is_causal")
         softcap = value("final_logit_softcapping")
         return cls(

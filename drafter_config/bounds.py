@@ -17,7 +17,8 @@ from drafter_config.jsonpos import JsonDocument
 from drafter_config.source import LintInputError
 
 LAYERS = 1024
-SIZES: dict[str, tuple[int, int]] = {  # key -> (lowest, highest) allowed
+# key -> (lowest, highest) allowed; no lowest where a lint rule names a value too small (DFL050)
+SIZES: dict[str, tuple[int | None, int]] = {
     "num_hidden_layers": (1, LAYERS),
     "num_target_layers": (1, LAYERS),
     "full_attention_interval": (1, LAYERS),
@@ -29,7 +30,7 @@ SIZES: dict[str, tuple[int, int]] = {  # key -> (lowest, highest) allowed
     "vocab_size": (1, 1 << 22),
     "max_position_embeddings": (1, 1 << 24),
     "sliding_window": (1, 1 << 24),
-    "block_size": (2, 256),
+    "block_size": (None, 256),
     "linear_num_key_heads": (1, 1024),
     "linear_num_value_heads": (1, 1024),
     "linear_key_head_dim": (1, 4096),
@@ -47,9 +48,9 @@ def out_of_range(key: str, value: Any) -> str | None:
     whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if isinstance(value, bool) or not whole:
         return f"{key} is {value!r}, not a whole number"
-    if not low <= value <= high:
-        return f"{key} is {int(value)}, outside {low}..{high}"
-    return None
+    if low is None:
+        return f"{key} is {int(value)}, more than {high}" if value > high else None
+    return None if low <= value <= high else f"{key} is {int(value)}, outside {low}..{high}"
 
 
 def check_sizes(doc: JsonDocument, file: str) -> None:

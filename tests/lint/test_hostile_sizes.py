@@ -53,7 +53,7 @@ def drafter_set(key: str, value):
     ("role", "edit", "said"),
     [
         ("drafter", drafter_set("num_hidden_layers", 10**6), "num_hidden_layers is 1000000, outside 1..1024"),
-        ("drafter", drafter_set("block_size", 10**8), "block_size is 100000000, outside 2..256"),
+        ("drafter", drafter_set("block_size", 10**8), "block_size is 100000000, more than 256"),
         ("drafter", drafter_set("num_attention_heads", 0), "num_attention_heads is 0, outside 1..1024"),
         ("drafter", drafter_set("hidden_size", -64), "hidden_size is -64, outside 1..65536"),
         ("drafter", drafter_set("intermediate_size", 1.5), "intermediate_size is 1.5, not a whole number"),
@@ -100,7 +100,7 @@ def _transposed(header):  # the same bytes, another shape than the config implie
     [
         ("vocab", "vocab_size is -5, outside 1..4194304"),
         ("heads", "num_attention_heads is 0, outside 1..1024"),
-        ("block", "block_size is 100000000, outside 2..256"),
+        ("block", "block_size is 100000000, more than 256"),
         ("shape lie", "not a readable safetensors file"),
         ("dtype lie", "not a readable safetensors file"),
         ("transposed", "weights do not match the config: size mismatch for layers.0.mlp.down_proj.weight"),
