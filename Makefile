@@ -1,12 +1,13 @@
 # Two entry points for a fresh machine (see README): `make demo` (provision, deploy, bench and status on the
-# local demo host of inventory.yaml) and `make test` (the whole suite; .ci/run calls it).
+# local demo host of inventory.yaml) and `make test` (the whole suite; .ci/run calls it). For the inner loop,
+# `make test-quick` runs lint and every test not marked `slow` (the end-to-end ones) in a few minutes.
 # Both build .venv first; the CPU test environment pins torch==2.13.0 (a local CPU wheel).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv demo demo-pair test lint
+.PHONY: venv demo demo-pair sshd test test-quick lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,13 +32,20 @@ demo: venv
 demo-pair: venv
 	nice -n 15 $(BIN)/python demo_pair/build.py
 
-test: venv
+# The SSH tests start real sshd daemons (tests/sshd.py).
+sshd:
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -p no:cacheprovider; rc=$$?; \
+
+# pytest with extra arguments; its exit 5 (no test collected) fails too.
+pytest = $(BIN)/python -m pytest -q -p no:cacheprovider $(1); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
+
+test: venv sshd lint
+	$(call pytest)
+
+test-quick: venv sshd lint
+	$(call pytest,-m "not slow")
 
 lint: venv
 	$(BIN)/ruff check .

@@ -32,8 +32,19 @@ from pathlib import Path
 import yaml
 
 from ddtree_runtime.tiny import write_tiny_pair
-from tests.deploy.helpers import Checkout, deploy, free_port, healthy, link, running_release, stop_servers
-from tests.deploy.test_deploy_e2e import CRASH_AT_START, MAIN, host_vars, with_crash
+from tests.deploy.helpers import (
+    CRASH_AT_START,
+    MAIN,
+    Checkout,
+    deploy,
+    free_port,
+    healthy,
+    host_vars,
+    link,
+    running_release,
+    stop_servers,
+    with_crash,
+)
 from tests.sshd import SshdHost, keygen
 
 FAULTS = ("kill-server", "cut-sshd", "broken-release")

@@ -21,7 +21,7 @@ import torch
 
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.loader import load_pair
+from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tiny import SPECIALS, write_tiny_pair
 
 
@@ -36,7 +36,7 @@ def margin_at(engine: Engine, prompt: list[int], shared: list[int], a: int, b: i
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device())
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch"])
     p.add_argument("--pair", help="tiny pair directory (written there if missing)")

@@ -44,6 +44,11 @@ DEVICE_SMEM = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 TARGETS = (90, 100, 120)
 # Register spills accepted, by Spec key, with the reason; the test fails when one is gone (remove it).
 ACCEPTED_SPILLS = {
+    "tree_attention | drafter block N=16 window 2048 64x64 w8 s3 | sm_120 | sm_120": (
+        "12 local-memory ops (24 B stack) with Triton 3.9: the sliding window's per-element mask in the "
+        "sm_120 row's 64x64 tile; the unwindowed launch does not spill. Unmeasured on sm_120 hardware, "
+        "so the row is left as it is"
+    ),
     "tree_build.tree | B=1024 | - | sm_100": (
         "3 local-memory ops (16 B stack) with Triton 3.9; CHUNK=256 instead of 512 removes them, but "
         "tree_from_topk's choice is unmeasured on hardware at B=1024, so it is left as it is"

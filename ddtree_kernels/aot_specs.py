@@ -18,6 +18,11 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels import (
+    gated_rms_norm,
+    gdn_commit,
+    gdn_inputs,
+    gdn_step,
+    gdn_tree,
     kv_compact,
     marginal_topk,
     qk_rope,
@@ -99,6 +104,7 @@ def _attention(
         BLOCK_N=tiles.block_n,
         TREE=tree,
         ALL=False,
+        WINDOW=0,
         SPLIT=split,
         PRECISION=0,
     )
@@ -152,13 +158,23 @@ def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spe
             "chain prefill N=512", row, cc, row.large, 512, 0, tree=False, split=False, head_dim=head_dim
         ),
         _drafter_attention(row, cc, head_dim),
+        *([_drafter_attention(row, cc, head_dim, window=2048)] if head_dim == HEAD_DIM else []),
     ]
 
 
-def _drafter_attention(row: ArchRow, cc: int, head_dim: int) -> Spec:
-    """The DFlash drafter's block of 16 queries, each seeing the context and the whole block."""
+def _drafter_attention(row: ArchRow, cc: int, head_dim: int, window: int = 0) -> Spec:
+    """The DFlash drafter's block of 16 queries, each seeing the context and the whole block (a
+    sliding layer: within ``window`` positions, as the Qwen3.6-27B drafter's 2048)."""
     spec = _attention(
-        "drafter block N=16", row, cc, row.small, 16, 0, tree=False, split=True, head_dim=head_dim
+        f"drafter block N=16{' window 2048' if window else ''}",
+        row,
+        cc,
+        row.small,
+        16,
+        0,
+        tree=False,
+        split=True,
+        head_dim=head_dim,
     )
     return Spec(
         spec.kernel,
@@ -166,7 +182,7 @@ def _drafter_attention(row: ArchRow, cc: int, head_dim: int) -> Spec:
         cc,
         spec.fn,
         spec.args,
-        {**spec.constexprs, "ALL": True},
+        {**spec.constexprs, "ALL": True, "WINDOW": window},
         spec.num_warps,
         spec.num_stages,
         row=spec.row,
@@ -488,7 +504,15 @@ def layer_specs(cc: int) -> list[Spec]:
             stride_qh=q.stride(1),
             eps=1e-6,
         ),
-        dict(HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM, HALF_PAD=HEAD_DIM // 2),
+        dict(
+            HQ=HQ,
+            HKV=HKV,
+            HEAD_DIM=HEAD_DIM,
+            Q_WIDTH=HEAD_DIM,
+            ROT=HEAD_DIM,
+            HALF_PAD=HEAD_DIM // 2,
+            REST_PAD=1,
+        ),
         1,
     )
     gate_up = _empty(257, 2 * INTER, dtype=bf16)
@@ -504,33 +528,310 @@ def layer_specs(cc: int) -> list[Spec]:
     )
     found = [norm, rope, swiglu]
     for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
-        cfg = skinny_matmul.default_config(n, k, SMS[cc])
-        w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
-        part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+        found.append(_skinny(cc, n, k))
+    return found
+
+
+def _skinny(cc: int, n: int, k: int) -> Spec:
+    """The skinny matmul's launch for a weight [n, k] at its default config on ``cc``'s SM count."""
+    bf16 = torch.bfloat16
+    cfg = skinny_matmul.default_config(n, k, SMS[cc])
+    w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
+    part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+    return Spec(
+        "skinny_matmul",
+        f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}",
+        cc,
+        skinny_matmul._skinny_kernel,
+        dict(
+            X=xs,
+            W=w,
+            OUT=out,
+            PART=part,
+            stride_xt=k,
+            stride_wn=k,
+            stride_ot=n,
+            n_rows=1,
+            n_cols=n,
+            k_total=k,
+            k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+        ),
+        dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
+        cfg.num_warps,
+        cfg.num_stages,
+    )
+
+
+# --- the Qwen3.6-27B hybrid: Gated DeltaNet layers and gated attention ---------------------------------
+
+# 48 DeltaNet layers of 16 key / 48 value heads of 128, conv width 4; 16 gated attention layers of 24/4
+# heads of 256 (a quarter rotated); hidden 5120, intermediate 17408
+GDN_HK, GDN_HV, GDN_D, GDN_LAYERS, CONV = 16, 48, 128, 48, 4
+GDN_C = 2 * GDN_HK * GDN_D + GDN_HV * GDN_D
+GDN_PROJ = GDN_C + GDN_HV * GDN_D + 2 * GDN_HV
+H27, INTER27, HQ27, HKV27, D27 = 5120, 17408, 24, 4, 256
+
+
+def gdn_specs(cc: int) -> list[Spec]:
+    """A DeltaNet layer's kernels at the 27B shapes: inputs (a tree, the `ar` step, a prefill),
+    the fused step, the tree plan and kernel (the node blocks each verify size takes), the output
+    norm and the commit of all 48 layers."""
+    bf16, i64 = torch.bfloat16, torch.int64
+    found = []
+    for case, n, chain, update, stage in (
+        ("tree N=257", 257, False, False, True),
+        ("ar step", 1, True, True, False),
+        ("prefill T=4096", 4096, True, False, False),
+    ):
+        proj = _empty(n, GDN_PROJ, dtype=bf16)
+        windows = _empty(n, CONV, dtype=torch.int32)
+        args = dict(
+            PROJ=proj,
+            CONV_STATE=_empty(CONV - 1, GDN_C, dtype=bf16),
+            CONV_W=_empty(GDN_C, CONV, dtype=bf16),
+            WINDOWS=proj if chain else windows,
+            A_LOG=_empty(GDN_HV, dtype=bf16),
+            DT_BIAS=_empty(GDN_HV, dtype=bf16),
+            Q=_empty(n, GDN_HK, GDN_D, dtype=bf16),
+            K=_empty(n, GDN_HK, GDN_D, dtype=bf16),
+            V=_empty(n, GDN_HV, GDN_D, dtype=bf16),
+            G=_empty(n, GDN_HV),
+            BETA=_empty(n, GDN_HV),
+            X_STAGE=_empty(n, GDN_C, dtype=bf16) if stage else proj,
+            stride_pt=GDN_PROJ,
+            stride_cs=GDN_C,
+            stride_wt=0 if chain else CONV,
+            stride_xt=GDN_C if stage else 0,
+            q_scale=GDN_D**-0.5,
+        )
+        constexprs = dict(
+            HK=GDN_HK,
+            HV=GDN_HV,
+            DK=GDN_D,
+            DV=GDN_D,
+            BLOCK_D=GDN_D,
+            KERNEL=CONV,
+            CHAIN=chain,
+            UPDATE_CONV=update,
+            STAGE_X=stage,
+        )
+        found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, 1))
+    vec, head = _empty(1, GDN_HV * GDN_D, dtype=bf16), _empty(1, GDN_HK, GDN_D, dtype=bf16)
+    found.append(
+        Spec(
+            "gdn_step",
+            "ar step",
+            cc,
+            gdn_step._gdn_step_kernel,
+            dict(
+                Q=head,
+                K=head,
+                V=vec,
+                G=_empty(1, GDN_HV),
+                BETA=_empty(1, GDN_HV),
+                STATE=_empty(GDN_HV, GDN_D, GDN_D),
+                PROJ=_empty(1, GDN_PROJ, dtype=bf16),
+                W=_empty(GDN_D, dtype=bf16),
+                OUT=vec,
+                z_col=GDN_C,
+                eps=1e-6,
+            ),
+            dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, DV_PAD=GDN_D),
+            8,
+        )
+    )
+    for n in (16, 17, 65, 257):  # dflash's chain, ddtree at budgets 16, 64, 256
+        block_t = gdn_tree.node_block(n, cc)
+        blocks = cdiv(n, block_t)
+        pad = blocks * block_t
+        q, v = _empty(n, GDN_HK, GDN_D, dtype=bf16), _empty(n, GDN_HV, GDN_D, dtype=bf16)
+        common = dict(
+            BLOCKS=_empty(blocks, blocks, dtype=torch.int32), n_nodes=n, n_blocks=blocks, stride_anc=pad
+        )
+        a = _empty(GDN_HV, pad, pad)
+        inv = _empty(GDN_HV, blocks, block_t, block_t)
+        shapes = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
         found.append(
             Spec(
-                "skinny_matmul",
-                f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}",
+                "gdn_tree.blocks",
+                f"N={n} {block_t}",
                 cc,
-                skinny_matmul._skinny_kernel,
+                gdn_tree._tree_blocks_kernel,
                 dict(
-                    X=xs,
-                    W=w,
-                    OUT=out,
-                    PART=part,
-                    stride_xt=k,
-                    stride_wn=k,
-                    stride_ot=n,
-                    n_rows=1,
-                    n_cols=n,
-                    k_total=k,
-                    k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+                    Q=q,
+                    K=q,
+                    BETA=_empty(n, GDN_HV),
+                    GSUM=_empty(GDN_HV, n),
+                    ANC=_empty(pad, pad),
+                    STEPS=_empty(blocks, dtype=torch.int32),
+                    A=a,
+                    P=a,
+                    INV=inv,
+                    **common,
                 ),
-                dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
-                cfg.num_warps,
-                cfg.num_stages,
+                shapes,
+                4,
             )
         )
+        found.append(
+            Spec(
+                "gdn_tree.solve",
+                f"N={n} {block_t}x{gdn_tree.BLOCK_V}",
+                cc,
+                gdn_tree._tree_solve_kernel,
+                dict(
+                    Q=q,
+                    K=q,
+                    V=v,
+                    BETA=_empty(n, GDN_HV),
+                    S0=_empty(GDN_HV, GDN_D, GDN_D),
+                    GSUM=_empty(GDN_HV, n),
+                    A=a,
+                    P=a,
+                    INV=inv,
+                    OUT=v,
+                    D=_empty(GDN_HV, n, GDN_D),
+                    **common,
+                ),
+                {**shapes, "DV": GDN_D, "BLOCK_V": gdn_tree.BLOCK_V},
+                gdn_tree.NUM_WARPS,
+            )
+        )
+    found.append(
+        Spec(
+            "gdn_tree.plan",
+            "N=257",
+            cc,
+            gdn_tree._plan_kernel,
+            dict(
+                PARENTS=_empty(257, dtype=i64),
+                DEPTH=_empty(257, dtype=i64),
+                ANC=_empty(320, 320),
+                WINDOWS=_empty(257, CONV, dtype=torch.int32),
+                stride_anc=320,
+            ),
+            dict(KERNEL=CONV),
+            1,
+        )
+    )
+    o = _empty(257, GDN_HV, GDN_D, dtype=bf16)
+    found.append(
+        Spec(
+            "gated_rms_norm",
+            "N=257",
+            cc,
+            gated_rms_norm._gated_rms_norm_kernel,
+            dict(
+                X=o,
+                PROJ=_empty(257, GDN_PROJ, dtype=bf16),
+                W=_empty(GDN_D, dtype=bf16),
+                OUT=_empty(257, GDN_HV * GDN_D, dtype=bf16),
+                stride_ot=GDN_HV * GDN_D,
+                stride_oh=GDN_D,
+                stride_pt=GDN_PROJ,
+                stride_out=GDN_HV * GDN_D,
+                z_col=GDN_C,
+                eps=1e-6,
+            ),
+            dict(DV=GDN_D, DV_PAD=GDN_D),
+            1,
+        )
+    )
+    path = _empty(257, dtype=i64)
+    found.append(
+        Spec(
+            "gdn_commit.state",
+            f"x{GDN_LAYERS} N=257",
+            cc,
+            gdn_commit._commit_state_kernel,
+            dict(
+                STATES=_empty(GDN_LAYERS, GDN_HV, GDN_D, GDN_D),
+                K=_empty(GDN_LAYERS, 257, GDN_HK, GDN_D, dtype=bf16),
+                D=_empty(GDN_LAYERS, GDN_HV, 257, GDN_D),
+                GSUM=_empty(GDN_LAYERS, GDN_HV, 257),
+                PATH=path,
+                PATH_LEN=_empty((), dtype=i64),
+                n_nodes=257,
+            ),
+            dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, BLOCK_V=32, BLOCK_P=16, PRECISION=0),
+            4,
+        )
+    )
+    found.append(
+        Spec(
+            "gdn_commit.conv",
+            f"x{GDN_LAYERS} N=257",
+            cc,
+            gdn_commit._commit_conv_kernel,
+            dict(
+                CONV=_empty(GDN_LAYERS, CONV - 1, GDN_C, dtype=bf16),
+                X=_empty(GDN_LAYERS, 257, GDN_C, dtype=bf16),
+                WINDOWS=_empty(257, CONV, dtype=torch.int32),
+                PATH=path,
+                PATH_LEN=_empty((), dtype=i64),
+                n_nodes=257,
+                channels=GDN_C,
+            ),
+            dict(KERNEL=CONV, BLOCK=1024),
+            4,
+        )
+    )
+    return found
+
+
+def hybrid_layer_specs(cc: int) -> list[Spec]:
+    """The 27B's gated attention q/k norm + partial RoPE and its projections' skinny matmuls."""
+    bf16 = torch.bfloat16
+    qkv = _empty(257, (2 * HQ27 + 2 * HKV27) * D27, dtype=bf16)
+    cache_ = _empty(HKV27, CONTEXT + BUDGET + 1, D27, dtype=bf16)
+    table_ = _empty(CONTEXT + BUDGET + 1, D27 // 4)
+    q = _empty(257, HQ27, D27, dtype=bf16)
+    found = [
+        Spec(
+            "qk_rope",
+            f"gated {HQ27}/{HKV27} heads D={D27} rotary {D27 // 4}",
+            cc,
+            qk_rope._qk_rope_kernel,
+            dict(
+                QKV=qkv,
+                QW=_empty(D27),
+                KW=_empty(D27),
+                COS=table_,
+                SIN=table_,
+                POS=_empty(257, dtype=torch.int64),
+                K=cache_,
+                V=cache_,
+                Q_OUT=q,
+                CTX=_empty((), dtype=torch.int64),
+                stride_t=qkv.stride(0),
+                stride_ct=table_.stride(0),
+                stride_kh=cache_.stride(0),
+                stride_ks=cache_.stride(1),
+                stride_qt=q.stride(0),
+                stride_qh=q.stride(1),
+                eps=1e-6,
+            ),
+            dict(
+                HQ=HQ27,
+                HKV=HKV27,
+                HEAD_DIM=D27,
+                Q_WIDTH=2 * D27,
+                ROT=D27 // 4,
+                HALF_PAD=D27 // 8,
+                REST_PAD=D27,
+            ),
+            1,
+        )
+    ]
+    shapes = (
+        (GDN_PROJ, H27),
+        ((2 * HQ27 + 2 * HKV27) * D27, H27),
+        (H27, GDN_HV * GDN_D),
+        (2 * INTER27, H27),
+        (H27, INTER27),
+    )
+    for n, k in shapes:
+        found.append(_skinny(cc, n, k))
     return found
 
 
@@ -553,5 +854,7 @@ def specs() -> dict[str, Spec]:
             *walk_specs(cc),
             compact_spec(cc),
             *layer_specs(cc),
+            *gdn_specs(cc),
+            *hybrid_layer_specs(cc),
         ]
     return {spec.key: spec for spec in found}

@@ -17,6 +17,7 @@ row, the configs that fit 99 KB, and refuses a device below even that.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -166,10 +167,22 @@ def arch_row(capability: tuple[int, int], smem_optin: int, head_dim: int = 128) 
     )
 
 
-@lru_cache(maxsize=16)
 def device_row(device: torch.device, head_dim: int = 128) -> ArchRow:
-    """The row for ``device`` and ``head_dim``, read once. The CPU interpreter has no shared-memory
-    limit: the sm_90 row."""
+    """The row for ``device`` and ``head_dim``. The CPU interpreter has no shared-memory limit: the
+    sm_90 row. ``SPECOPS_ARCH_ROW=<family>`` (sm_90, sm_100, sm_120, generic) launches another
+    family's row instead, on a GPU that can hold it: how `benchmarks/roofline.py` runs the RTX PRO
+    6000's (sm_120) tiles on an H200 for its projection."""
+    return _device_row(device, head_dim, os.environ.get("SPECOPS_ARCH_ROW"))
+
+
+@lru_cache(maxsize=16)
+def _device_row(device: torch.device, head_dim: int, family: str | None) -> ArchRow:
+    if family is not None:
+        if family not in _table(head_dim):
+            raise RuntimeError(
+                f"SPECOPS_ARCH_ROW={family!r} is not a family of ddtree_kernels/arch.py (fix: one of {sorted(_table(head_dim))})"
+            )
+        return _table(head_dim)[family]
     if device.type != "cuda":
         return _table(head_dim)["sm_90"]
     props = torch.cuda.get_device_properties(device)

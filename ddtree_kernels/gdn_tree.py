@@ -7,200 +7,407 @@ S [Dk, Dv], per token t (q, k l2-normalised, q scaled by Dk^-1/2, log-decay g_t 
 
 DDTree verification (Ringel & Romano, arXiv 2604.12989) feeds N nodes in topological order (node 0
 the root, parents[i] < i). Node i must see the recurrence along its own root path from the cached
-state S0. Unroll it along that path: with G_i the sum of g over the ancestors-or-self of i and
+state S0. Unrolled along that path, with G_i the sum of g over the ancestors-or-self of i and
 anc(i) the strict ancestors,
 
     d_i = beta_i (v_i - exp(G_i) k_i^T S0 - sum_{s in anc(i)} exp(G_i - G_s) (k_i . k_s) d_s)    (1)
     o_i = exp(G_i) q_i^T S0 + sum_{s in anc(i) + {i}} exp(G_i - G_s) (q_i . k_s) d_s              (2)
 
-which is the chunked (WY / UT) form of the chain with the causal triangle replaced by the
-strict-ancestor mask and the cumulative gates summed along the ancestor path: (I + A) D = R with
-A[i, s] = beta_i exp(G_i - G_s) (k_i . k_s) on strict ancestors. Restricted to any root path it is
-exactly the chain. Ancestors come first, so the system is unit lower triangular and is solved
-block by block in node order: node block b subtracts A[b, c] D_c for every earlier block c, then
-solves its own diagonal block with the Neumann series D_b = sum_m (-A_bb)^m R_b, which is exact
-after L terms because A_bb only links a node to strictly shallower ones (A_bb^(L+1) = 0 when the
-block's depths span L levels: L <= min(tree depth, BLOCK_T - 1), so a DDTree block of depth <= 15
-needs at most 15 small matmuls and a chain block at most BLOCK_T - 1). G_s, the ancestor relation and the depth come from
-walking `parents` up inside the kernel, so nothing syncs with the host.
+the chunked (WY / UT) form of the chain with the causal triangle replaced by the ancestor relation:
+(I + A) D = R, A[i, s] = beta_i exp(G_i - G_s) (k_i . k_s) on strict ancestors. Restricted to a
+root path it is exactly the chain.
 
-The corrections d and the path sums G are returned too: the state after an accepted root path
-p_0..p_{n-1} is then exp(G_last) S0 + sum_a exp(G_last - G_{p_a}) k_{p_a} d_{p_a}^T, with no
-second pass (`ddtree_runtime.models.gdn.advance_state`).
+**The ancestor structure is computed once per round** (``tree_plan``): the tree is the same for all
+heads and all DeltaNet layers of a verify pass. The plan holds the dense ancestor-or-self matrix
+(0/1, fp32, padded to whole node blocks of BLOCK_T), which blocks pairs of node blocks have any
+ancestor link at all (a best-first tree hangs most nodes off a few early ones, so most pairs are
+empty and skipped), for each diagonal block the number of squarings its solve needs, and each
+node's conv window (``ddtree_kernels/gdn_inputs.py``). One launch walks every node's parent chain.
 
-One program per (value head, block of BLOCK_V value columns) holds its S0 columns [Dk, BLOCK_V] and
-walks the node blocks of BLOCK_T nodes in order, reading back the corrections its earlier blocks
-stored. fp32 throughout (`input_precision="ieee"`: tf32 would break T = 0 exactness).
+**Two kernels.** The intra-tree terms depend on q, k, beta and G only, not on the state or v, so
+the first kernel (one program per value head and pair of node blocks (i, c) that holds ancestor
+links, all in parallel) computes them as matmuls over the key dimension: the off-diagonal blocks
+A[i, c] and P[i, c] = (q_i . k_s) exp(G_i - G_s) on ancestors, and for each diagonal block P[i, i]
+and the inverse of its (I + A_ii) by repeated squaring: A_ii only links a node to strictly
+shallower ones, so with L the longest ancestor chain inside the block, (-A_ii)^(L+1) = 0 and
+
+    (I + A_ii)^-1 = sum_{m <= L} (-A_ii)^m = (I - A_ii)(I + A_ii^2)(I + A_ii^4) ...
+
+ceil(log2(L + 1)) factors: 4 for a DDTree block of depth <= 15, 6 for a 64-node chain. The second
+kernel (one program per value head and block of value columns) is the forward substitution in node
+order: row block i starts from R_i = beta (V - exp(G) K S0), subtracts A[i, c] D_c for the earlier
+blocks that hold its ancestors (read back from the D it stored), applies the inverse, and gathers
+o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. G itself is one matmul, anc @ g, before both. Every
+product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
+the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
+key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The outputs come with the
+corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
+follows with no second pass:
+
+    S_new = exp(G_last) S0 + sum_a exp(G_last - G_{p_a}) k_{p_a} d_{p_a}^T    (gdn_commit.py)
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.host import next_pow2
+from ddtree_kernels.host import cdiv, next_pow2
+from ddtree_kernels.precision import dot, dot_precision
 
 MAX_NODES = 4096
+BLOCK_V, NUM_WARPS = 64, 4  # the solve's launch: value columns per program, warps (gdn_bench.py --sweep)
+
+
+def node_block(n: int, cc: int) -> int:
+    """BLOCK_T for a tree of n nodes on compute capability `cc` (90, 100, 120): one block for a
+    small tree, else 64-node blocks where the solve's products are wgmma (sm_90) and 32-node blocks
+    elsewhere, where a 64-node solve spills registers (ARCH.md)."""
+    return 16 if n <= 16 else 32 if n <= 32 or cc // 10 != 9 else 64
+
+
+def _capability(device: torch.device) -> int:
+    """major * 10 + minor of a CUDA device; the CPU interpreter stands in for an sm_90."""
+    if device.type != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """What every DeltaNet layer of one verify pass shares about its tree (see the module docstring)."""
+
+    anc: Tensor  # [NP, NP] fp32 0/1: anc[i, j] = 1 iff j is an ancestor-or-self of i (NP = blocks * block)
+    blocks: Tensor  # [NB, NB] int32: 1 iff node block i has an ancestor in node block c
+    steps: Tensor  # [NB] int32: squarings of diagonal block i's solve
+    windows: Tensor  # [N, K] int32: hist rows of each node's conv window, oldest first
+    block: int  # BLOCK_T
+
+    @property
+    def num_nodes(self) -> int:
+        return self.windows.shape[0]
 
 
 @triton.jit
-def _ancestry(PARENTS, G, rows, cols, n_nodes):
-    """anc[i, s]: col s is an ancestor-or-self of row i; the row nodes' path-summed gates; levels:
-    the longest strict-ancestor chain that can stay inside the rows (the rows' depth spread)."""
-    row_ok = rows < n_nodes
-    anc = (rows[:, None] == cols[None, :]) & row_ok[:, None]
-    gsum = tl.load(G + rows, mask=row_ok, other=0.0)
-    cur = tl.load(PARENTS + rows, mask=row_ok, other=-1)
-    depth = tl.zeros_like(cur)
-    while tl.max(cur, axis=0) >= 0:
-        anc = anc | (cur[:, None] == cols[None, :])
-        gsum += tl.load(G + cur, mask=cur >= 0, other=0.0)
-        depth += (cur >= 0).to(depth.dtype)
-        cur = tl.load(PARENTS + cur, mask=cur >= 0, other=-1)
-    levels = tl.max(depth, axis=0) - tl.min(tl.where(row_ok, depth, n_nodes), axis=0)
-    return anc, gsum, levels
+def _plan_kernel(PARENTS, DEPTH, ANC, WINDOWS, stride_anc, KERNEL: tl.constexpr):
+    """Program i walks from node i to the root: its ancestor row, and its conv window's rows."""
+    node = tl.program_id(0)
+    cur = node.to(tl.int32)
+    for _ in range(tl.load(DEPTH + node).to(tl.int32) + 1):
+        tl.store(ANC + node * stride_anc + cur, 1.0)
+        cur = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
+    # window: the node, then its K - 1 nearest ancestors, then the cached conv rows above the root
+    cur = node.to(tl.int32)
+    row = cur + KERNEL - 1
+    tl.store(WINDOWS + node * KERNEL + KERNEL - 1, row)
+    for j in tl.static_range(KERNEL - 1):
+        par = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
+        row = tl.where(cur < 0, tl.maximum(row - 1, 0), tl.where(par >= 0, par + KERNEL - 1, KERNEL - 2))
+        cur = tl.where(cur < 0, cur, par)
+        tl.store(WINDOWS + node * KERNEL + KERNEL - 2 - j, row)
+
+
+def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = None) -> TreePlan:
+    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync."""
+    if parents.dim() != 1 or depth.shape != parents.shape:
+        raise RuntimeError(
+            f"tree_plan wants parents and depth [N], got {tuple(parents.shape)}, {tuple(depth.shape)}"
+        )
+    n = parents.shape[0]
+    if not 1 <= n <= MAX_NODES:
+        raise RuntimeError(f"tree_plan supports 1..{MAX_NODES} nodes, got {n}")
+    block = block or node_block(n, _capability(parents.device))
+    nb = cdiv(n, block)
+    np_ = nb * block
+    anc = torch.zeros(np_, np_, device=parents.device, dtype=torch.float32)
+    windows = torch.empty(n, kernel, device=parents.device, dtype=torch.int32)
+    _plan_kernel[(n,)](parents, depth, anc, windows, anc.stride(0), KERNEL=kernel, num_warps=1)
+    tiles = anc.view(nb, block, nb, block)
+    blocks = (tiles.amax(dim=(1, 3)) > 0).to(torch.int32)
+    inside = tiles.diagonal(dim1=0, dim2=2).sum(dim=1)  # [block, nb]: in-block ancestors-or-self per node
+    longest = (inside.amax(dim=0) - 1).clamp(min=0)  # the longest strict-ancestor chain in each block
+    steps = torch.ceil(torch.log2(longest + 1.0)).to(torch.int32)
+    return TreePlan(anc, blocks, steps, windows, block)
 
 
 @triton.jit
-def _gdn_tree_kernel(
+def _products(
+    A, B, rows, cols, a_ok, b_ok, stride, DK: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr
+):
+    """Rows of A times rows of B over the key dim, [rows, cols] fp32, in BLOCK_K slices (no whole
+    [BLOCK_T, DK] tile lives in registers). A, B: [N, HK, DK] at this program's key head."""
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float32)
+    for k0 in tl.static_range(0, DK, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < DK
+        a = tl.load(A + rows[:, None] * stride + kk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(B + cols[:, None] * stride + kk[None, :], mask=b_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = dot(a, tl.trans(b), PRECISION, acc)
+    return acc
+
+
+@triton.jit
+def _against_state(
+    A, S0, rows, a_ok, vcol, v_ok, stride, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Rows of A [N, HK, DK] times the state's columns S0[:, vcol] (fp32 [DK, DV]): [rows, vcol] fp32."""
+    acc = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
+    for k0 in tl.static_range(0, DK, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kk < DK
+        a = tl.load(A + rows[:, None] * stride + kk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
+        s = tl.load(S0 + kk[:, None] * DV + vcol[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0)
+        acc = dot(a.to(tl.float32), s, PRECISION, acc)
+    return acc
+
+
+@triton.jit
+def _tree_blocks_kernel(
+    Q,
+    K,
+    BETA,
+    GSUM,
+    ANC,
+    BLOCKS,
+    STEPS,
+    A,
+    P,
+    INV,
+    n_nodes,
+    n_blocks,
+    stride_anc,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Program (h, i, c): A[i, c] and P[i, c] of value head h (c < i), or P[i, i] and the inverse of
+    (I + A[i, i]) (c == i); block pairs with no ancestor link are skipped."""
+    h = tl.program_id(0)
+    i = tl.program_id(1) // n_blocks
+    c = tl.program_id(1) % n_blocks
+    if c > i or tl.load(BLOCKS + i * n_blocks + c) == 0:
+        return
+    hk = h // (HV // HK)
+    rows = i * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = c * BLOCK_T + tl.arange(0, BLOCK_T)
+    r_ok, c_ok = rows < n_nodes, cols < n_nodes
+    # q, k [N, HK, DK]; beta [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T]
+    Q, K, GSUM = Q + hk * DK, K + hk * DK, GSUM + h * n_nodes
+    g_r = tl.load(GSUM + rows, mask=r_ok, other=0.0)
+    g_c = tl.load(GSUM + cols, mask=c_ok, other=0.0)
+    anc = tl.load(ANC + rows[:, None] * stride_anc + cols[None, :])
+    decay = tl.where(anc > 0, tl.exp(g_r[:, None] - g_c[None, :]), 0.0)
+    tile = h * stride_anc * stride_anc + rows[:, None] * stride_anc + cols[None, :]
+    qk = _products(Q, K, rows, cols, r_ok, c_ok, HK * DK, DK, BLOCK_K, PRECISION)
+    tl.store(P + tile, qk * decay)
+    beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
+    a = beta[:, None] * _products(K, K, rows, cols, r_ok, c_ok, HK * DK, DK, BLOCK_K, PRECISION) * decay
+    if c < i:
+        tl.store(A + tile, a)
+    else:
+        eye = rows[:, None] == cols[None, :]
+        x = tl.where(eye, 0.0, -a)  # -A_ii, strictly lower in node order
+        inv = tl.where(eye, 1.0, 0.0) + x  # (I + X), then (I + X^2)(I + X) ...
+        for _ in range(1, tl.load(STEPS + i)):
+            x = dot(x, x, PRECISION)
+            inv += dot(x, inv, PRECISION)
+        if tl.load(STEPS + i) == 0:
+            inv = tl.where(eye, 1.0, 0.0)
+        local = tl.arange(0, BLOCK_T)
+        tl.store(INV + ((h * n_blocks + i) * BLOCK_T + local[:, None]) * BLOCK_T + local[None, :], inv)
+
+
+@triton.jit
+def _tree_solve_kernel(
     Q,
     K,
     V,
-    G,
     BETA,
-    PARENTS,
     S0,
+    GSUM,
+    BLOCKS,
+    A,
+    P,
+    INV,
     OUT,
     D,
-    GSUM,
     n_nodes,
+    n_blocks,
+    stride_anc,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
-    DK_PAD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    tl.static_assert(BLOCK_T >= 16 and DK_PAD >= 16 and BLOCK_V >= 16)  # tl.dot's smallest tile
-    head = tl.program_id(0)
+    """Program (h, value block): D and the outputs of value head h, node block by node block."""
+    h = tl.program_id(0)
+    hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    dk = tl.arange(0, DK_PAD)
-    v_ok, k_ok = vcol < DV, dk < DK
-    # inputs are contiguous: q, k [H, N, DK]; v, o, d [H, N, DV]; g, beta, gsum [H, N]; s0 [H, DK, DV]
-    Q, K = Q + head * n_nodes * DK, K + head * n_nodes * DK
-    V, OUT, D = V + head * n_nodes * DV, OUT + head * n_nodes * DV, D + head * n_nodes * DV
-    G, BETA, GSUM = G + head * n_nodes, BETA + head * n_nodes, GSUM + head * n_nodes
-    s0 = tl.load(
-        S0 + head * DK * DV + dk[:, None] * DV + vcol[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0
-    )
-
-    for b0 in range(0, n_nodes, BLOCK_T):
-        rows = b0 + tl.arange(0, BLOCK_T)
+    v_ok = vcol < DV
+    local = tl.arange(0, BLOCK_T)
+    # v, out [N, HV, DV]; s0 [HV, DK, DV]; d [HV, N, DV]; the blocks' a, p, inv as the kernel above
+    Q, K, S0 = Q + hk * DK, K + hk * DK, S0 + h * DK * DV
+    D, GSUM = D + h * n_nodes * DV, GSUM + h * n_nodes
+    A, P = A + h * stride_anc * stride_anc, P + h * stride_anc * stride_anc
+    for i in range(n_blocks):
+        rows = i * BLOCK_T + local
         r_ok = rows < n_nodes
-        kb = tl.load(K + rows[:, None] * DK + dk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        qb = tl.load(Q + rows[:, None] * DK + dk[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        vb = tl.load(V + rows[:, None] * DV + vcol[None, :], mask=r_ok[:, None] & v_ok[None, :], other=0.0)
-        beta = tl.load(BETA + rows, mask=r_ok, other=0.0)
-        anc, gb, levels = _ancestry(PARENTS, G, rows, rows, n_nodes)
-        # (1) and (2) against the cached state
-        rhs = beta[:, None] * (vb - tl.exp(gb)[:, None] * tl.dot(kb, s0, input_precision="ieee"))
-        out = tl.exp(gb)[:, None] * tl.dot(qb, s0, input_precision="ieee")
-        # ... against the corrections of the earlier node blocks (ancestors only)
-        for c0 in range(0, b0, BLOCK_T):
-            cols = c0 + tl.arange(0, BLOCK_T)
-            kc = tl.load(K + cols[:, None] * DK + dk[None, :], mask=k_ok[None, :], other=0.0)
-            dc = tl.load(D + cols[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-            gc = tl.load(GSUM + cols)
-            anc_c, _, _ = _ancestry(PARENTS, G, rows, cols, n_nodes)
-            decay = tl.where(anc_c, tl.exp(gb[:, None] - gc[None, :]), 0.0)
-            kk = tl.dot(kb, tl.trans(kc), input_precision="ieee")
-            rhs -= tl.dot(beta[:, None] * kk * decay, dc, input_precision="ieee")
-            out += tl.dot(
-                tl.dot(qb, tl.trans(kc), input_precision="ieee") * decay, dc, input_precision="ieee"
-            )
-        # the diagonal block: Neumann series of its strict-ancestor part, exact after `levels` terms
-        decay = tl.where(anc, tl.exp(gb[:, None] - gb[None, :]), 0.0)
-        strict = tl.where(rows[:, None] == rows[None, :], 0.0, decay)
-        a = beta[:, None] * tl.dot(kb, tl.trans(kb), input_precision="ieee") * strict
-        d = rhs
-        for _ in range(tl.minimum(levels, BLOCK_T - 1)):
-            d = rhs - tl.dot(a, d, input_precision="ieee")
-        out += tl.dot(tl.dot(qb, tl.trans(kb), input_precision="ieee") * decay, d, input_precision="ieee")
-        tile = rows[:, None] * DV + vcol[None, :]
-        tl.store(D + tile, d, mask=r_ok[:, None] & v_ok[None, :])
-        tl.store(OUT + tile, out, mask=r_ok[:, None] & v_ok[None, :])
-        tl.store(GSUM + rows, gb, mask=r_ok)  # every program writes the same values
-        tl.debug_barrier()  # this block's D and G are read back by the later blocks
-
-
-def _launch(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    h, n, dk = q.shape
-    dv = v.shape[-1]
-    if k.shape != q.shape or v.shape[:2] != (h, n) or g.shape != (h, n) or beta.shape != (h, n):
-        raise RuntimeError(
-            f"gdn_tree wants q, k [H, N, Dk], v [H, N, Dv], g, beta [H, N]; got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)}"
-        )
-    if parents.shape != (n,) or state.shape != (h, dk, dv):
-        raise RuntimeError(
-            f"gdn_tree wants parents [{n}] and state [{h}, {dk}, {dv}]; got {tuple(parents.shape)} and "
-            f"{tuple(state.shape)}"
-        )
-    if not 1 <= n <= MAX_NODES:
-        raise RuntimeError(f"gdn_tree supports 1..{MAX_NODES} nodes, got {n}")
-    f32 = [x.float().contiguous() for x in (q, k, v, g, beta, state)]
-    o = torch.empty(h, n, dv, device=q.device, dtype=torch.float32)
-    d = torch.empty_like(o)
-    gsum = torch.empty(h, n, device=q.device, dtype=torch.float32)
-    block_v = max(16, min(64, next_pow2(dv)))
-    grid = (h, -(-dv // block_v))
-    _gdn_tree_kernel[grid](
-        *f32[:5],
-        parents.to(torch.int32).contiguous(),
-        f32[5],
-        o,
-        d,
-        gsum,
-        n,
-        DK=dk,
-        DV=dv,
-        DK_PAD=max(16, next_pow2(dk)),
-        BLOCK_T=32,
-        BLOCK_V=block_v,
-    )
-    return o, d, gsum
+        mask = r_ok[:, None] & v_ok[None, :]
+        eg = tl.exp(tl.load(GSUM + rows, mask=r_ok, other=0.0))
+        beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
+        vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0).to(tl.float32)
+        ks0 = _against_state(K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        rhs = beta[:, None] * (vb - eg[:, None] * ks0)  # (1) and (2) against the cached state
+        out = eg[:, None] * _against_state(Q, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        for c in range(i):  # ... and against the earlier node blocks that hold ancestors
+            if tl.load(BLOCKS + i * n_blocks + c) != 0:
+                cols = c * BLOCK_T + local
+                dc = tl.load(
+                    D + cols[:, None] * DV + vcol[None, :],
+                    mask=(cols < n_nodes)[:, None] & v_ok[None, :],
+                    other=0.0,
+                )
+                tile = rows[:, None] * stride_anc + cols[None, :]
+                rhs -= dot(tl.load(A + tile), dc, PRECISION)
+                out += dot(tl.load(P + tile), dc, PRECISION)
+        inv = tl.load(INV + ((h * n_blocks + i) * BLOCK_T + local[:, None]) * BLOCK_T + local[None, :])
+        d = dot(inv, rhs, PRECISION)
+        out += dot(tl.load(P + rows[:, None] * stride_anc + rows[None, :]), d, PRECISION)
+        tl.store(D + rows[:, None] * DV + vcol[None, :], d, mask=mask)
+        tl.store(OUT + (rows[:, None] * HV + h) * DV + vcol[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        tl.debug_barrier()  # this block's D is read back by the later blocks
 
 
 def gdn_tree(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    plan: TreePlan,
+    d_out: Tensor | None = None,
+    gsum_out: Tensor | None = None,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gated DeltaNet over a tree from the cached state (the docstring's (1), (2)).
+    """Gated DeltaNet over the plan's tree from the cached state (the docstring's (1), (2)).
 
-    q, k: [H, N, Dk] (l2-normalised, q scaled); v: [H, N, Dv]; g (log-decay), beta: [H, N];
-    parents: [N] with parents[0] = -1 and parents[i] < i; state: [H, Dk, Dv]. Returns fp32
-    o [H, N, Dv], corrections d [H, N, Dv] and path-summed gates G [H, N].
+    q, k: [N, Hk, Dk] (l2-normalised, q scaled); v: [N, Hv, Dv]; g (log-decay), beta: [N, Hv] fp32;
+    state: [Hv, Dk, Dv] fp32. Returns o [N, Hv, Dv] in v's dtype, the corrections d [Hv, N, Dv] and
+    the path sums G [Hv, N] (fp32; written into ``d_out``/``gsum_out`` when given).
     """
-    return _launch(q, k, v, g, beta, parents, state)
+    n, hk, dk = q.shape
+    _, hv, dv = v.shape
+    if k.shape != q.shape or v.shape[0] != n or hv % hk or g.shape != (n, hv) or beta.shape != (n, hv):
+        raise RuntimeError(
+            f"gdn_tree wants q, k [N, Hk, Dk], v [N, Hv, Dv], g, beta [N, Hv]; got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)}"
+        )
+    if plan.num_nodes != n or state.shape != (hv, dk, dv) or state.dtype != torch.float32:
+        raise RuntimeError(
+            f"gdn_tree wants a plan of {n} nodes and an fp32 state [{hv}, {dk}, {dv}]; got a plan of "
+            f"{plan.num_nodes} nodes and a state {tuple(state.shape)} ({state.dtype})"
+        )
+    if not all(x.is_contiguous() for x in (q, k, v, g, beta, state)):
+        raise RuntimeError("gdn_tree wants contiguous inputs")
+    o = torch.empty(n, hv, dv, device=q.device, dtype=v.dtype)
+    d = torch.empty(hv, n, dv, device=q.device, dtype=torch.float32) if d_out is None else d_out
+    gsum = torch.empty(hv, n, device=q.device, dtype=torch.float32) if gsum_out is None else gsum_out
+    if d.shape != (hv, n, dv) or gsum.shape != (hv, n) or not (d.is_contiguous() and gsum.is_contiguous()):
+        raise RuntimeError(f"gdn_tree wants d_out [{hv}, {n}, {dv}] and gsum_out [{hv}, {n}], contiguous")
+    torch.mm(g.t(), plan.anc[:n, :n].t(), out=gsum)  # G = anc @ g: each node's sum over its root path
+    block, n_blocks, stride = plan.block, plan.blocks.shape[0], plan.anc.stride(0)
+    a = torch.empty(hv, stride, stride, device=q.device, dtype=torch.float32)
+    p = torch.empty_like(a)
+    inv = torch.empty(hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
+    precision = dot_precision(q.dtype)
+    block_k = min(32, max(16, next_pow2(dk)))
+    _tree_blocks_kernel[(hv, n_blocks * n_blocks)](
+        q,
+        k,
+        beta,
+        gsum,
+        plan.anc,
+        plan.blocks,
+        plan.steps,
+        a,
+        p,
+        inv,
+        n,
+        n_blocks,
+        stride,
+        HK=hk,
+        HV=hv,
+        DK=dk,
+        BLOCK_K=block_k,
+        BLOCK_T=block,
+        PRECISION=precision,
+        num_warps=4,
+    )
+    block_v = max(16, min(block_v, next_pow2(dv)))
+    _tree_solve_kernel[(hv, cdiv(dv, block_v))](
+        q,
+        k,
+        v,
+        beta,
+        state,
+        gsum,
+        plan.blocks,
+        a,
+        p,
+        inv,
+        o,
+        d,
+        n,
+        n_blocks,
+        stride,
+        HK=hk,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        BLOCK_K=block_k,
+        BLOCK_T=block,
+        BLOCK_V=block_v,
+        PRECISION=precision,
+        num_warps=num_warps,
+    )
+    return o, d, gsum
 
 
 def gdn_tree_reference(
     q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The definition, node by node: each node's state is its parent's state stepped once."""
-    n = q.shape[1]
-    q, k, v, g, beta, state = (x.double() for x in (q, k, v, g, beta, state))
+    """The definition, node by node, in float64: each node's state is its parent's stepped once.
+    Layouts as ``gdn_tree`` (q, k [N, Hk, Dk] shared by Hv / Hk value heads each); returns fp32
+    o [N, Hv, Dv], d [Hv, N, Dv], G [Hv, N]."""
+    n, hk, _ = q.shape
+    hv = v.shape[1]
+    rep = hv // hk
+    q, k = (x.double().repeat_interleave(rep, dim=1) for x in (q, k))  # [N, Hv, Dk]
+    v, g, beta, state = (x.double() for x in (v, g, beta, state))
     states, gsum = [], []
     o, d = torch.zeros_like(v), torch.zeros_like(v)
     for i in range(n):
         p = int(parents[i])
         s = state if p < 0 else states[p]
-        gsum.append(g[:, i] + (0.0 if p < 0 else gsum[p]))
-        s = s * g[:, i].exp()[:, None, None]
-        d[:, i] = beta[:, i, None] * (v[:, i] - torch.einsum("hkv,hk->hv", s, k[:, i]))
-        s = s + k[:, i, :, None] * d[:, i, None, :]
-        o[:, i] = torch.einsum("hkv,hk->hv", s, q[:, i])
+        gsum.append(g[i] + (0.0 if p < 0 else gsum[p]))
+        s = s * g[i].exp()[:, None, None]
+        d[i] = beta[i, :, None] * (v[i] - torch.einsum("hkv,hk->hv", s, k[i]))
+        s = s + k[i, :, :, None] * d[i, :, None, :]
+        o[i] = torch.einsum("hkv,hk->hv", s, q[i])
         states.append(s)
-    return o.float(), d.float(), torch.stack(gsum, dim=1).float()
+    return o.float(), d.transpose(0, 1).float().contiguous(), torch.stack(gsum, dim=1).float()

@@ -6,10 +6,12 @@ launch and a round trip through memory; at batch 1 these launches, not the bytes
 Here one program per row computes, in fp32,
 
     s = x + residual            (rounded to the input dtype: it is the new residual stream)
-    out = weight * (s / sqrt(mean(s^2) + eps))   (the normalised value rounded to the input dtype
-                                                  first, then scaled, as Qwen3's RMSNorm does)
+    out = weight * (s / sqrt(mean(s^2) + eps))   (the normalised value rounded to the weight's
+                                                  dtype first, then scaled and rounded to the input
+                                                  dtype: Qwen3's RMSNorm with its bf16 weights, and
+                                                  Qwen3.5's with fp32 (1 + w) scales)
 
-and writes both ``out`` and ``s``.
+and writes both ``out`` and ``s``. The reference is ``ddtree_runtime.backend.TorchBackend.rms_norm``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _rms_norm_kernel(
         tl.store(RES_OUT + row * stride_ro + cols, x, mask=ok)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
-    normed = (xf * inv).to(OUT.dtype.element_ty)
+    normed = (xf * inv).to(W.dtype.element_ty)
     w = tl.load(W + cols, mask=ok, other=0.0)
     tl.store(
         OUT + row * stride_o + cols,
@@ -84,13 +86,3 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         num_warps=8 if h >= 2048 else 4,
     )
     return out, res_out
-
-
-def rms_norm_reference(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """PyTorch: Qwen3's RMSNorm (fp32 inside, normalised value cast back before the scale)."""
-    s = x if residual is None else x + residual
-    sf = s.float()
-    normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(s.dtype)
-    return weight * normed, s

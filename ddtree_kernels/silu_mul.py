@@ -2,13 +2,13 @@
 
 The MLP's fused projection gives ``[T, 2I]`` (gate columns, then up columns); unfused, the gate is
 three kernels (slice-silu, multiply, and the copy a slice can force). One program per (row, column
-block) reads both halves once, computes in fp32 and writes ``[T, I]``.
+block) reads both halves once, computes in fp32 and writes ``[T, I]``. The reference is
+``ddtree_runtime.backend.TorchBackend.silu_mul``.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -37,9 +37,3 @@ def silu_mul(gate_up: Tensor) -> Tensor:
         gate_up, out, gate_up.stride(0), out.stride(0), inner, BLOCK=block, num_warps=4
     )
     return out
-
-
-def silu_mul_reference(gate_up: Tensor) -> Tensor:
-    """PyTorch: what Qwen3's MLP computes from separate gate and up projections."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

@@ -8,7 +8,8 @@ program owns ``BLOCK_N`` output columns and walks K in ``BLOCK_K`` steps, pipeli
 loads a ``[BLOCK_N, BLOCK_K]`` tile of W (contiguous along K) and the ``[16, BLOCK_K]`` tile of x
 (rows past T masked to zero), and accumulates ``x_tile @ W_tile.T`` in fp32 on the tensor cores.
 When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs whose fp32 partials a
-second small kernel sums. No program rereads a byte of W.
+second small kernel sums. No program rereads a byte of W. The reference is
+``ddtree_runtime.backend.TorchBackend.linear`` (``F.linear``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -139,8 +139,3 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
             part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
         )
     return out
-
-
-def skinny_matmul_reference(x: Tensor, weight: Tensor) -> Tensor:
-    """PyTorch: ``F.linear`` without a bias."""
-    return F.linear(x, weight)

@@ -137,6 +137,7 @@ def _tree_attention_kernel(
     BLOCK_N: tl.constexpr,
     TREE: tl.constexpr,
     ALL: tl.constexpr,
+    WINDOW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -147,7 +148,9 @@ def _tree_attention_kernel(
     # the context length lives on the device, so one captured launch serves a whole range of them;
     # the split-K ranges follow it (a split past the keys writes an empty partial: m = -inf, l = 0)
     context_len = tl.load(CTX).to(tl.int32)
-    keys_per_split = tl.cdiv(tl.cdiv(context_len + n_nodes, BLOCK_N), tl.num_programs(2)) * BLOCK_N
+    # a sliding window (WINDOW > 0) hides every key WINDOW or more positions before the first node
+    key0 = (tl.maximum(context_len - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N if WINDOW > 0 else 0
+    keys_per_split = tl.cdiv(tl.cdiv(context_len + n_nodes - key0, BLOCK_N), tl.num_programs(2)) * BLOCK_N
 
     rows = row0 + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed rows: node * GROUP + g
     node = rows // GROUP
@@ -168,9 +171,10 @@ def _tree_attention_kernel(
         last_node = n_nodes - 1
     else:
         last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
-    lo = split * keys_per_split
+    lo = key0 + split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
-    ctx_full = (context_len // BLOCK_N) * BLOCK_N
+    # whole tiles inside the context are visible to every row, unless a window cuts them
+    ctx_full = lo if WINDOW > 0 else (context_len // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -213,6 +217,11 @@ def _tree_attention_kernel(
         else:
             seen = j[None, :] <= node[:, None]
         visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
+        if WINDOW > 0:  # key position - query position within (-WINDOW, WINDOW) (past only, unless ALL)
+            dist = j[None, :] - node[:, None]
+            visible &= dist > -WINDOW
+            if ALL:
+                visible &= dist < WINDOW
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -430,14 +439,16 @@ def tree_attention(
     config: AttentionConfig | None = None,
     key_bound: int | None = None,
     all_visible: bool = False,
+    window: int | None = None,
 ) -> Tensor:
     """q [Hq, N, D] over cache rows [0, context_len) plus the visible tree rows; returns [Hq, N, D].
 
     ``context_len``: an int, or a 0-d int64 device tensor (read by the kernel, so a captured CUDA
     graph serves every length up to ``key_bound``, the static bound on context + N that sizes the
     grid). ``all_visible``: every new row sees every new row (a drafter block), else ``visibility``
-    (None: causal). The result is a [Hq, N, D] view of an [N, Hq, D] buffer, so that merging the
-    heads back into [N, Hq * D] is free.
+    (None: causal). ``window``: only keys fewer than ``window`` positions from the query are seen
+    (a drafter's sliding layers; row i's position is context_len + i). The result is a [Hq, N, D]
+    view of an [N, Hq, D] buffer, so that merging the heads back into [N, Hq * D] is free.
     """
     hq, n, d = q.shape
     if isinstance(context_len, int):
@@ -453,14 +464,17 @@ def tree_attention(
     d_pad = max(16, next_pow2(d))
     arch = device_row(q.device, d)
     cfg = config or _default_config(n * group, arch)
-    launches = _plan(n * group, group, key_bound, hkv, cfg, num_sms(q.device), AttentionConfig(*arch.tail))
+    if window is not None and window < 1:
+        raise RuntimeError(f"a sliding window must be at least 1 position, got {window}")
+    keys = key_bound if window is None else min(key_bound, window + n + cfg.block_n)  # keys a row can see
+    launches = _plan(n * group, group, keys, hkv, cfg, num_sms(q.device), AttentionConfig(*arch.tail))
 
     out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
     bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read
     partials = []
     for launch in launches:
         c = launch.config
-        splits = min(launch.splits, cdiv(key_bound, c.block_n))
+        splits = min(launch.splits, cdiv(keys, c.block_n))
         node0 = launch.row0 // group
         if splits > 1:
             part_acc = torch.empty(splits, hq, n - node0, d_pad, device=q.device, dtype=torch.float32)
@@ -496,6 +510,7 @@ def tree_attention(
             BLOCK_N=c.block_n,
             TREE=visibility is not None,
             ALL=all_visible,
+            WINDOW=window or 0,
             SPLIT=splits > 1,
             PRECISION=dot_precision(q.dtype),
             num_warps=c.num_warps,

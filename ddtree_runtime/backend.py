@@ -1,10 +1,12 @@
-"""The hot-path seams: tree attention, tree build, tree walk and KV compaction.
+"""The hot-path seams: the decoder layers' fused steps, tree attention, tree build and walk, KV
+compaction, and the Gated DeltaNet mixer of hybrid targets.
 
 Every step of a decoding round that touches the tree goes through one of these methods, and so do
 the decoder layers' small fused steps (RMSNorm with the residual add, q/k norm + RoPE + the cache
-write, SwiGLU's gate), so that the Triton kernels (`ddtree_kernels/backend.py`, `TritonBackend`) can
-replace them on CUDA. The PyTorch versions are the kernels' references. `TorchBackend`
-is the CPU path and the oracle the kernels are tested against; it favours clarity over speed.
+write, SwiGLU's gate, the projections), so that the Triton kernels (`ddtree_runtime/triton_backend.py`,
+`TritonBackend`) can replace them on CUDA. `TorchBackend` is the CPU path and the oracle the kernels
+are tested against (each method here is its kernel's PyTorch reference); it needs no Triton and
+favours clarity over speed.
 
 Tree conventions (DDTree, Ringel & Romano, arXiv 2604.12989): node 0 is the root (the bonus token of
 the last round); for i >= 1 `parents[i] < i`; node i sits at position `start + depth[i]` and its
@@ -14,26 +16,26 @@ K/V are written at cache row `context_len + i`.
 from __future__ import annotations
 
 import heapq
-import math
 from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddtree_kernels.qk_rope import qk_rope_reference
-from ddtree_kernels.rms_norm import rms_norm_reference
-from ddtree_kernels.silu_mul import silu_mul_reference
-from ddtree_kernels.skinny_matmul import skinny_matmul_reference
+from ddtree_runtime import gated_delta
+from ddtree_runtime.gated_delta import GdnSpec, Staged, TreeAncestry
 
 Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
+Plan = TypeVar("Plan")  # a backend's own per-round Gated DeltaNet plan of a tree
+Staging = TypeVar("Staging")  # a backend's own staging of one verify pass's DeltaNet layers
 
 
-class Backend(Protocol[Vis]):
-    """What the engine and the models call; `TorchBackend` (Vis = dense bool Tensor) and
-    `ddtree_kernels.backend.TritonBackend` (Vis = `TreeVisibility` bitmasks) both satisfy it."""
+class Backend(Protocol[Vis, Plan, Staging]):
+    """What the engine and the models call; `TorchBackend` and
+    `ddtree_runtime.triton_backend.TritonBackend` both satisfy it."""
 
     name: str
+    capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
 
@@ -54,6 +56,7 @@ class Backend(Protocol[Vis]):
         v_cache: Tensor,
         context_len: Tensor,
         n_heads: int,
+        gated: bool = False,
     ) -> Tensor: ...
 
     def silu_mul(self, gate_up: Tensor) -> Tensor: ...
@@ -90,24 +93,107 @@ class Backend(Protocol[Vis]):
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
     ) -> None: ...
 
+    def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> Plan: ...
+
+    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> Staging: ...
+
+    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor: ...
+
     def gdn_tree(
-        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]: ...
+        self,
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_state: Tensor,
+        state: Tensor,
+        plan: Plan,
+        staging: Staging,
+        slot: int,
+    ) -> Tensor: ...
+
+    def gdn_commit(
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        staging: Staging,
+        plan: Plan,
+        path: Tensor,
+        path_len: Tensor,
+    ) -> None: ...
 
 
 class TorchBackend:
     """Plain PyTorch implementation of the seams (SDPA with an explicit boolean mask)."""
 
     name = "torch"
+    capturable = False  # the tree build is a heap on the host
 
     def tree_visibility(self, parents: Tensor, depth: Tensor) -> Tensor:
         """Dense ancestor-or-self matrix `vis[i, j]` (bool [N, N]); `depth` is not needed here."""
-        return _ancestors(parents)
+        return ancestors(parents)
 
-    linear = staticmethod(skinny_matmul_reference)
-    rms_norm = staticmethod(rms_norm_reference)
-    qk_rope = staticmethod(qk_rope_reference)
-    silu_mul = staticmethod(silu_mul_reference)
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        """x @ weight.T (the skinny matmul's reference)."""
+        return F.linear(x, weight)
+
+    @staticmethod
+    def rms_norm(
+        x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(norm(s), s) with s = x + residual (x without one), fp32 inside; the normalised value is
+        rounded to the weight's dtype before the scale (Qwen3: bf16 weights, as its RMSNorm does;
+        Qwen3.5: the fp32 (1 + w) scales, rounded once at the end, as its RMSNorm does)."""
+        s = x if residual is None else x + residual
+        sf = s.float()
+        normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(weight.dtype)
+        return (weight * normed).to(s.dtype), s
+
+    @staticmethod
+    def qk_rope(
+        qkv: Tensor,
+        q_weight: Tensor,
+        k_weight: Tensor,
+        eps: float,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: Tensor,
+        n_heads: int,
+        gated: bool = False,
+    ) -> Tensor:
+        """qkv [T, (Hq (x2 if gated) + 2 Hkv) D] -> q [T, Hq, D]: q/k RMSNorm (rounded as `rms_norm`),
+        RoPE on the first cos.shape[-1] dims of each head (the rest passes through), K/V rows
+        `context_len + t` of the layer's caches [Hkv, S_max, D] written. A gated query head is
+        followed by its output gate in qkv (Qwen3.5's gated attention)."""
+        t = qkv.shape[0]
+        hkv, _, d = k_cache.shape
+        width = 2 * d if gated else d
+        q = qkv[:, : n_heads * width].view(t, n_heads, width)[..., :d]
+        k, v = qkv[:, n_heads * width :].view(t, 2 * hkv, d).split([hkv, hkv], dim=1)
+
+        def norm(x: Tensor, w: Tensor) -> Tensor:
+            xf = x.float()
+            return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)).to(x.dtype)
+
+        rot = cos.shape[-1]
+        c, s = cos[positions].to(qkv.dtype)[:, None], sin[positions].to(qkv.dtype)[:, None]  # [T, 1, rot]
+
+        def rope(x: Tensor) -> Tensor:
+            x1, x2 = x[..., :rot].chunk(2, dim=-1)
+            return torch.cat([x[..., :rot] * c + torch.cat([-x2, x1], dim=-1) * s, x[..., rot:]], dim=-1)
+
+        rows = context_len + torch.arange(t, device=qkv.device)
+        k_cache.index_copy_(1, rows, rope(norm(k, k_weight)).transpose(0, 1))
+        v_cache.index_copy_(1, rows, v.transpose(0, 1))
+        return rope(norm(q, q_weight)).contiguous()
+
+    @staticmethod
+    def silu_mul(gate_up: Tensor) -> Tensor:
+        """silu(gate) * up from the fused gate/up projection [T, 2I]: what SwiGLU computes."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
 
     def attention(
         self,
@@ -219,7 +305,7 @@ class TorchBackend:
             choice = logits.argmax(dim=-1)  # [N]
         chosen = tokens == choice[parents.clamp(min=0)]
         chosen[0] = True
-        vis = _ancestors(parents)  # ancestor-or-self [N, N]
+        vis = ancestors(parents)  # ancestor-or-self [N, N]
         on_path = ~(vis & ~chosen[None, :]).any(dim=1)  # [N]
         depth = vis.sum(dim=1) - 1
         slot = torch.where(on_path, depth, torch.full_like(depth, n))  # off-path nodes go to a spare slot
@@ -229,18 +315,6 @@ class TorchBackend:
         path_len = on_path.sum()
         last = path.gather(0, (path_len - 1).reshape(1)).squeeze(0)
         return path, path_len, choice[last]
-
-    def gdn_tree(
-        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Gated DeltaNet over a tree, each node along its own root path (`models/gdn.py`).
-
-        q, k: [H, N, Dk]; v: [H, N, Dv]; g, beta: [H, N]; state: [H, Dk, Dv], all fp32. Returns
-        o [H, N, Dv], the delta-rule corrections d [H, N, Dv] and the path-summed gates G [H, N].
-        """
-        from ddtree_runtime.models.gdn import gdn_tree_torch
-
-        return gdn_tree_torch(q, k, v, g, beta, parents, state)
 
     def compact(
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
@@ -256,8 +330,64 @@ class TorchBackend:
         for cache in (k_cache, v_cache):
             cache[:, :, dst] = cache[:, :, src]
 
+    def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreeAncestry:
+        """The tree's ancestor-or-self matrix and conv windows, once per verify pass."""
+        return TreeAncestry(ancestors(parents), gated_delta.conv_windows(parents, kernel))
 
-def _ancestors(parents: Tensor) -> Tensor:
+    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> list[Staged | None]:
+        """One slot per DeltaNet layer, filled by `gdn_tree`."""
+        return [None] * layers
+
+    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
+        """A committed chain (prefill, `ar`) through a DeltaNet layer from its fused projection
+        [T, ...]: both states advance in place; returns the normed output [T, Hv Dv]."""
+        t = proj.shape[0]
+        windows = gated_delta.conv_windows(gated_delta.chain_parents(t, proj.device), spec.kernel)
+        q, k, v, g, beta = gated_delta.inputs(proj, conv_state, spec, windows)
+        o, new_state = gated_delta.chain(q, k, v, g, beta, state)
+        hist = torch.cat([conv_state, proj[:, : spec.conv_dim].to(conv_state.dtype)])
+        conv_state.copy_(hist[-(spec.kernel - 1) :])
+        state.copy_(new_state)
+        return gated_delta.gated_norm(o, proj, spec)
+
+    def gdn_tree(
+        self,
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_state: Tensor,
+        state: Tensor,
+        plan: TreeAncestry,
+        staging: list[Staged | None],
+        slot: int,
+    ) -> Tensor:
+        """A tree through a DeltaNet layer, every node along its own root path; nothing advances,
+        the layer's staging slot keeps what `gdn_commit` needs. Returns [N, Hv Dv]."""
+        q, k, v, g, beta = gated_delta.inputs(proj, conv_state, spec, plan.windows)
+        o, d, big_g = gated_delta.tree_form(q, k, v, g, beta, plan.anc, state)
+        staging[slot] = Staged(proj[:, : spec.conv_dim], k, d, big_g)
+        return gated_delta.gated_norm(o, proj, spec)
+
+    def gdn_commit(
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        staging: list[Staged | None],
+        plan: TreeAncestry,
+        path: Tensor,
+        path_len: Tensor,
+    ) -> None:
+        """Every DeltaNet layer's states along the accepted path (padded with -1; path_len 0-d)."""
+        last = path.gather(0, (path_len - 1).reshape(1))
+        rows = plan.windows[last, 1:].reshape(-1)
+        for slot, staged in enumerate(staging):
+            assert staged is not None, "gdn_commit before a verify pass"
+            conv, state = conv_states[slot], states[slot]
+            hist = torch.cat([conv, staged.x.to(conv.dtype)])
+            state.copy_(gated_delta.advance_state(state, staged.k, staged.d, staged.big_g, path, path_len))
+            conv.copy_(hist[rows])
+
+
+def ancestors(parents: Tensor) -> Tensor:
     """Ancestor-or-self matrix (bool [N, N]) by boolean closure, without a host sync.
 
     Repeated squaring of `I | parent-edge`: after t squarings it holds every ancestor up to 2**t
@@ -267,17 +397,21 @@ def _ancestors(parents: Tensor) -> Tensor:
     reach = torch.eye(n, device=parents.device, dtype=torch.float32)
     # parents[0] == -1: clamped, the root points at itself, which the identity already holds.
     reach[torch.arange(n, device=parents.device), parents.clamp(min=0)] = 1.0
-    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+    for _ in range(max(1, (max(n, 2) - 1).bit_length())):  # ceil(log2(n)) squarings
         reach = (reach @ reach).clamp(max=1.0)
     return reach > 0
 
 
-def select_backend(device: torch.device) -> Backend[Any]:
-    """The Triton backend on CUDA when the kernels package provides it, else the PyTorch one."""
-    if torch.device(device).type == "cuda":
-        try:
-            from ddtree_kernels.backend import TritonBackend
-        except ImportError:
-            return TorchBackend()
-        return TritonBackend()
-    return TorchBackend()
+def select_backend(device: torch.device) -> Backend[Any, Any, Any]:
+    """The Triton backend on CUDA, else the PyTorch one. On CUDA the Triton backend must load: a
+    broken install fails here, with the cause, instead of serving at a fraction of the speed."""
+    if torch.device(device).type != "cuda":
+        return TorchBackend()
+    try:
+        from ddtree_runtime.triton_backend import TritonBackend
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the Triton backend does not load on {device} ({exc}); fix: install the runtime extra "
+            "(pip install 'specops[runtime]': triton, flash-linear-attention) or run on the CPU"
+        ) from exc
+    return TritonBackend()

@@ -18,29 +18,32 @@ import torch
 from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import Engine, GenerationError
-from ddtree_runtime.loader import default_dtype, load_pair
+from ddtree_runtime.loader import default_device, default_dtype, load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
-from specops_contract import MODES
+from specops_contract import MODES, SERVE_OPTIONS
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+def _serve_option(p: argparse.ArgumentParser, name: str, *, any_value: bool = False) -> None:
+    """A flag `generate` and `bench` share with `serve`: type, default, choices and help from the contract."""
+    option = SERVE_OPTIONS[name]
+    choices = None if any_value or not option.choices else option.choices
+    p.add_argument(
+        f"--{name}", type=option.kind, default=option.default, choices=choices, help=option.describe()
+    )
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3)")
-    p.add_argument("--drafter", help="DFlash drafter checkpoint directory (needed by dflash and ddtree)")
-    p.add_argument("--budget", type=int, default=64, help="ddtree: tree nodes verified per round")
+    _serve_option(p, "drafter")
+    _serve_option(p, "budget")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, help="cache size in tokens (default: what the request needs)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        help="default: bfloat16 on cuda and on CPUs with native bf16, else float32",
-    )
+    _serve_option(p, "device", any_value=True)  # any torch device (cuda:1 too); None: resolved after parsing
+    _serve_option(p, "dtype")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (through the chat template when the model has one)")
     prompt.add_argument("--prompt-ids", help="comma-separated token ids, used as they are")
@@ -51,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate once and print the tokens and statistics")
     _common(gen)
-    gen.add_argument("--mode", choices=MODES, default="ddtree")
+    _serve_option(gen, "mode")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--format", choices=("text", "json"), default="text")
     bench = sub.add_parser("bench", help="offline decode benchmark: one JSON object per run")
@@ -71,8 +74,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server/)")
     server.add_arguments(serve)
     args = parser.parse_args(argv)
-    if args.command in ("generate", "bench") and args.dtype is None:
-        args.dtype = default_dtype(args.device)
+    if args.command in ("generate", "bench"):
+        args.device = args.device or default_device()
+        args.dtype = args.dtype or default_dtype(args.device)
     return args
 
 
@@ -101,7 +105,7 @@ def _engine(
     if needs_drafter and not args.drafter:
         raise GenerationError("modes dflash and ddtree need --drafter DIR (fix: add it, or use --mode ar)")
     target, drafter = load_pair(
-        args.target, args.drafter if needs_drafter else None, device, DTYPES[args.dtype]
+        args.target, args.drafter if needs_drafter else None, device, getattr(torch, args.dtype)
     )
     block = drafter.config.block_size if drafter is not None else 1
     rows = max([block, *(b + 1 for b in budgets)])

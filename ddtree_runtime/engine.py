@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,10 +29,9 @@ from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.generation import GenerationResult, Output, PhaseClock
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.qwen3 import Qwen3
-from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.target import Target
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
-from specops_contract import MODES
+from specops_contract import MODES, SERVE_OPTIONS, verify_rows
 
 
 class GenerationError(ValueError):
@@ -56,10 +56,10 @@ class Engine:
 
     def __init__(
         self,
-        target: Qwen3 | Qwen3_5,
+        target: Target,
         drafter: DFlashDrafter | None,
         max_context: int,
-        backend: Backend | None = None,
+        backend: Backend[Any, Any, Any] | None = None,
         graphs: bool | None = None,
     ) -> None:
         cfg = target.config
@@ -78,18 +78,14 @@ class Engine:
         block = drafter.config.block_size if drafter is not None else 1
         features = max(1, len(capture) * cfg.hidden_size)
         self.buffers = RoundBuffers.allocate(block, features, self.device, target.embed_tokens.weight.dtype)
-        # hybrids run their rounds eagerly on CUDA until their Gated DeltaNet path is graph-checked
-        use_graphs = self.device.type == "cuda" and isinstance(target, Qwen3) if graphs is None else graphs
-        self.graphs = RoundGraphs(self.device) if use_graphs else None
+        if graphs is None:  # both must allow it: no host work in the target's pass or the backend's seams
+            graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
+        self.graphs = RoundGraphs(self.device) if graphs else None
         self.warmed: set[GraphKey] | None = None  # after warmup: the only rounds served
 
     @property
     def max_context(self) -> int:
         return self.target.max_context
-
-    def _rows(self, mode: str, budget: int, block: int) -> int:
-        """Cache rows a round writes past the committed context (the drafter's block included)."""
-        return {"ar": 1, "dflash": block, "ddtree": max(budget + 1, block)}[mode]
 
     def _check(
         self, mode: str, prompt: Sequence[int], max_new_tokens: int, budget: int, block_size: int
@@ -115,7 +111,7 @@ class Engine:
                 f"budget {budget} does not fit a tree of depth {block_size - 1} over {vocab} tokens "
                 f"(fix: a budget from 1 to {capacity})"
             )
-        rows = self._rows(mode, budget, block_size)
+        rows = verify_rows(mode, block_size, budget)
         need = len(prompt) + max_new_tokens + rows
         if need > self.max_context:
             raise GenerationError(
@@ -149,11 +145,16 @@ class Engine:
         """Capture one greedy round graph; the buffers come back as they were."""
         assert self.graphs is not None
         buf = self.buffers
-        rows = self._rows(mode, budget, buf.feats.shape[0])
+        rows = verify_rows(mode, buf.feats.shape[0], budget)
         if int(buf.ctx) + rows > bound:  # the last generation ran past this bucket: any length in it
             buf.ctx.fill_(bound - rows)
             buf.n_feats.fill_(1)
-        reset = buf.snapshot()
+        restore_buffers, restore_target = buf.snapshot(), self.target.snapshot()
+
+        def reset() -> None:
+            restore_buffers()
+            restore_target()
+
         self.graphs.capture((mode, budget, bound), self._phases(mode, budget, bound, Sampling()), reset)
 
     @torch.inference_mode()
@@ -170,7 +171,7 @@ class Engine:
             return
         for mode, budget in pairs:
             for bound in buckets(self.max_context):
-                if self._rows(mode, budget, block) < bound:
+                if verify_rows(mode, block, budget) < bound:
                     self._capture(mode, budget, bound)
         first = next((m for m, _ in pairs if m != "ar"), pairs[0][0])
         for length in prefill_lengths(max_prompt or self.max_context // 2, self.max_context):
@@ -193,7 +194,7 @@ class Engine:
         prompt_ids: Sequence[int],
         *,
         mode: str = "ddtree",
-        budget: int = 64,
+        budget: int = SERVE_OPTIONS["budget"].default,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -294,7 +295,7 @@ class Engine:
     ) -> None:
         """Rounds until a stopping rule fires: a replayed graph (or the phases one by one), then
         the round's one host sync, which reads the accepted tokens."""
-        rows = self._rows(mode, budget, buf.feats.shape[0])
+        rows = verify_rows(mode, buf.feats.shape[0], budget)
         phases: dict[int, list[Phase]] = {}
         done = False
         while not done:

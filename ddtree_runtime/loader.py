@@ -28,6 +28,12 @@ from ddtree_runtime.config import (
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.target import Target
+
+
+def default_device() -> str:
+    """The device when none is asked for: CUDA when torch sees one, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def default_dtype(device: str) -> str:
@@ -95,7 +101,7 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Pat
         )
 
 
-def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Qwen3 | Qwen3_5:
+def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Target:
     """A Qwen3 or Qwen3.5 target; HF names lose their `model.` (or `model.language_model.`) prefix,
     vision and `mtp.*` tensors are skipped, a tied head shares the embedding, and the QKV and
     gate/up projections are fused for inference."""
@@ -104,7 +110,7 @@ def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype)
         path = directory / "config.json"
         cfg: Qwen3Config | Qwen3_5Config = Qwen3_5Config.from_dict(read_json(path), path)
         with torch.device("meta"):
-            model: Qwen3 | Qwen3_5 = Qwen3_5(cfg)
+            model: Target = Qwen3_5(cfg)
     else:
         cfg = Qwen3Config.from_dir(directory)
         with torch.device("meta"):
@@ -137,7 +143,7 @@ def load_drafter(directory: str | Path, device: torch.device, dtype: torch.dtype
 
 def load_pair(
     target_dir: str | Path, drafter_dir: str | Path | None, device: torch.device, dtype: torch.dtype
-) -> tuple[Qwen3 | Qwen3_5, DFlashDrafter | None]:
+) -> tuple[Target, DFlashDrafter | None]:
     """Target and drafter, refusing a drafter that does not fit before any weight is read."""
     if drafter_dir is not None:
         check_pair(Path(target_dir), Path(drafter_dir))

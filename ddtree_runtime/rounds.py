@@ -4,8 +4,9 @@ A round reads and writes only `RoundBuffers` (the next root token, the committed
 drafter's unread context features, the round's output), so its shapes never change and one
 captured graph replays every round of a context bucket: lengths live on the device, and the host
 reads one small tensor per round (`out`: accepted count and tokens), the one sync the stopping
-rules need. Each round is a list of phases (`draft`, `tree`, `verify`, `walk`, `compact`) sharing
-a scratch dict, so that a profile can time them one by one.
+rules need. Each round is a list of phases (`draft`, `tree`, `verify`, `walk`, `compact`) handing
+their results on through one `RoundState` (SpecDecodeMetadata-like: a typed contract between the
+phases), so that a profile can time them one by one.
 
 Round of `ddtree` (DDTree, Ringel & Romano, arXiv 2604.12989), `dflash` (a chain) and `ar`:
     draft    the drafter ingests the rows accepted last round, drafts [root, MASK x (B - 1)]
@@ -19,14 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.backend import Backend
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.qwen3 import Qwen3
-from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.target import Target, TreeInputs
 
 Phase = tuple[str, Callable[[], None]]
 
@@ -120,8 +121,25 @@ def choose(logits: Tensor, sampling: Sampling) -> Tensor:
     return torch.multinomial(probs, 1, generator=sampling.generator)[0]
 
 
+@dataclass
+class RoundState:
+    """What one phase of a speculative round hands the next. One instance per captured round: its
+    tensors are made inside the round, so a graph replays them at the addresses it captured."""
+
+    draft_logits: Tensor | None = None  # [block - 1, V] fp32
+    tokens: Tensor | None = None  # [N]: the root, then the drafted nodes
+    parents: Tensor | None = None  # [N], parents[0] = -1
+    depth: Tensor | None = None  # [N]
+    tree: TreeInputs | None = None  # what the target's layers need of the tree
+    logits: Tensor | None = None  # [N, V]
+    hidden: Tensor | None = None  # [N, features]
+    path: Tensor | None = None  # [N] accepted nodes, padded with -1
+    path_len: Tensor | None = None  # 0-d, the root counted
+    bonus: Tensor | None = None  # 0-d
+
+
 def ar_phases(
-    target: Qwen3 | Qwen3_5, backend: TorchBackend, buf: RoundBuffers, key_bound: int, sampling: Sampling
+    target: Target, backend: Backend[Any, Any, Any], buf: RoundBuffers, key_bound: int, sampling: Sampling
 ) -> list[Phase]:
     """Plain decoding: one target pass for one token."""
 
@@ -146,9 +164,9 @@ def ar_phases(
 
 
 def spec_phases(
-    target: Qwen3 | Qwen3_5,
+    target: Target,
     drafter: DFlashDrafter,
-    backend: TorchBackend,
+    backend: Backend[Any, Any, Any],
     buf: RoundBuffers,
     mode: str,
     budget: int,
@@ -157,12 +175,12 @@ def spec_phases(
     sampling: Sampling,
 ) -> list[Phase]:
     """One speculative round (`dflash` or `ddtree`) of a `block`-token draft as phases over `buf`
-    (whose features hold `block` rows) and a scratch dict."""
+    (whose features hold `block` rows) and one `RoundState`."""
     cfg, device = drafter.config, buf.root.device
     masks = torch.full((block - 1,), cfg.mask_token_id, dtype=torch.int64, device=device)
     chain_parents = torch.arange(block, device=device) - 1
     chain_depth = torch.arange(block, device=device)
-    s: dict[str, Tensor] = {}
+    s = RoundState()
 
     def draft() -> None:
         noise = (
@@ -170,36 +188,35 @@ def spec_phases(
         )  # [block, hidden]
         drafter.ingest(buf.feats, buf.ctx - buf.n_feats, backend)
         hidden = drafter.draft(noise, buf.ctx, backend, key_bound)
-        s["draft_logits"] = drafter.logits(hidden[1:], target.lm_head)  # [block - 1, V]
+        s.draft_logits = drafter.logits(hidden[1:], target.lm_head)  # [block - 1, V]
 
     def tree() -> None:
         if mode == "ddtree":
-            s["tokens"], s["parents"], s["depth"] = backend.build_tree(s["draft_logits"], budget, buf.root[0])
-            s["visibility"] = backend.tree_visibility(s["parents"], s["depth"])
+            s.tokens, s.parents, s.depth = backend.build_tree(s.draft_logits, budget, buf.root[0])
         else:
-            s["tokens"] = torch.cat([buf.root, s["draft_logits"].argmax(-1)])
-            s["parents"], s["depth"] = chain_parents, chain_depth
+            s.tokens = torch.cat([buf.root, s.draft_logits.argmax(-1)])
+            s.parents, s.depth = chain_parents, chain_depth
+        s.tree = target.plan(s.parents, s.depth, backend, chain=mode != "ddtree")
 
     def verify() -> None:
-        s["logits"], s["hidden"] = target(
-            s["tokens"],
-            buf.ctx + s["depth"],
+        s.logits, s.hidden = target(
+            s.tokens,
+            buf.ctx + s.depth,
             buf.ctx,
-            s.get("visibility"),
+            s.tree,
             backend,
             key_bound=key_bound,
             logits_dtype=None if sampling.greedy else torch.float32,
-            parents=s["parents"],
         )
 
     def walk() -> None:
-        logits = nucleus(s["logits"], sampling.temperature, sampling.top_p)
-        s["path"], s["path_len"], s["bonus"] = backend.tree_walk(
-            s["tokens"], s["parents"], logits, sampling.temperature, sampling.generator
+        logits = nucleus(s.logits, sampling.temperature, sampling.top_p)
+        s.path, s.path_len, s.bonus = backend.tree_walk(
+            s.tokens, s.parents, logits, sampling.temperature, sampling.generator
         )
 
     def compact() -> None:
-        target.commit(buf.ctx, s["path"], s["path_len"], backend, chain=mode != "ddtree")
-        buf.advance(s["path"], s["path_len"], s["tokens"], s["hidden"], s["bonus"])
+        target.commit(buf.ctx, s.tree, s.path, s.path_len, backend)
+        buf.advance(s.path, s.path_len, s.tokens, s.hidden, s.bonus)
 
     return [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("compact", compact)]

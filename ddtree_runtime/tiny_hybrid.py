@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from ddtree_runtime.config import Qwen3_5Config
-from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.qwen3_5 import DeltaNetLayer, Qwen3_5
 from ddtree_runtime.tiny import (
     SPECIALS,
     TinyPair,
@@ -122,7 +122,7 @@ def _slow_loud_deltanet(target: Qwen3_5, gen: torch.Generator, state_gain: float
     on the recurrent state, or state bugs would not change any token."""
     with torch.no_grad():
         for layer in target.layers:
-            if hasattr(layer, "linear_attn"):
+            if isinstance(layer, DeltaNetLayer):
                 gdn = layer.linear_attn
                 gdn.A_log.uniform_(-3.0, -1.0, generator=gen)
                 gdn.dt_bias.uniform_(-1.0, 0.0, generator=gen)

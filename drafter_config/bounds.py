@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drafter_config.jsonpos import JsonDocument
 from drafter_config.source import LintInputError
+from specops_files.jsonpos import JsonDocument
 
 LAYERS = 1024
 # key -> (lowest, highest) allowed; no lowest where a lint rule names a value too small (DFL050)

@@ -17,7 +17,7 @@ from drafter_config.patch import PatchRefused, patch
 from drafter_config.serve import load_serve_config
 from drafter_config.source import LintInputError
 from drafter_config.spec import load_spec, shipped_specs
-from drafter_config.store import LocalStore
+from specops_files.store import LocalStore
 
 EXIT_CLEAN, EXIT_ERRORS, EXIT_UNUSABLE = 0, 1, 2
 

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from drafter_config.drafter import DrafterConfig
 from drafter_config.findings import Finding, make_finding
-from drafter_config.jsonpos import JsonPath, format_path
 from drafter_config.safetensors_header import WeightSet
 from drafter_config.serve import ServeSetting
 from drafter_config.spec import Spec
 from drafter_config.target import TargetConfig
 from drafter_config.tokenizer import TokenizerInfo
+from specops_files.jsonpos import JsonPath, format_path
 
 
 @dataclass

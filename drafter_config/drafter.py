@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drafter_config.jsonpos import JsonDocument, JsonPath
+from specops_files.jsonpos import JsonDocument, JsonPath
 
 DFLASH_FIELDS = ("mask_token_id", "target_layer_ids")
 ARCHITECTURE = "DFlashDraftModel"

@@ -18,9 +18,9 @@ from drafter_config.safetensors_header import WeightSet, read_weights
 from drafter_config.serve import ServeSetting
 from drafter_config.source import Checkpoint, InvalidJson, locate_checkpoint, read_json
 from drafter_config.spec import Spec
-from drafter_config.store import LocalStore, Store
 from drafter_config.target import TargetConfig, load_target
 from drafter_config.tokenizer import TokenizerInfo, read_tokenizer
+from specops_files.store import LocalStore, Store
 
 
 @dataclass

@@ -21,11 +21,11 @@ from typing import Any
 
 from drafter_config.drafter import DrafterConfig, same_value
 from drafter_config.findings import LintReport
-from drafter_config.jsonpos import JsonDocument, JsonPath, parse
 from drafter_config.lint import LintInputs, load_inputs, run_rules
 from drafter_config.source import InvalidJson, LintInputError
 from drafter_config.spec import Spec
-from drafter_config.store import Store
+from specops_files.jsonpos import JsonDocument, JsonPath, parse
+from specops_files.store import Store
 
 
 class PatchRefused(LintInputError):

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 
 from drafter_config.source import LintInputError, loads, read_text
-from drafter_config.store import Store, join
+from specops_files.store import Store, join
 
 INDEX_FILE = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit

@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from drafter_config.jsonpos import JsonDocument, JsonSyntaxError, parse
-from drafter_config.store import Store, join
 from specops_contract import SpecopsError
+from specops_files.jsonpos import JsonDocument, JsonSyntaxError, parse
+from specops_files.store import Store, join
 
 MAX_JSON_BYTES = 64 * 1024 * 1024
 

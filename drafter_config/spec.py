@@ -42,7 +42,7 @@ SPEC_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "max_position_embeddings": ("DFL045", (int,)),
     "dtype": ("DFL060", (str,)),
 }
-_TOP_KEYS = ("name", "description", "drafter", "target", "source", "values")
+_TOP_KEYS = ("name", "description", "drafter", "target", "source", "values", "min_tau")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Spec:
     file: str
     values: dict[str, Any]
     lines: dict[str, int]  # spec field -> line in the spec file, for messages
+    min_tau: float | dict[str, float] | None = None  # the acceptance gate's floor (fab deploy)
 
     def cite(self, key: str) -> str:
         return f"spec {self.name} ({self.file}:{self.lines.get(key, 1)})"
@@ -105,4 +106,22 @@ def load_spec(name_or_file: str) -> Spec:
                 f"{path}:{lines.get(key, 1)}: spec field '{key}' has the wrong type "
                 f"{type(value).__name__} (fix: use {'/'.join(t.__name__ for t in types)})"
             )
-    return Spec(str(data.get("name") or path.stem), str(path), dict(data["values"]), lines)
+    return Spec(
+        str(data.get("name") or path.stem), str(path), dict(data["values"]), lines, _min_tau(path, data)
+    )
+
+
+def _min_tau(path: Path, data: dict[str, Any]) -> float | dict[str, float] | None:
+    """``min_tau``: greedy acceptance (tau, bonus token included) that a correctly configured
+    deployment of this drafter reaches at least; a number, or one per mode."""
+    value = data.get("min_tau")
+    items = value.items() if isinstance(value, dict) else [("", value)]
+    for mode, number in items:
+        if value is not None and (
+            isinstance(number, bool) or not isinstance(number, (int, float)) or number < 1
+        ):
+            raise LintInputError(
+                f"{path}: min_tau{'.' + str(mode) if mode else ''} is {number!r} "
+                "(fix: a number >= 1, or {mode: number})"
+            )
+    return value

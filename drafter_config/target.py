@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from drafter_config.jsonpos import JsonDocument, JsonPath
+from specops_files.jsonpos import JsonDocument, JsonPath
 
 # keys of a rope_scaling / rope_parameters mapping that do not change the drafter's rotary maths
 _ROPE_IGNORED = {"rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved"}

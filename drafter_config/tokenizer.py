@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drafter_config.source import MAX_JSON_BYTES, LintInputError, loads, read_text
-from drafter_config.store import Store, join
+from specops_files.store import Store, join
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _ROLES = ("bos_token", "eos_token", "pad_token", "unk_token", "mask_token")

@@ -13,7 +13,7 @@ Each field is taken from the last layer that sets it (defaults < groups in file 
 ``vars`` and ``secrets`` merge key by key in the same order. A variable may not reuse a host-field
 name (``port``, ``base``, ...): templates see both, so the clash is refused instead of guessed.
 
-Notes on the interfaces.md contract:
+What the architecture's summary leaves out:
 - ``known_hosts`` is the COMPLETE list of files a host's key is checked against (default
   ``[~/.ssh/known_hosts]``); relative paths are relative to the inventory file. ``accept-new``
   records a new key in the first listed file that is writable, so list a project file first to
@@ -66,7 +66,11 @@ hosts:
   local:
     connection: local
     base: ~/.cache/specops/demo
-    vars: {profile: cpu, bench_matrix: bench-demo.yaml}
+    vars:
+      profile: cpu
+      bench_matrix: bench-demo.yaml
+      min_tau: 2
+      acceptance: {prompts: ../demo_pair/held_out_prompts.jsonl}
 """
 
 

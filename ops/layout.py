@@ -28,6 +28,10 @@ class HostLayout:
     def python(self) -> str:
         return f"{self.venv}/bin/python"
 
+    def system_venv(self, system: str) -> str:
+        """The venv of a foreign serving system (``vllm``, ``sglang``): each pins its own torch."""
+        return f"{self.base}/venvs/{system}"
+
     @property
     def releases(self) -> str:
         return f"{self.base}/releases"
@@ -89,6 +93,10 @@ class HostLayout:
     def state(self, name: str | None = None) -> str:
         """What was started and from which fingerprint (a second deploy with no change keeps the pid)."""
         return f"{self.run}/{name or self.service}.state"
+
+    def acceptance(self, name: str | None = None) -> str:
+        """The last passed acceptance gate: tau per mode and its threshold (``fab status`` reads it)."""
+        return f"{self.run}/{name or self.service}.acceptance.json"
 
     # -- logs, scripts, models, results
     @property

@@ -17,9 +17,9 @@ from typing import Any
 
 import jinja2
 
+from ops.api.args import ArgError
 from ops.errors import InputFileError, did_you_mean
 from ops.steps import REGISTRY, get_step
-from ops.steps.base import ArgError
 from ops.yamlfile import line_of, load_yaml, read_source
 
 STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors", "timeout")

@@ -30,9 +30,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ops import hostlock
+from ops.api.args import ArgError
+from ops.api.changes import Applied, StepFailed
+from ops.api.context import Progress, StepContext
 from ops.connection import connect
 from ops.errors import SpecopsError
 from ops.hosts import Host
@@ -50,10 +53,7 @@ from ops.results import (
     record_run,
 )
 from ops.steps import get_step
-from ops.steps.base import Applied, ArgError, Step, StepContext, StepFailed
-
-if TYPE_CHECKING:
-    from ops.bench.progress import BenchProgress
+from ops.steps.base import Step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = REPO_ROOT / "templates"
@@ -86,7 +86,7 @@ class RunWide:
     redactor: Redactor
     reporter: Reporter
     results_dir: Path
-    progress: BenchProgress | None
+    progress: Progress | None
     stop: threading.Event = field(default_factory=threading.Event)  # set by Ctrl-C
     abandon: threading.Event = field(default_factory=threading.Event)  # set by a second Ctrl-C
     connections: dict[str, Any] = field(default_factory=dict)  # host -> its open Connection
@@ -121,7 +121,7 @@ def run_playbook(
     redactor: Redactor | None = None,
     live: bool | None = None,
     results_dir: Path | None = None,
-    progress: BenchProgress | None = None,
+    progress: Progress | None = None,
 ) -> RunResult:
     """Run ``playbook`` on every host; never raises for a host's failure (see RunResult).
 

@@ -1,7 +1,8 @@
 """Fabric tasks (``fab provision|deploy|bench|tune|rollback|status|facts|lint-drafter|patch-drafter|
 train-drafter|play FILE``).
 
-Thin wrappers over the runner, one shipped playbook each (``playbook_task``).
+Thin wrappers over the runner, one shipped playbook each (``playbook_task``). ``fab_task`` gives
+every task the shared options (``COMMON_HELP``), so a task declares only its own.
 
 Each task loads the inventory, selects hosts with ``--limit``, runs one playbook and exits
 non-zero when a host failed (1) or the input was wrong (2), so shell scripts and CI can rely on
@@ -11,12 +12,15 @@ non-zero when a host failed (1) or the input was wrong (2), so shell scripts and
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, task
+from invoke import Collection, Task, task
 from invoke.exceptions import Exit
 from rich.console import Console
 from rich.table import Table
@@ -40,6 +44,7 @@ from ops.runner import DEFAULT_FORKS, DEFAULT_RESULTS, REPO_ROOT, run_playbook
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
 
+# The options every task takes (``tags`` only the tasks that run a playbook as written), in order.
 COMMON_HELP = {
     "limit": "only these hosts or groups, comma-separated (default: every host)",
     "check": "probe and plan only: print would-be changes and diffs, write nothing",
@@ -48,6 +53,47 @@ COMMON_HELP = {
     "tags": "only steps with one of these tags, comma-separated",
     "results": "results folder (default: results/ at the repo root)",
 }
+
+
+def fab_task(*, name: str | None = None, tags: bool = False, **own_help: str) -> Callable[..., Task]:
+    """Make ``fn`` a ``fab`` task with the shared options (and ``--tags`` when ``tags``).
+
+    ``fn`` declares only its own parameters (documented by ``own_help``) and takes the shared ones
+    as keywords (``**opts``). Every valued option defaults to None, so invoke never casts one (and
+    crashes) first: ``--forks`` arrives as text and is checked here. A bad value, like every input
+    error a task finds (a ``SpecopsError``), exits 2 with one line.
+    """
+
+    def make(fn: Callable[..., None]) -> Task:
+        shared = {k: v for k, v in COMMON_HELP.items() if tags or k != "tags"}
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        signature = inspect.Signature(
+            [
+                inspect.Parameter("c", keyword),  # invoke's Context, unused
+                *(p for p in own if p.default is p.empty),  # positional: `fab play FILE`
+                *(inspect.Parameter(k, keyword, default=False if k == "check" else None) for k in shared),
+                *(p for p in own if p.default is not p.empty),
+            ]
+        )
+
+        @functools.wraps(fn)
+        def body(*args: Any, **kwargs: Any) -> None:
+            values = signature.bind(*args, **kwargs)
+            values.apply_defaults()
+            opts = dict(values.arguments)
+            opts.pop("c")
+            try:
+                opts["forks"] = parse_forks(opts["forks"])
+                fn(**opts)
+            except SpecopsError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                raise Exit(code=2) from None
+
+        body.__signature__ = signature  # type: ignore[attr-defined]  # what invoke reads
+        return task(help={**shared, **own_help}, name=name or fn.__name__.replace("_", "-"))(body)
+
+    return make
 
 
 def run_file(
@@ -101,32 +147,20 @@ def _finish(result: RunResult) -> None:
         raise Exit(code=1)
 
 
-@task(help={"file": "the playbook YAML to run", **COMMON_HELP})
-def play(c, file, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
+@fab_task(tags=True, file="the playbook YAML to run")
+def play(file: str, **opts: Any) -> None:
     """Run any playbook FILE over the inventory."""
-    _finish(
-        run_file(file, limit=limit, check=check, inventory=inventory, forks=forks, tags=tags, results=results)
-    )
+    _finish(run_file(file, **opts))
 
 
-def playbook_task(name: str, playbook: str, doc: str):
+def playbook_task(name: str, playbook: str, doc: str) -> Task:
     """A task that runs one shipped playbook with the common options (``fab NAME``)."""
 
-    def body(c, limit=None, check=False, inventory=None, forks=None, tags=None, results=None):
-        _finish(
-            run_file(
-                PLAYBOOKS / playbook,
-                limit=limit,
-                check=check,
-                inventory=inventory,
-                forks=forks,
-                tags=tags,
-                results=results,
-            )
-        )
+    def body(**opts: Any) -> None:
+        _finish(run_file(PLAYBOOKS / playbook, **opts))
 
     body.__name__, body.__doc__ = name.replace("-", "_"), doc
-    return task(help=COMMON_HELP, name=name)(body)
+    return fab_task(name=name, tags=True)(body)
 
 
 provision = playbook_task(
@@ -166,7 +200,7 @@ def facts_table(result: RunResult, title: str) -> Table:
         "python",
         "systemd",
         "gpus",
-        *(["driver", "CUDA", "torch", "triton", "vllm"] if stacks else []),
+        *(["driver", "CUDA", "torch", "triton", "vllm", "systems"] if stacks else []),
         "venv",
         "release",
     ]
@@ -189,7 +223,11 @@ def facts_table(result: RunResult, title: str) -> Table:
             f["python"]["version"] or "none",
             "usable" if f["systemd"]["usable"] else "no",
             gpus,
-            *(stack.get(key) or "-" for key in ("driver", "cuda", "torch", "triton", "vllm") if stacks),
+            *(
+                stack.get(key) or "-"
+                for key in ("driver", "cuda", "torch", "triton", "vllm", "systems")
+                if stacks
+            ),
             f["venv"] or "none",
             f["release"] or "none",
         ]
@@ -219,10 +257,8 @@ def save_facts(result: RunResult) -> Path:
     return path
 
 
-def _facts_task(playbook: str, title: str, limit, check, inventory, forks, results) -> None:
-    result = run_file(
-        PLAYBOOKS / playbook, limit=limit, check=check, inventory=inventory, forks=forks, results=results
-    )
+def _facts_task(playbook: str, title: str, **opts: Any) -> None:
+    result = run_file(PLAYBOOKS / playbook, **opts)
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     console.print(facts_table(result, title))
     console.print(f"saved {save_facts(result)}")
@@ -230,19 +266,16 @@ def _facts_task(playbook: str, title: str, limit, check, inventory, forks, resul
 
 
 # facts and status are read-only playbooks: --check is accepted for uniformity and changes nothing.
-FACTS_HELP = {k: v for k, v in COMMON_HELP.items() if k != "tags"}
-
-
-@task(help=FACTS_HELP)
-def facts(c, limit=None, check=False, inventory=None, forks=None, results=None):
+@fab_task()
+def facts(**opts: Any) -> None:
     """Gather OS, CPU, memory, disk, python, systemd and GPU facts: one table for all hosts."""
-    _facts_task("facts.yaml", "host facts", limit, check, inventory, forks, results)
+    _facts_task("facts.yaml", "host facts", **opts)
 
 
-@task(help=FACTS_HELP)
-def status(c, limit=None, check=False, inventory=None, forks=None, results=None):
+@fab_task()
+def status(**opts: Any) -> None:
     """Show each host's reachability, facts, current release and server health (playbooks/status.yaml)."""
-    _facts_task("status.yaml", "host status", limit, check, inventory, forks, results)
+    _facts_task("status.yaml", "host status", **opts)
 
 
 # ---------------------------------------------------------------- bench and tune
@@ -305,29 +338,23 @@ def _report(run_dir: Path, console: Console) -> None:
     console.print(f"report {report.markdown_path}" + "".join(f"\nplot {p}" for p in report.plots))
 
 
-BENCH_HELP = {
-    **{k: v for k, v in COMMON_HELP.items() if k != "tags"},
-    "matrix": "benchmark matrix file (default: playbooks/bench-matrix.yaml; bench-quick.yaml on cpu hosts)",
-    "resume": "RUN_ID (or latest) of an interrupted run: measure only its missing cells",
-}
+RESUME_HELP = "RUN_ID (or latest) of an interrupted run: measure only its missing cells"
 
 
-@task(help=BENCH_HELP)
-def bench(c, limit=None, check=False, inventory=None, forks=None, results=None, matrix=None, resume=None):
+@fab_task(
+    matrix="benchmark matrix file (default: playbooks/bench-matrix.yaml; bench-quick.yaml on cpu hosts)",
+    resume=RESUME_HELP,
+)
+def bench(matrix: str | None = None, resume: str | None = None, **opts: Any) -> None:
     """Benchmark each host's servers over a matrix; results, logs, report.md and plots in results/<run-id>/."""
+    if matrix and not Path(matrix).is_file():
+        raise SpecopsError(
+            f"--matrix {matrix}: no such file (fix: e.g. --matrix playbooks/bench-matrix.yaml)"
+        )
     extra = {"bench_matrix": str(Path(matrix).resolve())} if matrix else {}
-    result, run_dir = run_bench_file(
-        PLAYBOOKS / "bench.yaml",
-        limit=limit,
-        check=check,
-        inventory=inventory,
-        forks=forks,
-        results=results,
-        resume=resume,
-        extra_vars=extra,
-    )
+    result, run_dir = run_bench_file(PLAYBOOKS / "bench.yaml", resume=resume, extra_vars=extra, **opts)
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-    if not check:
+    if not opts["check"]:
         _report(run_dir, console)
     console.print(
         f"run directory {run_dir}" + ("" if result.ok else f" (resume: fab bench --resume {run_dir.name})")
@@ -360,34 +387,21 @@ def sweep_table(result: RunResult) -> Table:
     return table
 
 
-@task(help=FACTS_HELP)
-def tune(c, limit=None, check=False, inventory=None, forks=None, results=None):
+@fab_task()
+def tune(**opts: Any) -> None:
     """Sweep the DDTree budget, serve the best tokens/s (written to <base>/run, restarted via the deploy steps)."""
-    result, run_dir = run_bench_file(
-        PLAYBOOKS / "tune.yaml", limit=limit, check=check, inventory=inventory, forks=forks, results=results
-    )
+    result, run_dir = run_bench_file(PLAYBOOKS / "tune.yaml", **opts)
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
-    if not check:
+    if not opts["check"]:
         console.print(sweep_table(result))
         _report(run_dir, console)
     _finish(result)
 
 
-TRAIN_HELP = {**FACTS_HELP, "resume": "RUN_ID (or latest) of an earlier run: keep its results folder"}
-
-
-@task(help=TRAIN_HELP, name="train-drafter")
-def train_drafter(c, limit=None, check=False, inventory=None, forks=DEFAULT_FORKS, results=None, resume=None):
+@fab_task(resume="RUN_ID (or latest) of an earlier run: keep its results folder")
+def train_drafter(resume: str | None = None, **opts: Any) -> None:
     """Train a DFlash drafter on each host (resumable); progress, drafter and tau come home to results/<run-id>/."""
-    result, run_dir = run_bench_file(
-        PLAYBOOKS / "train-drafter.yaml",
-        limit=limit,
-        check=check,
-        inventory=inventory,
-        forks=forks,
-        results=results,
-        resume=resume,
-    )
+    result, run_dir = run_bench_file(PLAYBOOKS / "train-drafter.yaml", resume=resume, **opts)
     Console().print(f"run directory {run_dir}")
     _finish(result)
 

@@ -30,6 +30,7 @@ PACKAGED = (
     "ddtree_runtime",
     "ddtree_kernels",
     "drafter_config",
+    "specops_files",
     "specops_contract.py",
     "pyproject.toml",
     "README.md",

@@ -15,10 +15,12 @@ through the tree-attention kernel (GQA in the kernel, no copy of the cache per r
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, as_device_length, linear, rope_tables
 
@@ -48,7 +50,7 @@ class DFlashDrafter(nn.Module):
         self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
         self.cos, self.sin = rope_tables(lc.head_dim, lc.rope_theta, max_context, w.device)
 
-    def ingest(self, features: Tensor, ctx_start: int | Tensor, backend: TorchBackend) -> None:
+    def ingest(self, features: Tensor, ctx_start: int | Tensor, backend: Backend[Any, Any, Any]) -> None:
         """Write the context K/V of `features` ([C, n_ids * hidden], positions `ctx_start ..`) in every
         layer. A context row's K/V depend on the features alone (the same `fc` output feeds every
         layer), so the prompt is read once at prefill and each round adds its accepted rows.
@@ -69,7 +71,11 @@ class DFlashDrafter(nn.Module):
             )
 
     def draft(
-        self, noise: Tensor, start: int | Tensor, backend: TorchBackend, key_bound: int | None = None
+        self,
+        noise: Tensor,
+        start: int | Tensor,
+        backend: Backend[Any, Any, Any],
+        key_bound: int | None = None,
     ) -> Tensor:
         """noise: [Bk, hidden], the embedded block at positions `start ..` right after the ingested
         context. Returns the block's final hidden states [Bk, hidden]. `start` may be a device
@@ -103,7 +109,7 @@ class DFlashDrafter(nn.Module):
         return h
 
     def forward(
-        self, features: Tensor, ctx_start: int, noise: Tensor, backend: TorchBackend | None = None
+        self, features: Tensor, ctx_start: int, noise: Tensor, backend: Backend[Any, Any, Any] | None = None
     ) -> Tensor:
         """features: [C, n_ids * hidden] at positions `ctx_start ..`; noise: [Bk, hidden], the
         embedded block right after them. Returns the block's final hidden states [Bk, hidden]."""

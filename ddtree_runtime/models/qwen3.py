@@ -8,11 +8,15 @@ follow Hugging Face's minus the `model.` prefix, so checkpoints load without a m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
+from ddtree_runtime.models.target import TreeInputs
 
 
 class RMSNorm(nn.Module):
@@ -206,7 +210,10 @@ def outputs(
 
 
 class Qwen3(nn.Module):
-    """The target model. `forward` returns logits and the captured hidden states."""
+    """The target model (a `models.target.Target`). `forward` returns logits and the captured hidden
+    states."""
+
+    graphable = True
 
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
@@ -237,29 +244,36 @@ class Qwen3(nn.Module):
     def max_context(self) -> int:
         return 0 if self.k_cache is None else self.k_cache.shape[2]
 
+    def plan(
+        self, parents: Tensor, depth: Tensor, backend: Backend[Any, Any, Any], chain: bool
+    ) -> TreeInputs:
+        """A verify pass's tree: attention's visibility (a chain is causal and needs none)."""
+        return TreeInputs(chain, None if chain else backend.tree_visibility(parents, depth))
+
+    def snapshot(self) -> Callable[[], None]:
+        """Nothing to put back after a captured round: the K/V rows past the context are scratch."""
+        return lambda: None
+
     def forward(
         self,
         tokens: Tensor,
         input_pos: Tensor,
         context_len: int | Tensor,
-        visibility: object | None,
+        tree: TreeInputs | None,
         backend: Backend,
         capture: bool = True,
         *,
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
-        parents: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
         The T new rows go to cache rows `context_len ..`; row i sees rows `[0, context_len)` and the
-        new rows that `visibility` allows (None: causal). `context_len` may be a 0-d device tensor
+        new rows that `tree` allows (None: causal). `context_len` may be a 0-d device tensor
         (graph capture) with `key_bound` the most keys it can reach. Logits come in
         `logits_dtype` (None: the model's own, when only their argmax is needed), for every row or
         only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache).
-        `parents` (the tree's) is not needed by attention, which reads `visibility`; it is accepted
-        so every target has one signature.
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -268,6 +282,7 @@ class Qwen3(nn.Module):
             key_bound = int(context_len) + t
         ctx = as_device_length(context_len, tokens.device)
         captured: dict[int, Tensor] = {}
+        visibility = tree.visibility if tree is not None else None
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -285,9 +300,9 @@ class Qwen3(nn.Module):
         return outputs(self, h, captured, logits_dtype, last_logits_only)
 
     def commit(
-        self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: Backend, chain: bool
+        self, context_len: int | Tensor, tree: TreeInputs, path: Tensor, path_len: Tensor, backend: Backend
     ) -> None:
         """After a verify pass: the accepted K/V rows into place (a chain's already are)."""
-        if not chain:
+        if not tree.chain:
             assert self.k_cache is not None and self.v_cache is not None
             backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)

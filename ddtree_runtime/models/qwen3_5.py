@@ -8,24 +8,30 @@ leave through a gated RMSNorm (silu(z)) and `out_proj`.
 
 State per sequence: the full-attention layers' KV cache (static, written by row as in `Qwen3`), and
 per Gated DeltaNet layer a conv state (the last K-1 conv inputs) and a recurrent state [Hv, Dk, Dv]
-in fp32. `forward` without `parents` is a committed chain (prefill, `ar`): it advances the states.
-With `parents` it verifies a tree (a chain is a tree too): every node reads the states along its
-own root path (`models/gdn.py`), nothing is advanced, and `commit` then moves the states along the
-accepted path from what the pass kept, with no second target pass.
+in fp32. `forward` without a tree is a committed chain (prefill, `ar`): it advances the states.
+With a tree (`plan`) it verifies the tree (a chain is a tree too): every node reads the states along
+its own root path (`gated_delta.py`), nothing is advanced, and `commit` then moves the states along
+the accepted path from what the pass staged, with no second target pass.
+
+For inference (`fuse`, at load) each layer's projections are one matmul and every norm scale is
+precomputed, and the layers run on the backend's fused seams, as the dense layers do. Layer kinds
+are chosen once, at build time: a `DeltaNetLayer` or an `AttentionLayer` per `layer_types` entry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.backend import Backend
 from ddtree_runtime.config import Qwen3_5Config
-from ddtree_runtime.models.gdn import advance_state, conv_windows, gdn_chain, tree_conv
-from ddtree_runtime.models.qwen3 import MLP, apply_rope, as_device_length, outputs, rope_tables
+from ddtree_runtime.gated_delta import GdnSpec
+from ddtree_runtime.models.qwen3 import MLP, _fused, as_device_length, linear, outputs, rope_tables
+from ddtree_runtime.models.target import TreeInputs
 
 
 class RMSNorm(nn.Module):
@@ -35,31 +41,41 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.fused_scale: Tensor | None = None
+
+    def fuse(self) -> None:
+        self.fused_scale = 1.0 + self.weight.detach().float()
+
+    @property
+    def scale(self) -> Tensor:
+        """(1 + weight) in fp32: what the backend's fused norm multiplies by (cached by `fuse`)."""
+        return self.fused_scale if self.fused_scale is not None else 1.0 + self.weight.float()
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        return (xf * self.scale).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
-    """RMSNorm of the DeltaNet output, times silu(z)."""
+    """RMSNorm of the DeltaNet output, times silu(z) (the backends apply it: `gated_delta.gated_norm`)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight * xf.to(x.dtype) * F.silu(z.float())).to(x.dtype)
 
+@dataclass
+class _Pass:
+    """What every layer of one forward pass reads: positions, lengths, caches, the tree."""
 
-def partial_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [H, T, D]; RoPE on the first cos.shape[-1] dims, the rest passes through."""
-    r = cos.shape[-1]
-    return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
+    backend: Backend[Any, Any, Any]
+    input_pos: Tensor
+    context_len: Tensor
+    key_bound: int
+    tree: TreeInputs | None
+    staging: Any
 
 
 class GatedAttention(nn.Module):
@@ -73,42 +89,44 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * d, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None
+
+    def fuse(self) -> None:
+        self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+        self.q_norm.fuse()
+        self.k_norm.fuse()
 
     def forward(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        context_len: Tensor,
-        visibility: object | None,
-        backend: TorchBackend,
-        key_bound: int,
+        self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, p: _Pass
     ) -> Tensor:
-        # x: [T, hidden]; cos, sin: [T, rotary_dim]; k_cache, v_cache: [Hkv, S_max, D] (this layer);
-        # context_len: 0-d device tensor, key_bound: the most keys it can reach
-        t, d = x.shape[0], self.head_dim
-        q, gate = self.q_proj(x).view(t, self.n_heads, 2 * d).split(d, dim=-1)  # [T, Hq, D] each
-        q = partial_rope(self.q_norm(q).transpose(0, 1), cos, sin)  # [Hq, T, D]
-        k = partial_rope(self.k_norm(self.k_proj(x).view(t, self.n_kv, d)).transpose(0, 1), cos, sin)
-        rows = context_len + torch.arange(t, device=x.device)
-        k_cache.index_copy_(1, rows, k)
-        v_cache.index_copy_(1, rows, self.v_proj(x).view(t, self.n_kv, d).transpose(0, 1))
-        out = backend.attention(q, k_cache, v_cache, context_len, visibility, d**-0.5, key_bound=key_bound)
-        out = out.transpose(0, 1).reshape(t, -1) * torch.sigmoid(gate.reshape(t, -1))
-        return self.o_proj(out)
-
-
-@dataclass
-class Staged:
-    """What a verify pass keeps per DeltaNet layer so that `commit` can advance its states."""
-
-    windows: Tensor  # [N, K] conv rows of cat(conv_state, x)
-    x: Tensor  # [N, C] conv inputs
-    k: Tensor  # [Hv, N, Dk]
-    d: Tensor  # [Hv, N, Dv]
-    big_g: Tensor  # [Hv, N]
+        # x: [T, hidden]; cos, sin: [S_max, rotary_dim] tables; k_cache, v_cache: [Hkv, S_max, D]
+        t, d, backend = x.shape[0], self.head_dim, p.backend
+        if self.qkv_proj is not None:
+            qkv = linear(self.qkv_proj, x, backend)  # [T, Hq 2D + 2 Hkv D]
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        q = backend.qk_rope(
+            qkv,
+            self.q_norm.scale,
+            self.k_norm.scale,
+            self.q_norm.eps,
+            cos,
+            sin,
+            p.input_pos,
+            k_cache,
+            v_cache,
+            p.context_len,
+            self.n_heads,
+            gated=True,
+        )  # [T, Hq, D]
+        visibility = p.tree.visibility if p.tree is not None else None
+        out = backend.attention(
+            q.transpose(0, 1), k_cache, v_cache, p.context_len, visibility, d**-0.5, key_bound=p.key_bound
+        )  # [Hq, T, D]
+        gate = qkv[:, : 2 * self.n_heads * d].view(t, self.n_heads, 2 * d)[..., d:]
+        out = out.transpose(0, 1) * torch.sigmoid(gate)
+        return linear(self.o_proj, out.reshape(t, -1), backend)
 
 
 class GatedDeltaNet(nn.Module):
@@ -128,68 +146,107 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.n_v))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
+        self.in_proj: nn.Linear | None = None
+        self.fused_spec: GdnSpec | None = None
 
-    def forward(
-        self, x: Tensor, conv_state: Tensor, state: Tensor, parents: Tensor | None, backend: TorchBackend
-    ) -> tuple[Tensor, Staged | None]:
-        """x: [T, hidden]; conv_state: [K-1, C]; state: [Hv, Dk, Dv] fp32, both of this layer.
-        A chain (parents None) updates both states in place; a tree leaves them and returns Staged."""
-        t = x.shape[0]
-        mixed = self.in_proj_qkv(x)  # [T, C]
-        chain = torch.arange(-1, t - 1, device=x.device) if parents is None else parents
-        windows = conv_windows(chain, self.kernel)
-        qkv = tree_conv(mixed, conv_state, self.conv1d.weight[:, 0], windows).float()
-        q, k, v = qkv.split([self.n_k * self.dk, self.n_k * self.dk, self.n_v * self.dv], dim=-1)
-        rep = self.n_v // self.n_k
-        q = F.normalize(q.view(t, self.n_k, self.dk), dim=-1, eps=1e-6)  # l2norm, as transformers
-        k = F.normalize(k.view(t, self.n_k, self.dk), dim=-1, eps=1e-6)
-        q = q.repeat_interleave(rep, dim=1).transpose(0, 1) * self.dk**-0.5  # [Hv, T, Dk]
-        k = k.repeat_interleave(rep, dim=1).transpose(0, 1)
-        v = v.view(t, self.n_v, self.dv).transpose(0, 1)  # [Hv, T, Dv]
-        beta = torch.sigmoid(self.in_proj_b(x).float()).t()  # [Hv, T]
-        g = (-self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())).t()
-        staged = None
-        if parents is None:
-            o, new_state = gdn_chain(q, k, v, g, beta, state)
-            conv_state.copy_(torch.cat([conv_state, mixed.to(conv_state.dtype)])[-(self.kernel - 1) :])
-            state.copy_(new_state)
+    def fuse(self) -> None:
+        """One projection `[mixed | z | b | a]` (the layout every backend reads), the spec kept."""
+        self.in_proj = _fused(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
+        self.fused_spec = self.spec
+
+    @property
+    def spec(self) -> GdnSpec:
+        """The layer's sizes and small weights, as the backends' DeltaNet seams take them."""
+        if self.fused_spec is not None:
+            return self.fused_spec
+        return GdnSpec(
+            self.n_k,
+            self.n_v,
+            self.dk,
+            self.dv,
+            self.norm.eps,
+            self.conv1d.weight[:, 0],
+            self.A_log,
+            self.dt_bias,
+            self.norm.weight,
+        )
+
+    def project(self, x: Tensor, backend: Backend[Any, Any, Any]) -> Tensor:
+        """x [T, hidden] -> [T, C + Hv Dv + 2 Hv]: mixed q|k|v, z, b, a."""
+        if self.in_proj is not None:
+            return linear(self.in_proj, x, backend)
+        return torch.cat(
+            [self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)], dim=-1
+        )
+
+    def forward(self, x: Tensor, conv_state: Tensor, state: Tensor, slot: int, p: _Pass) -> Tensor:
+        """x: [T, hidden]; conv_state: [K-1, C]; state: [Hv, Dk, Dv] fp32, both this layer's.
+        A chain advances both in place; a tree leaves them and fills the layer's staging slot."""
+        backend = p.backend
+        proj = self.project(x, backend)
+        if p.tree is None:
+            out = backend.gdn_chain(proj, self.spec, conv_state, state)
         else:
-            o, d, big_g = backend.gdn_tree(q, k, v, g, beta, parents, state)
-            staged = Staged(windows, mixed, k, d, big_g)
-        o = o.transpose(0, 1).to(x.dtype)  # [T, Hv, Dv]
-        z = self.in_proj_z(x).view(t, self.n_v, self.dv)
-        return self.out_proj(self.norm(o, z).reshape(t, -1)), staged
-
-    @staticmethod
-    def commit(conv_state: Tensor, state: Tensor, staged: Staged, path: Tensor, path_len: Tensor) -> None:
-        """Advance both states along the accepted path (path [N] padded with -1, path_len 0-d)."""
-        last = path.gather(0, (path_len - 1).reshape(1))
-        hist = torch.cat([conv_state, staged.x.to(conv_state.dtype)])
-        new_conv = hist[staged.windows[last, 1:].reshape(-1)]
-        state.copy_(advance_state(state, staged.k, staged.d, staged.big_g, path, path_len))
-        conv_state.copy_(new_conv)
+            out = backend.gdn_tree(proj, self.spec, conv_state, state, p.tree.gdn, p.staging, slot)
+        return linear(self.out_proj, out, backend)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3_5Config, kind: str) -> None:
+class _Layer(nn.Module):
+    """The parts every hybrid layer has: its MLP and the two norms around the mixer."""
+
+    def __init__(self, cfg: Qwen3_5Config) -> None:
         super().__init__()
-        if kind == "linear_attention":
-            self.linear_attn = GatedDeltaNet(cfg)
-        else:
-            self.self_attn = GatedAttention(cfg)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        self.mlp.fuse()
+        self.input_layernorm.fuse()
+        self.post_attention_layernorm.fuse()
+
+
+class DeltaNetLayer(_Layer):
+    def __init__(self, cfg: Qwen3_5Config) -> None:
+        super().__init__(cfg)
+        self.linear_attn = GatedDeltaNet(cfg)
+
+    def fuse(self) -> None:
+        super().fuse()
+        self.linear_attn.fuse()
+
+    def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
+        return self.linear_attn(h, model.conv_state[slot], model.rec_state[slot], slot, p)
+
+
+class AttentionLayer(_Layer):
+    def __init__(self, cfg: Qwen3_5Config) -> None:
+        super().__init__(cfg)
+        self.self_attn = GatedAttention(cfg)
+
+    def fuse(self) -> None:
+        super().fuse()
+        self.self_attn.fuse()
+
+    def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
+        return self.self_attn(h, model.cos, model.sin, model.k_cache[slot], model.v_cache[slot], p)
+
+
+LAYERS = {"linear_attention": DeltaNetLayer, "full_attention": AttentionLayer}
+
 
 class Qwen3_5(nn.Module):
-    """The hybrid target. `forward` returns logits and the captured hidden states, as `Qwen3`."""
+    """The hybrid target (a `models.target.Target`). `forward` returns logits and the captured
+    hidden states, as `Qwen3`."""
+
+    graphable = True
 
     def __init__(self, cfg: Qwen3_5Config) -> None:
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kind) for kind in cfg.layer_types)
+        self.layers = nn.ModuleList(LAYERS[kind](cfg) for kind in cfg.layer_types)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.k_cache: Tensor | None = None
@@ -197,12 +254,16 @@ class Qwen3_5(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         self.slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self.slot.update({layer: i for i, layer in enumerate(cfg.linear_layers)})
-        self.staged: dict[int, Staged] = {}
+        # each verify size's staging buffers (per backend), and the last verify pass's, for `commit`
+        self._stagings: dict[tuple[str, int], Any] = {}
+        self._staged: Any = None
 
     def fuse(self) -> None:
-        """Fused gate/up projections for inference (done by the loader; training keeps HF's)."""
+        """Fused projections and precomputed norm scales for inference (done by the loader; training
+        keeps HF's)."""
         for layer in self.layers:
-            layer.mlp.fuse()
+            layer.fuse()
+        self.norm.fuse()
 
     def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = ()) -> None:
         """KV cache of the full-attention layers, conv + recurrent states of the DeltaNet layers."""
@@ -226,7 +287,7 @@ class Qwen3_5(nn.Module):
         )
         self.cos, self.sin = rope_tables(cfg.rotary_dim, cfg.rope_theta, max_context, w.device)
         self.capture_layers = capture_layers
-        self.staged = {}
+        self._stagings, self._staged = {}, None
 
     @property
     def max_context(self) -> int:
@@ -236,26 +297,54 @@ class Qwen3_5(nn.Module):
         """Zero the recurrent and conv states before a new sequence (the KV rows are overwritten)."""
         self.conv_state.zero_()
         self.rec_state.zero_()
-        self.staged = {}
+
+    def snapshot(self) -> Callable[[], None]:
+        """A function that puts the recurrent and conv states back as they are now: a captured round
+        (graph warm-up and capture) or a profile runs rounds that must leave no trace."""
+        saved = (self.conv_state.clone(), self.rec_state.clone())
+
+        def restore() -> None:
+            self.conv_state.copy_(saved[0])
+            self.rec_state.copy_(saved[1])
+
+        return restore
+
+    def plan(
+        self, parents: Tensor, depth: Tensor, backend: Backend[Any, Any, Any], chain: bool
+    ) -> TreeInputs:
+        """A verify pass's tree: attention's visibility and the DeltaNet plan, once for all layers."""
+        visibility = None if chain else backend.tree_visibility(parents, depth)
+        return TreeInputs(
+            chain, visibility, backend.gdn_plan(parents, depth, self.config.linear_conv_kernel_dim)
+        )
+
+    def _staging(self, nodes: int, backend: Backend[Any, Any, Any]) -> Any:
+        """The verify pass's DeltaNet staging for `nodes` nodes, allocated once per size."""
+        key = (backend.name, nodes)
+        if key not in self._stagings:
+            layer = self.layers[self.config.linear_layers[0]].linear_attn
+            self._stagings[key] = backend.gdn_staging(
+                len(self.config.linear_layers), nodes, layer.spec, self.embed_tokens.weight.dtype
+            )
+        return self._stagings[key]
 
     def forward(
         self,
         tokens: Tensor,
         input_pos: Tensor,
         context_len: int | Tensor,
-        visibility: object | None,
-        backend: TorchBackend,
+        tree: TreeInputs | None,
+        backend: Backend[Any, Any, Any],
         capture: bool = True,
         *,
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
-        parents: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
-        Without `parents` the T tokens extend the committed sequence (a fresh sequence when
-        `context_len` is 0). With `parents` they are a tree to verify; call `commit` afterwards.
+        Without a tree the T tokens extend the committed sequence (a fresh sequence when
+        `context_len` is 0). With one (`plan`) they are a tree to verify; call `commit` afterwards.
         `context_len`, `key_bound`, `logits_dtype` and `last_logits_only` are as for `Qwen3`.
         """
         if self.k_cache is None or self.v_cache is None:
@@ -264,34 +353,31 @@ class Qwen3_5(nn.Module):
             self.reset()
         if key_bound is None:
             key_bound = int(context_len) + tokens.shape[0]
-        context_len = as_device_length(context_len, tokens.device)
-        cos, sin = self.cos[input_pos], self.sin[input_pos]  # [T, rotary_dim]
-        x = self.embed_tokens(tokens)  # [T, hidden]
+        staging = self._staging(tokens.shape[0], backend) if tree is not None else None
+        self._staged = staging
+        p = _Pass(backend, input_pos, as_device_length(context_len, tokens.device), key_bound, tree, staging)
+        eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
-        self.staged = {}
+        h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.scale, eps)
         for i, layer in enumerate(self.layers):
-            h, s = layer.input_layernorm(x), self.slot[i]
-            if hasattr(layer, "linear_attn"):
-                out, staged = layer.linear_attn(h, self.conv_state[s], self.rec_state[s], parents, backend)
-                if staged is not None:
-                    self.staged[s] = staged
-            else:
-                out = layer.self_attn(
-                    h, cos, sin, self.k_cache[s], self.v_cache[s], context_len, visibility, backend, key_bound
-                )
-            x = x + out
-            x = x + layer.mlp(layer.post_attention_layernorm(x), backend)
-            if capture and i in self.capture_layers:
+            out = layer.mix(h, self, self.slot[i], p)
+            h, x = backend.rms_norm(out, layer.post_attention_layernorm.scale, eps, residual=x)
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = backend.rms_norm(layer.mlp(h, backend), nxt.scale, eps, residual=x)
+            if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
-        return outputs(self, self.norm(x), captured, logits_dtype, last_logits_only)
+        return outputs(self, h, captured, logits_dtype, last_logits_only)
 
     def commit(
-        self, context_len: int | Tensor, path: Tensor, path_len: Tensor, backend: TorchBackend, chain: bool
+        self,
+        context_len: int | Tensor,
+        tree: TreeInputs,
+        path: Tensor,
+        path_len: Tensor,
+        backend: Backend[Any, Any, Any],
     ) -> None:
         """After a verify pass: the DeltaNet states along the accepted path, then (for a tree) the
         accepted K/V rows into place, as for dense models. path [N] padded with -1; path_len 0-d."""
-        for s, staged in self.staged.items():
-            GatedDeltaNet.commit(self.conv_state[s], self.rec_state[s], staged, path, path_len)
-        self.staged = {}
-        if not chain:
+        backend.gdn_commit(self.conv_state, self.rec_state, self._staged, tree.gdn, path, path_len)
+        if not tree.chain:
             backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)

@@ -44,10 +44,11 @@ from ddtree_runtime.server.connections import (
 from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol.validation import Limits
-from ddtree_runtime.server.settings import DEFAULT_MAX_CONTEXT, SettingsError, settings_from
+from ddtree_runtime.server.settings import SettingsError, settings_from
 from ddtree_runtime.server.state import State
 from ddtree_runtime.server.worker import Worker
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import DEFAULT_MAX_CONTEXT
 
 # generation_config.json keys vLLM applies as request defaults, and their no-op values
 GENERATION_KEYS = {"temperature": None, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}

@@ -1,4 +1,5 @@
-"""`/metrics` through `prometheus_client`, under vLLM's metric names.
+"""`/metrics` through `prometheus_client`, under vLLM's metric names (`specops_contract`, where the
+controller's `fab status` and benchmark client read them from too).
 
 Load generators and dashboards written for vLLM read these unchanged: vLLM's `bench serve` scrapes
 `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`, `..._num_accepted_tokens_total`
@@ -16,6 +17,27 @@ from collections.abc import Sequence
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specops_contract import (
+    DECODE_TIME,
+    E2E_LATENCY,
+    GENERATION_LENGTH,
+    GENERATION_TOKENS,
+    INTER_TOKEN_LATENCY,
+    KV_CACHE_USAGE,
+    PREFILL_TIME,
+    PROMPT_LENGTH,
+    PROMPT_TOKENS,
+    QUEUE_TIME,
+    REQUEST_SUCCESS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    SPEC_ACCEPTED,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_DRAFTS,
+    TIME_TO_FIRST_TOKEN,
+)
 
 # fmt: off
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -46,63 +68,53 @@ class Metrics:
             metric = kind(name, doc, [*names, *extra], registry=self.registry, **kw)
             return metric if extra else metric.labels(**labels)
 
-        self.running = make(Gauge, "vllm:num_requests_running", "Requests being generated (batch 1).")
-        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Requests queued, not yet started.")
-        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "Share of the static KV cache in use (0-1).")
-        self.prompt_tokens = make(
-            Counter, "vllm:prompt_tokens", "Prompt tokens of requests that were queued."
-        )
-        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Generated tokens.")
+        self.running = make(Gauge, REQUESTS_RUNNING, "Requests being generated (batch 1).")
+        self.waiting = make(Gauge, REQUESTS_WAITING, "Requests queued, not yet started.")
+        self.kv_usage = make(Gauge, KV_CACHE_USAGE, "Share of the static KV cache in use (0-1).")
+        self.prompt_tokens = make(Counter, PROMPT_TOKENS, "Prompt tokens of requests that were queued.")
+        self.generation_tokens = make(Counter, GENERATION_TOKENS, "Generated tokens.")
         finished = make(
             Counter,
-            "vllm:request_success",
+            REQUEST_SUCCESS,
             "Finished requests by reason (abort: client left).",
             ["finished_reason"],
         )
         self.finished = {r: finished.labels(**labels, finished_reason=r) for r in FINISHED}
-        self.ttft = make(
-            Histogram, "vllm:time_to_first_token_seconds", "Arrival to first token.", buckets=TTFT_BUCKETS
-        )
-        self.e2e = make(
-            Histogram, "vllm:e2e_request_latency_seconds", "Arrival to last token.", buckets=E2E_BUCKETS
-        )
+        self.ttft = make(Histogram, TIME_TO_FIRST_TOKEN, "Arrival to first token.", buckets=TTFT_BUCKETS)
+        self.e2e = make(Histogram, E2E_LATENCY, "Arrival to last token.", buckets=E2E_BUCKETS)
         self.queue_time = make(
             Histogram,
-            "vllm:request_queue_time_seconds",
+            QUEUE_TIME,
             "Time spent waiting in the queue.",
             buckets=E2E_BUCKETS,
         )
         self.itl = make(
             Histogram,
-            "vllm:inter_token_latency_seconds",
+            INTER_TOKEN_LATENCY,
             "Time between rounds of tokens.",
             buckets=ITL_BUCKETS,
         )
-        self.prefill_time = make(
-            Histogram, "vllm:request_prefill_time_seconds", "Prompt pass of a request.", buckets=E2E_BUCKETS
-        )
+        self.prefill_time = make(Histogram, PREFILL_TIME, "Prompt pass of a request.", buckets=E2E_BUCKETS)
         self.decode_time = make(
             Histogram,
-            "vllm:request_decode_time_seconds",
+            DECODE_TIME,
             "First token to last of a request.",
             buckets=E2E_BUCKETS,
         )
-        self.prompt_len = make(
-            Histogram, "vllm:request_prompt_tokens", "Prompt length of requests.", buckets=LENGTH_BUCKETS
-        )
+        self.prompt_len = make(Histogram, PROMPT_LENGTH, "Prompt length of requests.", buckets=LENGTH_BUCKETS)
         self.generation_len = make(
             Histogram,
-            "vllm:request_generation_tokens",
+            GENERATION_LENGTH,
             "Generated length of requests.",
             buckets=LENGTH_BUCKETS,
         )
         if spec:
-            self.drafts = make(Counter, "vllm:spec_decode_num_drafts", "Speculative verify rounds.")
-            self.draft_tokens = make(Counter, "vllm:spec_decode_num_draft_tokens", "Draft tokens verified.")
-            self.accepted = make(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+            self.drafts = make(Counter, SPEC_DRAFTS, "Speculative verify rounds.")
+            self.draft_tokens = make(Counter, SPEC_DRAFT_TOKENS, "Draft tokens verified.")
+            self.accepted = make(Counter, SPEC_ACCEPTED, "Draft tokens accepted.")
             per_pos = make(
                 Counter,
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                SPEC_ACCEPTED_PER_POS,
                 "Rounds that accepted a draft at this depth.",
                 ["position"],
             )

@@ -1,5 +1,9 @@
 """Settings of `python -m ddtree_runtime serve`: flags, else the env file, else defaults.
 
+Every option, its type, default and help is declared once, in `specops_contract.SERVE_OPTIONS`
+(the controller reads the same table for the inventory's `serve` keys); this module turns it into
+flags, reads the env file, resolves what is decided at start (device, dtype, threads) and checks.
+
 The env file is the `<base>/run/<service>.env` file `fab deploy` renders from the inventory:
 `KEY=VALUE` lines, of which the server reads `SPECOPS_SERVE_<FLAG>` (e.g. `SPECOPS_SERVE_BUDGET=64`,
 `SPECOPS_SERVE_TEMPERATURE=0.7`) and ignores the rest. The same file holds secrets such as HF_TOKEN
@@ -11,19 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from ddtree_runtime.loader import default_dtype
-from specops_contract import MODES, SERVE_DEFAULTS
+from ddtree_runtime.loader import default_device, default_dtype
+from specops_contract import MODES, SERVE_OPTIONS
 
 ENV_PREFIX = "SPECOPS_SERVE_"
-DTYPES = ("float32", "bfloat16", "float16")
-DEVICES = ("cpu", "cuda")
-DEFAULT_MAX_CONTEXT = 32768  # caps the cache when the target allows more (--max-context raises it)
-KEY_ROUTES = ("v1", "all")  # what --api-key guards: /v1/* (vLLM's choice), or every route
 
 
 class SettingsError(ValueError):
@@ -32,76 +30,36 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """One server's settings, resolved; the defaults apply to what neither flags nor env file set."""
+    """One server's settings, resolved (`settings_from`); one field per `SERVE_OPTIONS` entry."""
 
     target: str
-    drafter: str | None = None
-    mode: str = SERVE_DEFAULTS["mode"]  # for requests that name none
-    budget: int = SERVE_DEFAULTS["budget"]  # ddtree budget for requests that name none
-    modes: tuple[str, ...] = ()  # what requests may pick (all warmed at start); () = (mode,)
-    budgets: tuple[int, ...] = ()  # ddtree budgets requests may pick; () = (budget,)
-    host: str = SERVE_DEFAULTS["host"]
-    port: int = SERVE_DEFAULTS["port"]
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype: str | None = None  # resolved by settings_from: loader.default_dtype(device)
-    max_context: int | None = None  # None: the target's max_position_embeddings, capped
-    temperature: float | None = None  # for requests that send none; None: generation_config.json, else 0
-    threads: int | None = None  # torch CPU threads; None: every core but one (the HTTP loop's)
-    queue_size: int = 64
-    drain_timeout: float = 20.0  # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
-    served_model_name: str | None = None  # None: --target as given (vLLM's convention)
-    api_key: str | None = None  # bearer token clients must send (never logged)
-    api_key_routes: str = "v1"  # v1: /v1/* only, /health and /metrics stay open; all: every route
-    header_timeout: float = 10.0  # seconds a connection may take to send a request's headers
-    max_connections: int | None = None  # None: what the open-file limit allows (connections.py)
-
-
-FLAGS: dict[str, tuple[type, str]] = {  # Settings field -> (type, help)
-    "target": (str, "target checkpoint directory (HF Qwen3, with tokenizer.json)"),
-    "drafter": (str, "DFlash drafter checkpoint directory (needed by dflash and ddtree)"),
-    "mode": (str, f"decoding mode: {' | '.join(MODES)} (default ddtree)"),
-    "budget": (int, "ddtree: tree nodes verified per round (default 64)"),
-    "modes": (str, "comma-separated modes requests may pick with the `mode` field (default: --mode)"),
-    "budgets": (str, "comma-separated ddtree budgets requests may pick with `budget` (default: --budget)"),
-    "host": (str, "address to bind (default 127.0.0.1)"),
-    "port": (int, "port to bind (default 8000; 0 picks a free one)"),
-    "device": (str, "cpu | cuda (default cuda when available)"),
-    "dtype": (
-        str,
-        f"{' | '.join(DTYPES)} (default bfloat16 on cuda and on CPUs with native bf16, else float32)",
-    ),
-    "max_context": (
-        int,
-        f"cache size in tokens: prompt + output + verify rows (default: the model's, "
-        f"at most {DEFAULT_MAX_CONTEXT})",
-    ),
-    "temperature": (
-        float,
-        "temperature for requests that send none (default: the model's generation_config.json, else 0)",
-    ),
-    "threads": (int, "torch CPU threads (default: all cores but one, which the HTTP loop keeps)"),
-    "queue_size": (int, "requests that may wait for the engine; more get 503 (default 64)"),
-    "drain_timeout": (float, "seconds SIGTERM waits for in-flight requests (default 20)"),
-    "served_model_name": (str, "model id clients send (default: --target as given)"),
-    "api_key": (
-        str,
-        f"bearer token clients must send on /v1/* (as vLLM's; prefer {ENV_PREFIX}API_KEY in the env file: "
-        "a flag is visible in the process list)",
-    ),
-    "api_key_routes": (str, "v1: the key guards /v1/* only, /health and /metrics stay open (default); all"),
-    "header_timeout": (float, "seconds a connection may take to send its request headers (default 10)"),
-    "max_connections": (
-        int,
-        "open connections kept; past it the oldest still sending headers is closed (default: what the "
-        "open-file limit allows)",
-    ),
-}
+    drafter: str | None
+    mode: str  # for requests that name none
+    budget: int  # ddtree budget for requests that name none
+    modes: tuple[str, ...]  # what requests may pick (all warmed at start)
+    budgets: tuple[int, ...]  # ddtree budgets requests may pick
+    host: str
+    port: int
+    device: str
+    dtype: str
+    max_context: int | None  # None: the target's max_position_embeddings, capped
+    temperature: float | None  # for requests that send none; None: generation_config.json, else 0
+    threads: int  # torch CPU threads
+    queue_size: int
+    drain_timeout: float
+    served_model_name: str | None  # None: --target as given (vLLM's convention)
+    api_key: str | None  # bearer token clients must send on /v1/* (never logged)
+    api_key_routes: str  # v1: /v1/* only, /health and /metrics stay open; all: every route
+    header_timeout: float  # seconds a connection may take to send a request's headers
+    max_connections: int | None  # None: what the open-file limit allows (connections.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `serve` flags; defaults apply after the env file (flags win over it, it wins over defaults)."""
-    for name, (kind, text) in FLAGS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
+    for name, option in SERVE_OPTIONS.items():
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=option.kind, default=None, help=option.describe()
+        )
     parser.add_argument(
         "--env-file",
         help=f"KEY=VALUE file (mode 0600) with {ENV_PREFIX}<FLAG> settings; other keys (secrets) are ignored",
@@ -122,7 +80,7 @@ def read_env_file(path: str) -> dict[str, str]:
         raise SettingsError(
             f"{path}: mode {oct(mode & 0o777)} lets other users read it, and it may hold tokens (fix: chmod 600 {path})"
         )
-    known = set(FLAGS)
+    known = set(SERVE_OPTIONS)
     out: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
         line = line.strip()
@@ -147,12 +105,12 @@ def read_env_file(path: str) -> dict[str, str]:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """Flags, else the env file, else defaults; then checked."""
-    given = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in SERVE_OPTIONS if getattr(args, name) is not None}
     from_file = read_env_file(args.env_file) if args.env_file else {}
     for name, raw in from_file.items():
         if name in given:
             continue
-        kind = FLAGS[name][0]
+        kind = SERVE_OPTIONS[name].kind
         try:
             given[name] = kind(raw)
         except ValueError:
@@ -161,35 +119,34 @@ def settings_from(args: argparse.Namespace) -> Settings:
             ) from None
     if "target" not in given:
         raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
-    modes, budgets = given.pop("modes", None), given.pop("budgets", None)
-    listed = _budgets(budgets)
-    if "budget" not in given and listed and Settings.budget not in listed:
-        given["budget"] = listed[0]  # the default budget is one of --budgets: the first listed
-    s = Settings(**given)
-    s = replace(
-        s,
-        dtype=s.dtype or default_dtype(s.device),
-        modes=_modes(modes, s.mode),
-        budgets=tuple(sorted(set(listed))) or (s.budget,),
-        threads=max(1, len(os.sched_getaffinity(0)) - 1) if s.threads is None else s.threads,
-    )
+    v = {name: option.default for name, option in SERVE_OPTIONS.items()} | given
+    # What the contract leaves to the start: these depend on the machine.
+    v["device"] = v["device"] or default_device()
+    v["dtype"] = v["dtype"] or default_dtype(v["device"])
+    v["threads"] = max(1, len(os.sched_getaffinity(0)) - 1) if v["threads"] is None else v["threads"]
+    listed = _budgets(v["budgets"])
+    if "budget" not in given and listed and v["budget"] not in listed:
+        v["budget"] = listed[0]  # the default budget is one of --budgets: the first listed
+    v["modes"], v["budgets"] = _modes(v["modes"], v["mode"]), tuple(sorted(set(listed))) or (v["budget"],)
+    s = Settings(**v)
+    choices = [(n.replace("_", "-"), o.choices) for n, o in SERVE_OPTIONS.items() if o.choices]
     checks = [
-        (s.mode in MODES, "mode", f"one of {', '.join(MODES)}"),
+        *(
+            (getattr(s, flag.replace("-", "_")) in allowed, flag, f"one of {', '.join(allowed)}")
+            for flag, allowed in choices
+        ),
         (set(s.modes) <= set(MODES), "modes", f"a comma-separated subset of {','.join(MODES)}"),
         (s.mode in s.modes, "mode", f"one of --modes {','.join(s.modes)}"),
         (s.modes == ("ar",) or s.drafter is not None, "drafter", "pass --drafter DIR, or use --mode ar"),
         (min(s.budgets) >= 1, "budgets", "positive integers"),
         (s.budget in s.budgets, "budget", f"one of --budgets {','.join(map(str, s.budgets))}"),
         (0 <= s.port <= 65535, "port", "0 to 65535"),
-        (s.device in DEVICES, "device", f"one of {', '.join(DEVICES)}"),
-        (s.dtype is None or s.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
         (s.max_context is None or s.max_context >= 2, "max-context", "at least 2"),
         (s.temperature is None or 0 <= s.temperature <= 2, "temperature", "0 to 2"),
-        (s.threads is not None and s.threads >= 1, "threads", "at least 1"),
+        (s.threads >= 1, "threads", "at least 1"),
         (s.queue_size >= 1, "queue-size", "at least 1"),
         (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
         (s.api_key is None or len(s.api_key) >= 8, "api-key", "at least 8 characters"),
-        (s.api_key_routes in KEY_ROUTES, "api-key-routes", f"one of {', '.join(KEY_ROUTES)}"),
         (s.header_timeout > 0, "header-timeout", "more than 0 seconds"),
         (s.max_connections is None or s.max_connections >= 8, "max-connections", "at least 8"),
     ]

@@ -1,19 +1,22 @@
-"""`python -m ddtree_runtime.train`: the whole resumable pipeline (see pipeline.py) from flags."""
+"""`python -m ddtree_runtime.train`: the whole resumable pipeline (see pipeline.py) from flags.
+
+Under torchrun the same command runs on every process: `--standalone` on one host, or the c10d
+rendezvous over several (`fab train-drafter` over a group of hosts starts one such job)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
 import torch
 
 from ddtree_runtime.config import ConfigError
+from ddtree_runtime.train.checkpoint import Layout
 from ddtree_runtime.train.curate import CurationError, Filters
 from ddtree_runtime.train.extract import ExtractionError
-from ddtree_runtime.train.pipeline import RunSpec, run
+from ddtree_runtime.train.pipeline import LintFailed, RunSpec, run
 from ddtree_runtime.train.trainer import TrainSpec
 
 
@@ -24,7 +27,9 @@ def _ints(text: str | None) -> list[int] | None:
 def _parser() -> argparse.ArgumentParser:
     """The pipeline's flags; most train and filter defaults come from `TrainSpec` and `Filters`."""
     p = argparse.ArgumentParser(prog="python -m ddtree_runtime.train", description=__doc__)
-    p.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3 + tokenizer)")
+    p.add_argument(
+        "--target", required=True, help="target checkpoint directory (HF Qwen3 or Qwen3.5/3.6 + tokenizer)"
+    )
     p.add_argument(
         "--prompts",
         required=True,
@@ -47,10 +52,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--response-tokens", type=int, default=128, help="tokens the target regenerates")
     p.add_argument("--extraction", choices=("online", "offline"), default="online")
     p.add_argument("--shard-size", type=int, default=256, help="offline: samples per shard")
-    p.add_argument("--draft-layers", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--target-layer-ids", help="comma-separated (default: z-lab's spread)")
-    p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's <|mask|>")
+    p.add_argument(
+        "--init-from",
+        help="an existing DFlash drafter to fine-tune (linted against the target first; it fixes the "
+        "drafter's layout, so the layout flags below are ignored)",
+    )
+    layout = p.add_argument_group(
+        "a new drafter's layout",
+        "defaults: z-lab's for the target's kind; hybrid Qwen3.5/3.6: 5 layers, block 16, "
+        "[S, S, S, S, F] with a 2048 window, 32/8 heads of 128; dense Qwen3: 1 layer, block 8, "
+        "full attention, the target's heads",
+    )
+    layout.add_argument("--draft-layers", type=int)
+    layout.add_argument("--block-size", type=int)
+    layout.add_argument("--draft-heads", type=int)
+    layout.add_argument("--draft-kv-heads", type=int)
+    layout.add_argument("--draft-head-dim", type=int)
+    layout.add_argument("--sliding-window", type=int, help="window of the sliding layers; 0: all full")
+    layout.add_argument("--target-layer-ids", help="comma-separated (default: z-lab's spread)")
+    layout.add_argument("--mask-token-id", type=int, help="default: the tokenizer's <|mask|>")
     t = TrainSpec()
     p.add_argument("--steps", type=int, default=t.steps)
     p.add_argument("--lr", type=float, default=t.lr)
@@ -66,20 +86,25 @@ def _parser() -> argparse.ArgumentParser:
         help="bf16 autocast (default: on for CUDA)",
     )
     p.add_argument("--save-every", type=int, default=t.save_every)
+    p.add_argument("--log-every", type=int, default=t.log_every)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--eval-prompts", type=int, default=16)
     p.add_argument("--eval-budgets", default="16,64")
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--leader",
+        action="store_true",
+        help="this host keeps the run's state (checkpoints, drafter, evaluation): in a multi-node "
+        "job, pass it on the rank-0 host only (default: global rank 0)",
+    )
+    p.add_argument("--estimate", action="store_true", help="print the cost (disk, tokens/s, hours) and stop")
     return p
 
 
 def parse_args(argv: Sequence[str] | None) -> RunSpec:
     a = _parser().parse_args(argv)
-    device = a.device
-    if device == "cuda" and "LOCAL_RANK" in os.environ:
-        device = f"cuda:{os.environ['LOCAL_RANK']}"
     return RunSpec(
         target=a.target,
         out=a.out,
@@ -91,16 +116,25 @@ def parse_args(argv: Sequence[str] | None) -> RunSpec:
         response_tokens=a.response_tokens,
         extraction=a.extraction,
         shard_size=a.shard_size,
-        draft_layers=a.draft_layers,
-        block_size=a.block_size,
-        target_layer_ids=_ints(a.target_layer_ids),
+        layout=Layout(
+            layers=a.draft_layers,
+            block_size=a.block_size,
+            heads=a.draft_heads,
+            kv_heads=a.draft_kv_heads,
+            head_dim=a.draft_head_dim,
+            sliding_window=a.sliding_window,
+            target_layer_ids=_ints(a.target_layer_ids),
+        ),
         mask_token_id=a.mask_token_id,
+        init_from=a.init_from,
         train=_train_spec(a),
         save_dtype=a.save_dtype,
         eval_prompts=a.eval_prompts,
         eval_budgets=_ints(a.eval_budgets) or [],
         eval_tokens=a.eval_tokens,
-        device=device,
+        device=a.device,
+        leader=a.leader,
+        estimate=a.estimate,
     )
 
 
@@ -116,6 +150,7 @@ def _train_spec(a: argparse.Namespace) -> TrainSpec:
         loss_gamma=a.loss_gamma,
         bf16=a.device.startswith("cuda") if a.bf16 is None else a.bf16,
         save_every=a.save_every,
+        log_every=a.log_every,
         seed=a.seed,
     )
 
@@ -127,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CurationError, ExtractionError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except LintFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if summary:
         print(json.dumps(summary))
     return 0

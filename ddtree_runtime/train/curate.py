@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 _WORD = re.compile(r"\w+")
+_HF_NAME = re.compile(r"[\w.-]+/[\w.-]+")  # owner/name: a path that is missing is not one
 _PRIME = (1 << 61) - 1
 
 
@@ -73,7 +74,7 @@ def read_prompts(source: str, split: str = "train", limit: int | None = None) ->
         parts = text.split("\n\n") if "\n\n" in text else text.splitlines()
         yield from (p for p in parts if p.strip())
         return
-    if "/" not in source:
+    if not _HF_NAME.fullmatch(source) or path.suffix in (".jsonl", ".txt", ".json"):
         raise CurationError(f"{source}: no such file, and not an HF dataset name (fix: a path or owner/name)")
     try:
         import datasets  # optional: only for online hosts
@@ -224,17 +225,20 @@ def regenerate(
     generate: Callable[[list[str]], list[tuple[list[int], list[int]]]],
     batch: int = 16,
     progress: Callable[[int, int], None] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> int:
     """Append `{"id", "sha256", "prompt_ids", "response_ids"}` rows for prompts not yet in `out_file`.
 
     `generate` maps a batch of prompts to (prompt_ids, response_ids) from the target itself. Rows
     are keyed by the prompt's hash: each batch is appended and flushed whole, and on resume a torn
     last line (a kill mid-write) and rows of prompts no longer in the set are dropped, so a rerun
-    continues where the last one stopped. Returns the rows written now.
+    continues where the last one stopped. `shard` (rank, world) keeps the prompts whose index is
+    rank modulo world: one rank's share of a job. Returns the rows written now.
     """
     lines = prompts_file.read_text(encoding="utf-8").splitlines()
+    rank, world = shard
     prompts = [json.loads(line)["prompt"] for line in lines if line]
-    keys = {_digest(p): i for i, p in enumerate(prompts)}
+    keys = {_digest(p): i for i, p in enumerate(prompts) if i % world == rank}
     done: set[str] = set()
     if out_file.exists():
         text = out_file.read_text(encoding="utf-8")
@@ -249,7 +253,7 @@ def regenerate(
                 good.append(line + "\n")
         if "".join(good) != text:
             out_file.write_text("".join(good), encoding="utf-8")
-    todo = [i for i, p in enumerate(prompts) if _digest(p) not in done]
+    todo = [i for i, p in enumerate(prompts) if i % world == rank and _digest(p) not in done]
     written = 0
     if not todo:
         return 0
@@ -265,7 +269,7 @@ def regenerate(
             fh.flush()
             written += len(ids)
             if progress is not None:
-                progress(len(done) + written, len(prompts))
+                progress(len(done) + written, len(keys))
     return written
 
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.qwen3 import Qwen3
+from ddtree_runtime.models.target import Target
 
 
 def measure_tau(
-    target: Qwen3,
+    target: Target,
     drafter: DFlashDrafter,
     prompts: Sequence[list[int]],
     budgets: Sequence[int] = (16, 64),

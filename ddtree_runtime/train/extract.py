@@ -2,7 +2,9 @@
 stored once as sharded safetensors (offline).
 
 Online costs a target forward per step and no disk; it is the default. Offline pays the disk once
-(`disk_need` says how much before anything is written) and lets many epochs or runs reuse it.
+(`disk_need` says how much before anything is written) and lets many epochs or runs reuse it. In a
+job over several ranks (and hosts) each rank extracts only its own samples, into a folder of its
+own on its host's disk, so the shards spread over the hosts that train on them.
 Shards are written to a temporary name and renamed, and the index is rewritten after each shard,
 so a killed extraction leaves only whole shards and a rerun resumes at the first missing one. Each
 sample is run alone, so a shard's bytes do not depend on where a run was interrupted.
@@ -13,17 +15,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ddtree_runtime.models.qwen3 import Qwen3
-from ddtree_runtime.train.forward import target_forward
+from ddtree_runtime.models.target import Target
+from ddtree_runtime.train.forward import TargetFeatures
 
 INDEX = "index.json"
 BYTES = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
@@ -40,14 +43,6 @@ class Sample:
     hidden: Tensor | None = None  # [T, n_ids * hidden] when read from shards
 
 
-@torch.no_grad()
-def hidden_states(target: Qwen3, tokens: Tensor, layer_ids: tuple[int, ...]) -> Tensor:
-    """[T] -> [T, len(layer_ids) * hidden]: the features the drafter reads, in the target's dtype."""
-    _, hidden = target_forward(target, tokens[None], layer_ids, logits=False)
-    assert hidden is not None
-    return hidden[0]
-
-
 def disk_need(lengths: list[int], n_layers: int, hidden: int, dtype: torch.dtype) -> int:
     """Bytes the shards will take: features plus the int64 tokens, per token."""
     return sum(lengths) * (n_layers * hidden * BYTES[dtype] + 8)
@@ -62,15 +57,17 @@ def human_bytes(n: float) -> str:
 
 
 def extract_offline(
-    target: Qwen3,
+    target: Target,
     samples: list[tuple[list[int], int]],
     layer_ids: tuple[int, ...],
     out: Path,
     shard_size: int = 256,
     dtype: torch.dtype = torch.bfloat16,
     progress: Callable[[int, int], None] | None = None,
+    sharing: int = 1,
 ) -> dict[str, object]:
-    """Write the shards that are missing under `out` and return the index."""
+    """Write the shards that are missing under `out` and return the index. `sharing` processes
+    extract as much at once onto the same disk (the ranks of a host): the free space must hold all."""
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
     n_shards = (len(samples) + shard_size - 1) // shard_size
@@ -92,9 +89,10 @@ def extract_offline(
         target.config.hidden_size,
         dtype,
     )
-    _check_free(out, need)
+    _check_free(out, need * sharing)
+    features = TargetFeatures(target, layer_ids)
     for i in todo:
-        shard = _write_shard(target, samples, i, shard_size, layer_ids, dtype, out)
+        shard = _write_shard(features, samples, i, shard_size, dtype, out)
         index["shards"].append(shard)  # type: ignore[union-attr]
         index["shards"].sort(key=lambda s: s["first"])  # type: ignore[union-attr]
         write_json(index_path, index)
@@ -121,16 +119,15 @@ def _check_free(out: Path, need: int) -> None:
     if need > free:
         raise ExtractionError(
             f"{out}: extraction needs {human_bytes(need)} but {human_bytes(free)} is free "
-            "(fix: free space, pick another --features-dir, or use online extraction)"
+            "(fix: free space, or use online extraction)"
         )
 
 
 def _write_shard(
-    target: Qwen3,
+    features: TargetFeatures,
     samples: list[tuple[list[int], int]],
     shard: int,
     shard_size: int,
-    layer_ids: tuple[int, ...],
     dtype: torch.dtype,
     out: Path,
 ) -> dict[str, object]:
@@ -140,7 +137,7 @@ def _write_shard(
     for j in rows:
         ids, prompt_len = samples[j]
         tokens = torch.tensor(ids, dtype=torch.int64)
-        tensors[f"hidden.{j}"] = hidden_states(target, tokens, layer_ids).to(dtype).contiguous()
+        tensors[f"hidden.{j}"] = features(tokens).to(dtype).contiguous()
         tensors[f"tokens.{j}"] = tokens
         tensors[f"prompt_len.{j}"] = torch.tensor([prompt_len])
     name = f"shard-{shard:05d}.safetensors"
@@ -164,13 +161,24 @@ def write_json(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
-def read_offline(out: Path) -> Iterator[Sample]:
-    """Every stored sample, in order, with its features."""
-    index = json.loads((out / INDEX).read_text())
-    if sum(s["count"] for s in index["shards"]) < index["num_samples"]:
-        raise ExtractionError(f"{out}: extraction is incomplete (fix: rerun the extract stage to resume it)")
-    for shard in index["shards"]:
-        with safe_open(str(out / shard["file"]), framework="pt") as f:
-            for j in range(shard["first"], shard["first"] + shard["count"]):
-                prompt_len = int(f.get_tensor(f"prompt_len.{j}")[0])
-                yield Sample(f.get_tensor(f"tokens.{j}"), prompt_len, f.get_tensor(f"hidden.{j}"))
+class OfflineSamples:
+    """The samples stored under `out`, by index (opened lazily, one shard file at a time)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.index = json.loads((out / INDEX).read_text())
+        if sum(s["count"] for s in self.index["shards"]) < self.index["num_samples"]:
+            raise ExtractionError(f"{out}: extraction is incomplete (fix: rerun to resume it)")
+        self.file: tuple[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return int(self.index["num_samples"])
+
+    def __getitem__(self, j: int) -> Sample:
+        shard = self.index["shards"][j // self.index["shard_size"]]
+        if self.file is None or self.file[0] != shard["file"]:
+            self.file = (shard["file"], safe_open(str(self.out / shard["file"]), framework="pt"))
+        f = self.file[1]
+        return Sample(
+            f.get_tensor(f"tokens.{j}"), int(f.get_tensor(f"prompt_len.{j}")[0]), f.get_tensor(f"hidden.{j}")
+        )

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3Config
 from ddtree_runtime.models.qwen3 import Qwen3
-from ddtree_runtime.train.forward import target_forward
 
 EOS, MASK = "<|endoftext|>", "<|mask|>"
 
@@ -126,6 +126,17 @@ def save_target(model: Qwen3, raw: dict[str, object], tok: Tokenizer, out: Path)
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
 
 
+def lm_loss(model: Qwen3, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of each [T + 1] row through the model's own forward (fresh caches per
+    row: autograd follows their in-place writes)."""
+    losses = []
+    for row in batch:
+        model.setup_caches(row.shape[0] - 1)
+        logits, _ = model(row[:-1], torch.arange(row.shape[0] - 1), 0, None, TorchBackend(), capture=False)
+        losses.append(F.cross_entropy(logits, row[1:]))
+    return torch.stack(losses).mean()
+
+
 def train_lm(out: Path, spec: LMSpec, log=print) -> None:
     """Tokenizer, then `spec.steps` AdamW steps on random windows of the training stream."""
     torch.manual_seed(spec.seed)
@@ -156,8 +167,7 @@ def train_lm(out: Path, spec: LMSpec, log=print) -> None:
     for step in range(spec.steps):
         starts = torch.randint(0, len(data) - spec.seq_len - 1, (spec.batch,))
         batch = torch.stack([data[s : s + spec.seq_len + 1] for s in starts.tolist()])
-        logits, _ = target_forward(model, batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss = lm_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

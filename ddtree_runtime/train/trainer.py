@@ -1,34 +1,44 @@
 """DFlash drafter training: random anchors in the response, `[anchor, MASK x (B - 1)]` blocks, a
 loss that weights early block positions more, the target's embeddings and head shared and frozen.
 
-The same command runs on one process or under `torchrun` (DDP: NCCL on GPUs, gloo on the CPU);
-each rank takes every world-th sample. Parameters and optimizer state stay fp32 (the master copy)
-and the forward runs under bf16 autocast where asked. Checkpoints (`train_state.pt`) are written
-atomically every `save_every` optimizer steps and a rerun resumes from the last one.
+The same command runs on one process or under torchrun (DDP: NCCL on GPUs, gloo on the CPU, over
+one host or many). Each rank reads its own shard of the samples, in order and round after round, so
+a step's data is fixed by the step number: a resume skips what the checkpoint's steps consumed and
+replays the uninterrupted run. Parameters and optimizer state stay fp32 (the master copy) and the
+forward runs under bf16 autocast where asked. The leader writes the checkpoint (`train_state.pt`)
+atomically every `save_every` steps, and `train_log.jsonl` (the loss curve over all ranks); a rerun
+resumes from the checkpoint, broadcast from the leader.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.qwen3 import Qwen3
-from ddtree_runtime.train.extract import Sample, hidden_states
-from ddtree_runtime.train.forward import drafter_blocks
+from ddtree_runtime.models.target import Target
+from ddtree_runtime.train.distributed import Job, barrier, gather, state_from_leader, total
+from ddtree_runtime.train.extract import Sample
+from ddtree_runtime.train.forward import TargetFeatures, draft_blocks
+
+Log = Callable[[str], None]
+
+
+def log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -62,43 +72,78 @@ def sample_anchors(prompt_len: int, length: int, k: int, gen: random.Random) -> 
 
 
 class BlockLoss(nn.Module):
-    """The drafter plus the frozen target pieces it borrows; `forward` is one sequence's loss."""
+    """The drafter plus the frozen target pieces it borrows; `forward` is one micro-batch's loss.
 
-    def __init__(self, drafter: DFlashDrafter, target: Qwen3, gamma: float) -> None:
+    The target's embeddings and head are held outside the module's parameters, so DDP neither
+    broadcasts nor watches them."""
+
+    def __init__(self, drafter: DFlashDrafter, target: Target, gamma: float) -> None:
         super().__init__()
         self.drafter = drafter
-        self.embed = target.embed_tokens.weight.detach()
-        self.head = target.lm_head
+        self.borrowed = (target.embed_tokens.weight.detach(), target.lm_head)
         self.gamma = gamma
 
     def forward(self, batch: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
         """(weighted loss sum, weight sum) over the draft positions of every (features, tokens,
         anchors) sequence; one call per micro-step, as DDP wants."""
+        embed, head = self.borrowed
         block = self.drafter.config.block_size
-        weights = position_weights(block, self.gamma, self.head.weight.device)[None]
-        loss_sum = weight_sum = self.head.weight.new_zeros((), dtype=torch.float32)
+        weights = position_weights(block, self.gamma, embed.device)[None]
+        loss_sum = weight_sum = embed.new_zeros((), dtype=torch.float32)
+        if not batch:
+            # every sequence was too short for an anchor: a zero loss that still reaches every
+            # weight, since DDP's backward must run on every rank
+            return sum(p.sum() for p in self.drafter.parameters()) * 0.0, weight_sum
         for features, tokens, anchors in batch:
-            hidden = drafter_blocks(self.drafter, features, tokens, anchors, self.embed)  # [K, B, h]
-            logits = self.drafter.logits(hidden[:, 1:], self.head)  # [K, B-1, V]
+            hidden = draft_blocks(self.drafter, features, tokens, anchors, embed)  # [K, B, h]
+            logits = self.drafter.logits(hidden[:, 1:], head)  # [K, B-1, V]
             pos = anchors[:, None] + torch.arange(1, block, device=tokens.device)  # [K, B-1]
             valid = pos < tokens.shape[0]
             labels = tokens[pos.clamp(max=tokens.shape[0] - 1)]
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none").view_as(
-                pos
-            )
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none")
             w = weights * valid
-            loss_sum, weight_sum = loss_sum + (ce * w).sum(), weight_sum + w.sum()
+            loss_sum, weight_sum = loss_sum + (ce.view_as(pos) * w).sum(), weight_sum + w.sum()
         return loss_sum, weight_sum
 
 
-def _rank_world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+class Batches:
+    """Micro-batches of one rank: its samples in order from a step's position, each with anchors
+    drawn from the rank's generator and features from the target when none are stored."""
 
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        features: TargetFeatures,
+        drafter: DFlashDrafter,
+        spec: TrainSpec,
+        gen: random.Random,
+        step: int,
+    ) -> None:
+        if not len(samples):
+            raise ValueError("no training samples for this rank (fix: more prompts, or fewer ranks)")
+        self.samples, self.features, self.spec, self.gen = samples, features, spec, gen
+        self.device = drafter.fc.weight.device
+        self.dtype = drafter.fc.weight.dtype
+        self.block = drafter.config.block_size
+        self.next = step * spec.micro_batch * spec.grad_accum  # micro-batches take fixed counts
 
-def init_distributed(device: torch.device) -> None:
-    """Join the torchrun group when launched by torchrun (WORLD_SIZE set), else stay single."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    def take(self) -> tuple[list[tuple[Tensor, Tensor, Tensor]], int]:
+        """(features, tokens, anchors) of `micro_batch` samples (those too short for an anchor
+        dropped), and the sequence tokens they hold."""
+        batch, seen = [], 0
+        for _ in range(self.spec.micro_batch):
+            s = self.samples[self.next % len(self.samples)]
+            self.next += 1
+            tokens = s.tokens.to(self.device)
+            anchors = sample_anchors(s.prompt_len, tokens.shape[0], self.spec.anchors, self.gen)
+            if not anchors:
+                continue
+            feats = s.hidden if s.hidden is not None else self.features(tokens)
+            batch.append(
+                (feats.to(self.device, self.dtype), tokens, torch.tensor(anchors, device=self.device))
+            )
+            seen += tokens.shape[0]
+        return batch, seen
 
 
 def _fmt_s(s: float) -> str:
@@ -107,58 +152,80 @@ def _fmt_s(s: float) -> str:
 
 
 def train(
+    job: Job,
     drafter: DFlashDrafter,
-    target: Qwen3,
-    samples: Callable[[], Iterator[Sample]],
+    target: Target,
+    samples: Sequence[Sample],
     spec: TrainSpec,
-    ckpt: Path,
-    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+    run_dir: Path,
+    log: Log = log_stderr,
 ) -> list[float]:
-    """Train `drafter` in place for `spec.steps` optimizer steps; returns the logged losses.
-
-    `samples()` yields the (rank-local) sequences afresh each epoch; without stored features each
-    one's hidden states are computed here with the frozen target (online extraction)."""
-    rank, world = _rank_world()
+    """Train `drafter` in place for `spec.steps` optimizer steps on this rank's `samples`; returns
+    the losses of the steps run now (means over every rank's draft positions)."""
     target.requires_grad_(False)
     drafter.train()
     model: nn.Module = BlockLoss(drafter, target, spec.loss_gamma)
-    if world > 1:
+    if job.world > 1:
         model = DistributedDataParallel(model)
     opt = torch.optim.AdamW(
         drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95)
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: _lr_factor(spec, step))
-    gen = random.Random(spec.seed * 1000 + rank)
-    step = _resume(ckpt, spec, drafter, opt, sched, gen, log) if ckpt.exists() else 0
-    data = _rank_stream(samples, rank, world)
-    if rank == 0:
+    gen = random.Random(spec.seed * 1000 + job.rank)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt, curve = run_dir / "train_state.pt", run_dir / "train_log.jsonl"
+    step = _resume(job, ckpt, curve, spec, drafter, opt, sched, gen, log)
+    features = TargetFeatures(target, drafter.config.target_layer_ids)
+    data = Batches(samples, features, drafter, spec, gen, step)
+    if job.is_leader:
         log(
-            f"train: world size {world} ({'DDP' if world > 1 else 'one process'}), {spec.micro_batch} sequences "
-            f"x {spec.grad_accum} accumulation per rank per step, {'bf16 autocast' if spec.bf16 else 'fp32'}"
+            f"train: world size {job.world} ({'DDP' if job.world > 1 else 'one process'}), "
+            f"{spec.micro_batch} sequences x {spec.grad_accum} accumulation per rank per step, "
+            f"{'bf16 autocast' if spec.bf16 else 'fp32'}"
         )
     losses: list[float] = []
-    t0, tokens_seen = time.perf_counter(), 0
-    start_step = step
+    t0, tokens_seen, start_step = time.perf_counter(), 0.0, step
     while step < spec.steps:
         opt.zero_grad(set_to_none=True)
-        loss, tokens = _accumulate_grads(model, drafter, target, data, spec, gen)
-        tokens_seen += tokens
+        loss, tokens = step_grads(job, model, data, spec)
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         sched.step()
         step += 1
         losses.append(loss)
-        if rank == 0 and (step % spec.log_every == 0 or step == spec.steps):
+        tokens_seen += tokens
+        if job.is_leader and (step % spec.log_every == 0 or step == spec.steps):
             el = time.perf_counter() - t0
+            row = {"step": step, "loss": loss, "lr": sched.get_last_lr()[0], "tokens_per_s": tokens_seen / el}
+            with curve.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
             eta = el / (step - start_step) * (spec.steps - step)
             log(
-                f"train {step}/{spec.steps} loss {loss:.3f} lr {sched.get_last_lr()[0]:.2e} "
-                f"{tokens_seen * world / el:.0f} tok/s eta {_fmt_s(eta)}"
+                f"train {step}/{spec.steps} loss {loss:.3f} lr {row['lr']:.2e} "
+                f"{row['tokens_per_s']:.0f} tok/s eta {_fmt_s(eta)}"
             )
         if step % spec.save_every == 0 or step == spec.steps:
-            _save(ckpt, drafter, opt, sched, step, gen)
+            _save(job, ckpt, drafter, opt, sched, step, gen)
     drafter.eval()
     return losses
+
+
+def step_grads(job: Job, model: nn.Module, data: Batches, spec: TrainSpec) -> tuple[float, float]:
+    """Backward over `spec.grad_accum` micro-batches (DDP syncs only on the last); returns the
+    step's mean weighted loss and the sequence tokens it read, both over every rank."""
+    device = data.device
+    sums = torch.zeros(3, device=device)  # loss sum, weight sum, tokens
+    for micro in range(spec.grad_accum):
+        batch, tokens = data.take()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
+            loss_sum, w_sum = model(batch)
+        last = micro == spec.grad_accum - 1
+        ddp = isinstance(model, DistributedDataParallel)
+        with model.no_sync() if ddp and not last else contextlib.nullcontext():
+            (loss_sum / max(1.0, float(w_sum)) / spec.grad_accum).backward()
+        sums += torch.stack([loss_sum.detach(), w_sum.detach(), torch.tensor(float(tokens), device=device)])
+    loss, weight, tokens = total(job, sums).tolist()
+    return loss / max(weight, 1.0), tokens
 
 
 def _lr_factor(spec: TrainSpec, step: int) -> float:
@@ -170,95 +237,47 @@ def _lr_factor(spec: TrainSpec, step: int) -> float:
 
 
 def _resume(
+    job: Job,
     ckpt: Path,
+    curve: Path,
     spec: TrainSpec,
     drafter: DFlashDrafter,
     opt: torch.optim.Optimizer,
     sched: torch.optim.lr_scheduler.LRScheduler,
     gen: random.Random,
-    log: Callable[[str], None],
+    log: Log,
 ) -> int:
-    """Load `ckpt` (written by `_save`) into the drafter, optimizer, schedule and this rank's RNG;
-    returns the step to continue from."""
-    rank, _ = _rank_world()
-    state = torch.load(ckpt, map_location=drafter.fc.weight.device, weights_only=False)
+    """The leader's checkpoint (written by `_save`) into every rank's drafter, optimizer, schedule
+    and generator; returns the step to continue from (0 without one). The loss curve loses the
+    rows a killed run logged after it."""
+    state = None
+    if job.is_leader and ckpt.exists():
+        state = torch.load(ckpt, map_location=job.device, weights_only=False)
+    state = state_from_leader(job, state)
+    if state is None:
+        if job.is_leader:
+            curve.unlink(missing_ok=True)
+        return 0
     drafter.load_state_dict(state["drafter"])
     opt.load_state_dict(state["opt"])
     sched.load_state_dict(state["sched"])
-    step = state["step"]
-    gen.setstate(state["rng"][rank] if rank < len(state["rng"]) else state["rng"][0])
-    log(f"resumed at step {step}/{spec.steps} from {ckpt}")
+    step = int(state["step"])
+    gen.setstate(state["rng"][job.rank % len(state["rng"])])
+    if job.is_leader:
+        _keep_curve(curve, step)
+        log(f"resumed at step {step}/{spec.steps} from {ckpt}")
     return step
 
 
-def _rank_stream(samples: Callable[[], Iterator[Sample]], rank: int, world: int) -> Iterator[Sample]:
-    """Every world-th sample from `rank` on, epoch after epoch, forever."""
-    while True:
-        got = False
-        for i, s in enumerate(samples()):
-            if i % world == rank:
-                got = True
-                yield s
-        if not got:
-            raise ValueError("no training samples for this rank (fix: more prompts, or fewer ranks)")
-
-
-def _accumulate_grads(
-    model: nn.Module,
-    drafter: DFlashDrafter,
-    target: Qwen3,
-    data: Iterator[Sample],
-    spec: TrainSpec,
-    gen: random.Random,
-) -> tuple[float, int]:
-    """Backward over `spec.grad_accum` micro-batches (DDP syncs only on the last); returns the
-    step's mean weighted loss and the draft tokens it trained on."""
-    device = drafter.fc.weight.device
-    total, weight = torch.zeros((), device=device), torch.zeros((), device=device)
-    tokens_seen = 0
-    for micro in range(spec.grad_accum):
-        batch, tokens = _micro_batch(drafter, target, data, spec, gen)
-        tokens_seen += tokens
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.bf16):
-            loss_sum, w_sum = model(batch)
-        last = micro == spec.grad_accum - 1
-        ddp = isinstance(model, DistributedDataParallel)
-        ctx = model.no_sync() if ddp and not last else contextlib.nullcontext()
-        with ctx:
-            (loss_sum / max(1.0, float(w_sum)) / spec.grad_accum).backward()
-        total, weight = total + loss_sum.detach(), weight + w_sum.detach()
-    return float(total / weight.clamp(min=1)), tokens_seen
-
-
-def _micro_batch(
-    drafter: DFlashDrafter,
-    target: Qwen3,
-    data: Iterator[Sample],
-    spec: TrainSpec,
-    gen: random.Random,
-) -> tuple[list[tuple[Tensor, Tensor, Tensor]], int]:
-    """`spec.micro_batch` samples as (features, tokens, anchors) on the drafter's device (those too
-    short for an anchor dropped), plus their draft-token count; features come from the target
-    when the sample has none stored."""
-    device = drafter.fc.weight.device
-    batch, tokens_seen = [], 0
-    for _ in range(spec.micro_batch):
-        s = next(data)
-        tokens = s.tokens.to(device)
-        anchors = sample_anchors(s.prompt_len, tokens.shape[0], spec.anchors, gen)
-        if not anchors:
-            continue
-        feats = s.hidden
-        if feats is None:
-            feats = hidden_states(target, tokens, drafter.config.target_layer_ids)
-        batch.append(
-            (feats.to(device, drafter.fc.weight.dtype), tokens, torch.tensor(anchors, device=device))
-        )
-        tokens_seen += len(anchors) * (drafter.config.block_size - 1)
-    return batch, tokens_seen
+def _keep_curve(curve: Path, step: int) -> None:
+    if curve.exists():
+        rows = [line for line in curve.read_text(encoding="utf-8").splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line)["step"] <= step]
+        curve.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
 def _save(
+    job: Job,
     ckpt: Path,
     drafter: DFlashDrafter,
     opt: torch.optim.Optimizer,
@@ -266,14 +285,9 @@ def _save(
     step: int,
     gen: random.Random,
 ) -> None:
-    """Rank 0 writes atomically; every rank's RNG state travels so a resume replays the same anchors."""
-    rank, world = _rank_world()
-    states: list[object] = [gen.getstate()]
-    if world > 1:
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, gen.getstate())
-        states = gathered
-    if rank == 0:
+    """The leader writes atomically; every rank's generator travels so a resume replays the anchors."""
+    states = gather(job, gen.getstate())
+    if job.is_leader:
         ckpt.parent.mkdir(parents=True, exist_ok=True)
         tmp = ckpt.with_suffix(".tmp")
         torch.save(
@@ -287,5 +301,4 @@ def _save(
             tmp,
         )
         os.replace(tmp, ckpt)
-    if world > 1:
-        dist.barrier()
+    barrier(job)

@@ -4,9 +4,10 @@ Why our own: the same client must measure our DDTree server, vLLM and SGLang ide
 httpx, pooled keep-alive connections, as vLLM's own benchmark uses aiohttp), and read speculation
 where it is counted: the server's ``/metrics``
 (vLLM's ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
-``..._per_pos``, with or without Prometheus' ``_total``), scraped before and after the measured
-phase. The deltas give tau = 1 + accepted / drafts and the acceptance rate; warm-up requests run
-before the first scrape and count nowhere.
+``..._per_pos``, with or without Prometheus' ``_total``; SGLang's verify-call and generation-token
+counters), scraped before and after the measured phase. The deltas give tau = 1 + accepted /
+drafts (SGLang: tokens per verify call) and the acceptance rate; warm-up requests run before the
+first scrape and count nowhere.
 
 Per request: TTFT (send to first streamed text), ITL (gaps between text chunks; a chunk may carry
 several accepted tokens), end-to-end latency, and output tokens from the server's own ``usage``
@@ -245,6 +246,7 @@ def to_result(
     dur = measured.duration_s
     spec = measured.spec
     tau, rate = acceptance_from_counters(spec.drafts, spec.draft_tokens, spec.accepted)
+    tau = spec.tau if tau is None else tau  # SGLang counts verify calls, not drafts
     errors = [s.error for s in measured.samples if s.error is not None]
     return BenchResult(
         system=system,

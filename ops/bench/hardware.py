@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Fact
 from ops.shell import join
-from ops.steps.base import Fact
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult

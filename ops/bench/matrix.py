@@ -21,12 +21,15 @@ lets a user keep their own matrix beside the shipped ones, and gives every cell 
         mode: ddtree                # ar | dflash | ddtree (ours); dflash | mtp (vllm); mtp | eagle (sglang)
         budget: [16, 32, 64]        # ddtree only: one server per budget
         # num_speculative_tokens: [7, 15]   vllm/sglang: one server per value
-        # template: bench-vllm.argv.j2      vllm/sglang: the server's command line, one argument a line
+        # template: serve-vllm.argv.j2      vllm/sglang: the server's command line, one argument a line
+        #                                   (default: the one fab deploy uses, templates/serve-<system>.argv.j2)
+        # min_tau: 2.0                      the acceptance gate (fab deploy's) before the cells: the
+        #                                   server's own /metrics counters, a number or {mode: number}
         # port: 8100                        vllm/sglang: where it listens (default 8100); a server
         #                                   already answering there whose /v1/models lists the served
         #                                   model (vars.served_name, default the target) is reused,
         #                                   not started, and left running afterwards
-        # vars: {model: ...}                more template variables
+        # vars: {venv: ...}                 more template variables (venv: default <base>/venvs/<system>)
         # workload: {...}                   overrides for this system's cells
         # stay: true                        leave this server running afterwards
         # enabled: false                    keep the entry, skip it
@@ -46,15 +49,14 @@ from ops.bench.cells import cell_id_for, slug
 from ops.bench.prompts import HF_PREFIX, HF_SYNTAX, parse_hf_spec, prompt_set_name
 from ops.bench.schema import SYSTEMS, BenchResult
 from ops.errors import InputFileError
+from ops.service.systems import SYSTEMS as SERVING
+from ops.service.thresholds import min_tau_arg
 from ops.yamlfile import line_of, load_yaml, plain
-from specops_contract import MODES
+from specops_contract import MODES, SERVE_DEFAULTS
 
 OUR_MODES = MODES
-FOREIGN_MODES = {
-    "vllm": ("ar", "dflash", "mtp", "eagle", "eagle3", "ngram"),
-    "sglang": ("ar", "mtp", "eagle", "eagle3", "ngram", "dflash"),
-}
-DEFAULT_TEMPLATES = {"vllm": "bench-vllm.argv.j2", "sglang": "bench-sglang.argv.j2"}
+FOREIGN_MODES = {name: SERVING[name].modes for name in ("vllm", "sglang")}
+DEFAULT_TEMPLATES = {name: SERVING[name].template for name in ("vllm", "sglang")}  # shared with fab deploy
 DEFAULT_FOREIGN_PORT = 8100
 WORKLOAD_LISTS = ("prompts", "temperature", "concurrency", "output_len")
 WORKLOAD_DEFAULTS: dict[str, Any] = {
@@ -78,6 +80,7 @@ SYSTEM_KEYS = (
     "stay",
     "enabled",
     "name",
+    "min_tau",
 )
 
 
@@ -108,6 +111,7 @@ class Server:
     port: int | None = None
     vars: dict[str, Any] = field(default_factory=dict)
     stay: bool = False
+    min_tau: float | dict[str, float] | None = None  # the acceptance gate before its cells
     cells: list[Cell] = field(default_factory=list)
     line: int = 0
 
@@ -231,7 +235,7 @@ def _servers(
         raise InputFileError(path, _line(entry, "vars") or line, "'vars' must be a mapping")
     keys = list(settings)
     return [
-        _server(entry, system, mode, line, dict(zip(keys, combo, strict=True)), work)
+        _server(path, entry, system, mode, line, dict(zip(keys, combo, strict=True)), work)
         for combo in (itertools.product(*(settings[k] for k in keys)) if keys else [()])
     ]
 
@@ -290,12 +294,25 @@ def _server_settings(
         values = raw if isinstance(raw, list) else [raw]
         settings[key] = [_typed(path, _line(entry, key) or line, key, v, int) for v in values]
     if system == "ddtree" and mode == "ddtree" and "budget" not in settings:
-        settings["budget"] = [64]
+        settings["budget"] = [SERVE_DEFAULTS["budget"]]
     return settings
 
 
+def _min_tau(path: Path, entry: dict[str, Any], line: int) -> float | dict[str, float] | None:
+    try:
+        return min_tau_arg(plain(entry.get("min_tau")))
+    except ValueError as exc:
+        raise InputFileError(path, _line(entry, "min_tau") or line, str(exc), "e.g. min_tau: 2.0") from None
+
+
 def _server(
-    entry: dict[str, Any], system: str, mode: str, line: int, chosen: dict[str, int], work: dict[str, Any]
+    path: Path,
+    entry: dict[str, Any],
+    system: str,
+    mode: str,
+    line: int,
+    chosen: dict[str, int],
+    work: dict[str, Any],
 ) -> Server:
     """One server of the entry (one combination of its settings), with every workload cell."""
     server = Server(
@@ -307,6 +324,7 @@ def _server(
         template=entry.get("template") or DEFAULT_TEMPLATES.get(system),
         port=None if system == "ddtree" else int(entry.get("port") or DEFAULT_FOREIGN_PORT),
         vars=plain(entry.get("vars") or {}),
+        min_tau=_min_tau(path, entry, line),
         **chosen,
     )
     probe = BenchResult(

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from drafter_config.store import LocalStore
 from ops.bench.schema import SYSTEMS, BenchResult
 from ops.errors import SpecopsError
+from specops_files.store import LocalStore
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

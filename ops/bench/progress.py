@@ -99,14 +99,15 @@ class BenchProgress:
             )
 
     def note(self, host: str, text: str) -> None:
+        """A line from the host (a log line: printed as it is, brackets and all)."""
         if self.bars is not None:
-            self.bars.console.print(f"bench {host} | {text}")
+            self.bars.console.print(f"bench {host} | {text}", markup=False)
         else:
             self._line(f"bench {host} | {text}")
 
     def _line(self, text: str) -> None:
         with self.lock:
-            self.console.print(text, soft_wrap=True)
+            self.console.print(text, soft_wrap=True, markup=False)
 
 
 def _clock(seconds: float) -> str:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from rich.table import Table
 
-from drafter_config.store import LocalStore
 from ops.bench.plots import write_plots
 from ops.bench.schema import SYSTEMS, BenchResult
 from ops.bench.store import find_results
 from ops.errors import SpecopsError
+from specops_files.store import LocalStore
 
 MODE_ORDER = ("ar", "dflash", "ddtree")
 

@@ -3,7 +3,8 @@
 One GPU holds one model, so servers run one at a time. Our DDTree server is switched between
 modes and budgets by re-planning it through the service lifecycle (``ops/service``: the same
 launch fingerprint, backend and health wait as ``fab deploy``); vLLM and SGLang start under the
-built-in supervisor from a command-line template (``templates/bench-*.argv.j2``) after our
+built-in supervisor from the command-line template ``fab deploy`` uses too
+(``templates/serve-<system>.argv.j2``, run from ``<base>/venvs/<system>``) after our
 server is stopped, unless a server already answers on the entry's port listing the served model:
 that one is reused as it is, and left running, since this run did not start it. Every cell runs
 our client on the host (``python -m ops.bench.client``); its JSON comes home over SFTP and is
@@ -19,21 +20,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from drafter_config.store import LocalStore
+from ops.api.changes import StepFailed
+from ops.api.context import Progress, StepContext
 from ops.bench.matrix import Cell, Server
 from ops.bench.progress import BenchProgress
 from ops.bench.prompts import HF_PREFIX, parse_hf_spec, prompt_set_name, shipped_sets
 from ops.bench.schema import BenchResult, Hardware, SchemaError
 from ops.bench.store import write_result
 from ops.layout import HostLayout
+from ops.service.acceptance import probe
 from ops.service.backends import Supervisor, Systemd, wait
+from ops.service.command import TEMPLATE_DEFAULTS, render_argv
 from ops.service.facts import gather, parse_json_line, run_script
 from ops.service.plan import plan_service
 from ops.service.rollout import execute_plan
 from ops.service.settings import serve_url, service_args
+from ops.service.systems import SYSTEMS
+from ops.service.thresholds import DEFAULTS as GATE_DEFAULTS
 from ops.shell import join
-from ops.steps.base import StepContext, StepFailed
-from ops.steps.files import render_template
+from specops_files.store import LocalStore
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection
@@ -72,17 +77,20 @@ class Session:
         return self.args["venv"] or self.layout.venv
 
     @property
-    def progress(self) -> BenchProgress:
+    def progress(self) -> Progress:
         """The run's display (``ctx.progress``); ``ensure_progress`` gives one to a direct run."""
         assert self.ctx.progress is not None, "ensure_progress(ctx) before a session runs"
         return self.ctx.progress
 
     def service_args(self, server: Server) -> dict[str, Any]:
         """The service step's arguments for our server: in ``server``'s mode and budget when it is
-        ours, else as deployed (only its files and URL matter then: it is stopped)."""
+        ours (on the deployed host and port, whichever system is deployed there), else as deployed
+        (only its files and URL matter then: it is stopped)."""
         serve = dict(self.args["serve"])
         if server.system == "ddtree":
-            serve["mode"] = server.mode
+            if serve.get("system", "ddtree") != "ddtree":  # the deployed vLLM/SGLang's settings do not apply
+                serve = {k: serve[k] for k in ("host", "port") if k in serve}
+            serve.update(system="ddtree", mode=server.mode)
             if server.budget is not None:
                 serve["budget"] = server.budget
         return service_args(
@@ -125,7 +133,9 @@ class Session:
 
     def _foreign_context(self, server: Server) -> dict[str, Any]:
         context = {
-            "venv": self.venv,
+            **TEMPLATE_DEFAULTS,
+            "venv": SYSTEMS[server.system].venv(self.args["base"]),
+            "host": "127.0.0.1",
             "target": self.args["target"],
             "drafter": self.args["drafter"],
             "port": server.port,
@@ -134,7 +144,7 @@ class Session:
             "block_size": server.block_size,
             **server.vars,
         }
-        context.setdefault("served_name", context["target"])
+        context["served_name"] = context["served_name"] or context["target"]
         return context
 
     def _running_already(self, server: Server, url: str, served: str) -> bool:
@@ -181,8 +191,9 @@ class Session:
         argv = render_argv(server.template, context, self.ctx)
         if argv[0].startswith("/") and self.conn.stat(argv[0]) is None:
             raise StepFailed(
-                f"{server.label}: {argv[0]} does not exist on the host (fix: install {server.system} "
-                f"into {self.venv}, or set enabled: false on its matrix entry)"
+                f"{server.label}: {argv[0]} does not exist on the host (fix: list {server.system} in the "
+                f"host's systems and run fab provision, set vars.venv on the matrix entry, or set "
+                "enabled: false on it)"
             )
         for change in foreign.install(facts["service"]):
             change.apply(self.conn)
@@ -199,6 +210,29 @@ class Session:
                 stderr=self._log_slice(foreign.log, offset).decode("utf-8", "replace")[-4000:],
             ) from None
         return url, foreign.log, offset
+
+    def gate(self, server: Server, cell: Cell, url: str) -> None:
+        """The acceptance gate of ``fab deploy`` on this server: tau from its own /metrics over a
+        greedy probe of the cell's prompts (a dataset set, not on the controller: ``math``)."""
+        prompts = cell.prompts
+        if prompts.startswith(HF_PREFIX):
+            prompts = "math"
+        elif prompts not in shipped_sets() and not Path(prompts).is_absolute():
+            prompts = str(self.matrix_dir / prompts)
+        settings = {**GATE_DEFAULTS, "min_tau": server.min_tau, "spec": None, "prompts": prompts}
+        extra = {"mode": server.mode} if server.system == "ddtree" else {}
+        served = None if server.system == "ddtree" else self._foreign_context(server)["served_name"]
+        remote = f"{self.layout.results}/{self.run_dir.name}/{server.label}.acceptance.json"
+        self._run(join(["mkdir", "-p", "--", f"{self.layout.results}/{self.run_dir.name}"]), "results folder")
+        gate = probe(url, served, server.system, {server.mode: extra}, settings, self.ctx, remote)
+        try:
+            record = gate.apply(self.conn)["acceptance"]
+        except StepFailed as exc:
+            if server.label not in self.reused:
+                self.stop(server)
+            raise StepFailed(f"{server.label}: {exc}") from None
+        tau = record["modes"][server.mode]["tau"]
+        self.progress.note(self.host, f"{server.label}: acceptance gate passed (tau {tau:g})")
 
     def stop(self, server: Server) -> None:
         if server.system == "ddtree":
@@ -369,6 +403,8 @@ class Session:
         self.progress.note(self.host, f"starting {server.label}")
         try:
             url, log, offset = self.start(server)
+            if server.min_tau is not None:
+                self.gate(server, cells[0] if cells else server.cells[0], url)
         except StepFailed as exc:
             failures.append(f"{exc}" + (f"\n{exc.stderr[-2000:]}" if exc.stderr else ""))  # names the server
             for cell in cells:
@@ -392,17 +428,8 @@ class Session:
         return ServerOutcome(done, failures)
 
 
-def ensure_progress(ctx: StepContext) -> BenchProgress:
+def ensure_progress(ctx: StepContext) -> Progress:
     """The run's progress display; a step applied outside ``fab bench``/``fab tune`` gets plain lines."""
     if ctx.progress is None:
         ctx.progress = BenchProgress(live=False)
     return ctx.progress
-
-
-def render_argv(template: str, context: dict[str, Any], ctx: StepContext) -> list[str]:
-    """A ``*.argv.j2`` template rendered to an argument vector: one argument per non-blank line."""
-    text = render_template(template, context, ctx).decode("utf-8")
-    argv = [line.strip() for line in text.splitlines() if line.strip()]
-    if not argv:
-        raise StepFailed(f"template {template} rendered no command line")
-    return argv

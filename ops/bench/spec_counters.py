@@ -2,8 +2,11 @@
 
 The counters are vLLM's ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``,
 ``..._num_accepted_tokens`` and ``..._per_pos`` (our server exports the same names), with or
-without Prometheus' ``_total``. The client scrapes them before and after the measured phase; the
-deltas give tau, the acceptance rate, per-position acceptance and the accepted-length histogram.
+without Prometheus' ``_total``. SGLang (0.5.23, with ``--enable-metrics``) counts differently:
+``sglang:spec_verify_calls_total`` and ``sglang:generation_tokens_total``, whose ratio is its own
+acceptance length (completion tokens per verify call, bonus included). The client and the
+acceptance gate scrape them before and after a measured phase; the deltas give tau, and for vLLM's
+names the acceptance rate, per-position acceptance and the accepted-length histogram.
 """
 
 from __future__ import annotations
@@ -11,10 +14,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ops.service.metrics import label, samples
+from ops.service.metrics import samples
 from specops_contract import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFT_TOKENS, SPEC_DRAFTS
 
-COUNTERS = {SPEC_DRAFTS: "drafts", SPEC_DRAFT_TOKENS: "draft_tokens", SPEC_ACCEPTED: "accepted"}
+SGLANG_VERIFY_CALLS = "sglang:spec_verify_calls"
+SGLANG_GENERATION_TOKENS = "sglang:generation_tokens"
+COUNTERS = {
+    SPEC_DRAFTS: "drafts",
+    SPEC_DRAFT_TOKENS: "draft_tokens",
+    SPEC_ACCEPTED: "accepted",
+    SGLANG_VERIFY_CALLS: "verify_calls",
+    SGLANG_GENERATION_TOKENS: "generation_tokens",
+}
+NAMES = (*COUNTERS, SPEC_ACCEPTED_PER_POS)  # what a scrape must keep
 
 
 def parse_spec_counters(text: str) -> dict[str, Any]:
@@ -23,7 +35,7 @@ def parse_spec_counters(text: str) -> dict[str, Any]:
     per_pos: dict[int, float] = {}
     for sample in samples(text):
         if sample.name == SPEC_ACCEPTED_PER_POS:
-            position = label(sample.labels, "position")
+            position = sample.labels.get("position")
             if position is not None and position.isdigit():
                 per_pos[int(position)] = per_pos.get(int(position), 0.0) + sample.value
         elif sample.name in COUNTERS:
@@ -42,6 +54,18 @@ class SpecDelta:
     accepted: int | None = None
     per_position: list[float] | None = None
     histogram: dict[int, int] | None = None
+    verify_calls: int | None = None
+    generation_tokens: int | None = None
+
+    @property
+    def tau(self) -> float | None:
+        """Mean tokens per verify round: 1 + accepted / drafts (vLLM's names, ours), else SGLang's
+        generation tokens / verify calls; None when the server counted no speculation."""
+        if self.drafts:
+            return 1 + (self.accepted or 0) / self.drafts
+        if self.verify_calls:
+            return (self.generation_tokens or 0) / self.verify_calls
+        return None
 
 
 def spec_delta(before: dict[str, Any], after: dict[str, Any]) -> SpecDelta:
@@ -52,7 +76,7 @@ def spec_delta(before: dict[str, Any], after: dict[str, Any]) -> SpecDelta:
     k+1 tokens = per_pos[k-1] - per_pos[k]. It is filled only when the counts add up to the total.
     """
     delta = SpecDelta()
-    for key in ("drafts", "draft_tokens", "accepted"):
+    for key in ("drafts", "draft_tokens", "accepted", "verify_calls", "generation_tokens"):
         if key in before or key in after:
             setattr(delta, key, round(after.get(key, 0.0) - before.get(key, 0.0)))
     pos_after, pos_before = after.get("per_pos", {}), before.get("per_pos", {})

@@ -14,11 +14,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from drafter_config.jsonpos import JsonSyntaxError, parse
-from drafter_config.store import LocalStore
 from ops.bench.cells import slug
 from ops.bench.schema import SCHEMA_ID, BenchResult, SchemaError
 from ops.errors import InputFileError, SpecopsError
+from specops_files.jsonpos import JsonSyntaxError, parse
+from specops_files.store import LocalStore
 
 
 def cell_path(run_dir: str | Path, host: str, cell_id: str) -> Path:

@@ -1,5 +1,7 @@
-"""``fab tune``'s sweep: the DDTree budget (and vLLM DFlash ``num_speculative_tokens`` when asked)
-against an ``ar`` baseline, each sweep stopping once the speedup has clearly peaked."""
+"""``fab tune``'s sweep against an ``ar`` baseline, each sweep stopping once the speedup has clearly
+peaked: the DDTree budget on a host that serves our runtime (and vLLM DFlash's
+``num_speculative_tokens`` when asked), ``num_speculative_tokens`` of the deployed mode on a host
+that serves vLLM or SGLang (run with the deployed settings: tensor parallelism, venv, extra args)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ops.bench.cells import cell_id_for, slug
-from ops.bench.matrix import DEFAULT_TEMPLATES, Cell, Server
+from ops.bench.matrix import DEFAULT_FOREIGN_PORT, DEFAULT_TEMPLATES, Cell, Server
 from ops.bench.prompts import prompt_set_name
 from ops.bench.schema import BenchResult
 from ops.bench.session import Session
@@ -43,6 +45,22 @@ def tune_server(system: str, mode: str, cell: Cell, **settings: Any) -> Server:
     return server
 
 
+FOREIGN_VARS = ("served_name", "tensor_parallel", "dtype", "max_context", "extra_args", "venv")
+DEFAULT_TOKENS = {"dflash": [3, 7, 11, 15]}  # a DFlash drafter drafts up to block_size - 1 (15 for b16)
+
+
+def tokens_to_sweep(mode: str, tokens: list[int]) -> list[int]:
+    """``num_speculative_tokens`` values, ascending: the given ones, else the mode's defaults."""
+    return sorted(tokens or DEFAULT_TOKENS.get(mode, [1, 2, 3, 4, 5, 6]))
+
+
+def tuned_serve(system: str, best: dict[str, Any]) -> dict[str, Any]:
+    """The serve settings the best point stands for (what ``tuned_settings`` merges in)."""
+    if system == "ddtree":
+        return {"mode": "ddtree", "budget": best["budget"]}
+    return {"system": system, "mode": best["mode"], "num_speculative_tokens": best["num_speculative_tokens"]}
+
+
 def sweeps(args: dict[str, Any]) -> list[list[Server]]:
     """Each sweep: its ``ar`` baseline first, then its settings in ascending order."""
     cell = Cell(
@@ -54,6 +72,18 @@ def sweeps(args: dict[str, Any]) -> list[list[Server]]:
         num_prompts=args["num_prompts"],
         warmup=args["warmup"],
     )
+    serve = args["serve"]
+    system = serve.get("system", "ddtree")
+    if system != "ddtree":
+        settings = {"port": DEFAULT_FOREIGN_PORT, "vars": {k: serve[k] for k in FOREIGN_VARS if k in serve}}
+        mode = serve["mode"]
+        return [
+            [tune_server(system, "ar", cell, **settings)]
+            + [
+                tune_server(system, mode, cell, num_speculative_tokens=k, **settings)
+                for k in tokens_to_sweep(mode, args["tokens"])
+            ]
+        ]
     out = [
         [tune_server("ddtree", "ar", cell)]
         + [tune_server("ddtree", "ddtree", cell, budget=b) for b in args["budgets"]]

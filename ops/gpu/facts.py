@@ -204,8 +204,31 @@ def parse_probe(stdout: str) -> dict[str, Any]:
     return facts
 
 
-def summary(host: dict[str, Any], env: dict[str, Any] | None) -> dict[str, Any]:
-    """The row `fab facts` shows: GPU, capability, driver, CUDA, torch, triton, vllm."""
+def servable(host: dict[str, Any], env: dict[str, Any] | None, systems: dict[str, Any]) -> list[str]:
+    """Which systems the host can serve: our runtime where its venv has torch; vLLM or SGLang where
+    its own venv (``systems``: name -> probe facts, None when absent) has it and there is a GPU
+    (with the GPU count, the most tensor parallelism can use)."""
+    found = []
+    torch = ((env or {}).get("packages") or {}).get("torch")
+    if torch:
+        found.append(f"ddtree (torch {torch['version']})")
+    gpus = len(host["nvidia"]["gpus"])
+    for name, facts in systems.items():
+        package = ((facts or {}).get("packages") or {}).get(name)
+        if package:
+            found.append(
+                f"{name} {package['version']} (tp <= {gpus})"
+                if gpus
+                else f"{name} {package['version']} (no GPU)"
+            )
+    return found
+
+
+def summary(
+    host: dict[str, Any], env: dict[str, Any] | None, systems: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The row `fab facts` shows: GPU, capability, driver, CUDA, torch, triton, vllm, and which
+    serving systems the host has (``systems``: the probe facts of each system's own venv)."""
     nvidia = host["nvidia"]
     gpus = nvidia["gpus"]
     names = sorted({g["name"] for g in gpus})
@@ -227,4 +250,5 @@ def summary(host: dict[str, Any], env: dict[str, Any] | None) -> dict[str, Any]:
         "sglang": version("sglang"),
         "flashinfer": version("flashinfer-python"),
         "python": (env or {}).get("python") or host["python"],
+        "systems": ", ".join(servable(host, env, systems or {})) or None,
     }

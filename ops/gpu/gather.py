@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import StepFailed
 from ops.gpu import facts as gpu_facts
 from ops.shell import join
-from ops.steps.base import StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import Connection

@@ -6,7 +6,7 @@
   file, TERM then KILL), which loads the same environment file into the process. ``fab bench``
   also starts vLLM and SGLang under it, each with its own pidfile and log.
 
-Every verb returns changes (``ops.steps.base``) for a plan to list; none of them runs anything.
+Every verb returns changes (``ops.api.changes``) for a plan to list; none of them runs anything.
 ``hand_over`` stops the server when the *other* backend ran it before, so a host can move from one
 backend to the other.
 """
@@ -17,11 +17,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Run, StepFailed, Write
 from ops.layout import HostLayout
 from ops.service.facts import parse_json_line, run_script
 from ops.service.remote import HERE as REMOTE_DIR
 from ops.shell import join
-from ops.steps.base import Run, StepFailed, Write
 
 if TYPE_CHECKING:
     from ops.connection import Connection
@@ -46,6 +46,23 @@ class Wait(Run):
 class Preflight(Run):
     """``serve --help`` on the new release before anything stops: a release that cannot even
     import is refused while the running one keeps serving (no rollback needed)."""
+
+
+class Installed(Run):
+    """Before a vLLM or SGLang server is (re)started: its executable is in its venv."""
+
+    def apply(self, conn: Connection) -> None:
+        if not conn.run(self.command, timeout=self.timeout).ok:
+            raise StepFailed(self.why)
+
+
+def installed(executable: str, system: str) -> Installed:
+    return Installed(
+        join(["test", "-x", executable]),
+        timeout=60,
+        why=f"{executable} is missing: {system} is not installed there (fix: list {system} in the "
+        "host's systems and run fab provision, or set serve.venv to the venv that has it)",
+    )
 
 
 class PortCheck(Run):

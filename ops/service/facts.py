@@ -3,7 +3,9 @@
 ``gather`` returns ``{"layout": <releases and links>, "service": <probe facts>}``; the probe's
 facts are plain JSON (the plan tests feed them in as data): ``supervisor_process`` and
 ``systemd.process`` (pid, uptime, cwd, or None), ``systemd`` (usable, scope, uid, unit_path,
-unit_sha), ``state`` (what the last deploy started), ``env_sha``, ``supervisor_sha``, ``health``
+unit_sha), ``state`` (the release record: what the last deploy started), ``acceptance`` (the last
+gate it passed), ``pins`` (versions of the system's packages in its venv), ``env_sha``,
+``supervisor_sha``, ``health``
 (the status code of ``/health``, or None), ``metrics`` (``/metrics`` text when asked) and
 ``log_size`` (where this start's log begins) and ``proven_env`` (release -> sha of the env file copy
 its last proven start left, ``proven.py``).
@@ -15,12 +17,13 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Fact, StepFailed
 from ops.layout import HostLayout
+from ops.service.command import system_of, system_venv
 from ops.service.releases import layout_fact
 from ops.service.remote import script
 from ops.service.settings import serve_url
 from ops.shell import join
-from ops.steps.base import Fact, StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection
@@ -42,7 +45,12 @@ def parse_json_line(what: str) -> Callable[[CommandResult], Any]:
     return parse
 
 
-INCLUDES = {"wait": ("sockets", "apikey"), "port": ("sockets",), "probe": ("apikey",)}  # prefixed helpers
+INCLUDES = {  # helpers a script's text is prefixed with
+    "wait": ("sockets", "apikey"),
+    "port": ("sockets",),
+    "probe": ("apikey",),
+    "accept": ("apikey",),
+}
 
 
 def run_script(name: str, spec: Any) -> str:
@@ -56,6 +64,9 @@ def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[st
     layout = HostLayout(args["base"], args["name"])
     url = serve_url(args["serve"])
     spec = {
+        "venv": system_venv(args),
+        "packages": list(system_of(args).packages),
+        "acceptance": layout.acceptance(),
         "name": args["name"],
         "pidfile": layout.pidfile(),
         "state": layout.state(),

@@ -1,16 +1,19 @@
-"""The one Prometheus-text parser: ``/metrics`` of our server, vLLM or SGLang.
+"""Reading ``/metrics`` of our server, vLLM or SGLang: Prometheus text through prometheus_client's parser.
 
 ``fab status`` reads a few counters from it (:func:`status_metrics`) and the benchmark client
 reads the speculative-decoding counters before and after a measured phase
 (``ops.bench.spec_counters``). Both go through :func:`samples`, which drops the ``_total`` suffix that
-Prometheus adds to counters, so either spelling of a name matches. Standard library only: the
-client runs on the host.
+Prometheus adds to counters, so either spelling of a name matches. The parser is prometheus_client's
+(label values with spaces, commas or escaped quotes, and sample timestamps, are its job), which
+every server measured here depends on, so the benchmark client finds it on the host too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import NamedTuple
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from specops_contract import (
     GENERATION_TOKENS,
@@ -23,6 +26,9 @@ from specops_contract import (
 )
 
 STATUS_NAMES = {
+    "sglang:spec_verify_calls": "verify_calls",  # SGLang 0.5.23 (--enable-metrics)
+    "sglang:generation_tokens": "generation_tokens",
+    "sglang:num_requests": "requests",
     SPEC_DRAFTS: "drafts",
     SPEC_DRAFT_TOKENS: "draft_tokens",
     SPEC_ACCEPTED: "accepted_tokens",
@@ -35,35 +41,24 @@ STATUS_NAMES = {
 
 class Sample(NamedTuple):
     name: str  # without a trailing ``_total``
-    labels: str  # the text between the braces, unparsed (see :func:`label`)
+    labels: dict[str, str]
     value: float
 
 
 def samples(text: str) -> Iterator[Sample]:
-    """Pure: every sample line (comments, blanks and unreadable values skipped)."""
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name, _, labels = head.partition("{")
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        yield Sample(name.strip().removesuffix("_total"), labels.rstrip().removesuffix("}"), number)
-
-
-def label(labels: str, key: str) -> str | None:
-    """One label's value from :attr:`Sample.labels`."""
-    for part in labels.split(","):
-        k, _, v = part.partition("=")
-        if k.strip() == key:
-            return v.strip().strip('"')
-    return None
+    """Pure: every sample of the exposition; a body that is not Prometheus text (an HTML error
+    page, a cut-off response) has none, as a server without metrics has none."""
+    try:
+        found = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError:
+        return
+    for sample in found:
+        yield Sample(sample.name.removesuffix("_total"), sample.labels, float(sample.value))
 
 
 def status_metrics(text: str) -> dict[str, float]:
-    """Pure: the counters ``fab status`` shows, summed over labels, plus the mean acceptance length."""
+    """Pure: the counters ``fab status`` shows, summed over labels, plus the mean acceptance length
+    (vLLM's and ours: 1 + accepted / drafts; SGLang's: generation tokens per verify call)."""
     found: dict[str, float] = {}
     for sample in samples(text):
         key = STATUS_NAMES.get(sample.name)
@@ -71,4 +66,8 @@ def status_metrics(text: str) -> dict[str, float]:
             found[key] = found.get(key, 0.0) + sample.value
     if found.get("drafts"):
         found["mean_acceptance_length"] = round(1 + found.get("accepted_tokens", 0.0) / found["drafts"], 3)
+    elif found.get("verify_calls"):
+        found["mean_acceptance_length"] = round(
+            found.get("generation_tokens", 0.0) / found["verify_calls"], 3
+        )
     return found

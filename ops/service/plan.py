@@ -12,55 +12,32 @@ import hashlib
 import json
 from typing import Any
 
+from ops.api.changes import Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
+from ops.api.templates import render_template
 from ops.layout import HostLayout
-from ops.service.backends import Preflight, Supervisor, Systemd, backends, port_check, wait
+from ops.service.acceptance import Probe, probe
+from ops.service.backends import Preflight, Supervisor, Systemd, backends, installed, port_check, wait
+from ops.service.command import serve_argv, served_id, system_of
 from ops.service.proven import keep_env, proven_records, proven_settings, restore_env
 from ops.service.releases import switch_commands
 from ops.service.settings import serve_url
 from ops.shell import join
-from ops.steps.base import Plan, Run, StepContext, StepFailed, Write
-from ops.steps.files import render_template
 from specops_contract import SERVE_DEFAULTS
 
 UNIT_TEMPLATE = "specops-ddtree.service.j2"
 _UNSET: Any = object()
 
 
-def serve_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
-    """The server's command line: paths and numbers only. Secrets, and any other ``SPECOPS_SERVE_*``
-    setting (temperature, queue size, ...), are in the environment file the server reads."""
-    serve = {**SERVE_DEFAULTS, **args["serve"]}
-    cpu = ctx.vars.get("profile") == "cpu"
-    device = serve.get("device") or ("cpu" if cpu else "cuda")
-    flags = {
-        "--target": args["target"],
-        "--drafter": args["drafter"],
-        "--mode": serve["mode"],
-        "--budget": serve["budget"],
-        "--host": serve["host"],
-        "--port": serve["port"],
-        "--device": device,
-        "--env-file": args["env_file"],
-    }
-    if serve.get("dtype"):  # unset: the server picks for the host's hardware (loader.default_dtype)
-        flags["--dtype"] = serve["dtype"]
-    argv = [f"{args['venv']}/bin/python", "-m", "ddtree_runtime", "serve"]
-    for flag, value in flags.items():
-        argv += [flag, str(value)]
-    if serve.get("max_context"):
-        argv += ["--max-context", str(serve["max_context"])]
-    return argv
-
-
 def launch(args: dict[str, Any], ctx: StepContext, release: str) -> dict[str, Any]:
-    """Everything that, when it changes, needs a restart (with the env file's checksum)."""
-    where = HostLayout(args["base"]).release(release)
-    return {
-        "argv": serve_argv(args, ctx),
-        "cwd": where,
-        "env_file": args["env_file"],
-        "env": {"PYTHONPATH": f"{where}/site", "SPECOPS_RELEASE": release},
-    }
+    """Everything that, when it changes, needs a restart (with the env file's checksum). Our runtime
+    runs from its release; vLLM and SGLang run from their venvs, so a new release leaves them be."""
+    if system_of(args).follows_release:
+        where = HostLayout(args["base"]).release(release)
+        env = {"PYTHONPATH": f"{where}/site", "SPECOPS_RELEASE": release}
+    else:
+        where, env = args["base"], {}
+    return {"argv": serve_argv(args, ctx), "cwd": where, "env_file": args["env_file"], "env": env}
 
 
 def unit_text(
@@ -68,6 +45,7 @@ def unit_text(
 ) -> bytes:
     context = {
         "service": args["name"],
+        "system": system_of(args).name,
         "release": release,
         "scope": scope,
         "exec_start": join(spec["argv"]),
@@ -100,11 +78,17 @@ def wanted_release(layout: dict[str, Any], args: dict[str, Any], ctx: StepContex
 
 
 def restart_reasons(
-    current: str | None, wanted: str, process: dict[str, Any] | None, svc: dict[str, Any], fingerprint: str
+    current: str | None,
+    wanted: str,
+    process: dict[str, Any] | None,
+    svc: dict[str, Any],
+    fingerprint: str,
+    follows_release: bool = True,
 ) -> list[str]:
-    """Pure: why the server must (re)start; empty when it runs ``wanted`` as wanted and answers."""
+    """Pure: why the server must (re)start; empty when it runs ``wanted`` as wanted and answers
+    (a system that does not run from a release restarts only when its fingerprint changes)."""
     reasons = []
-    if current != wanted:
+    if current != wanted and follows_release:
         reasons.append(f"current {current or 'none'} -> {wanted}")
     if process is None:
         reasons.append("not running")
@@ -124,8 +108,14 @@ def _definition(
     wanted: str,
     env_sha: str | None,
 ) -> tuple[list[Run | Write], dict[str, Any]]:
-    """The backend's install changes and the restart fingerprint (launch, env file, backend, unit)."""
-    fingerprint: dict[str, Any] = {"launch": spec, "env_sha": env_sha, "backend": backend.name}
+    """The backend's install changes and the restart fingerprint (launch, env file, backend, unit,
+    and the installed versions of the system's packages: a re-provisioned venv restarts it)."""
+    fingerprint: dict[str, Any] = {
+        "launch": spec,
+        "env_sha": env_sha,
+        "backend": backend.name,
+        "pins": svc.get("pins") or {},
+    }
     if isinstance(backend, Systemd):
         unit = unit_text(args, ctx, spec, wanted, backend.facts["scope"])
         fingerprint["unit_sha"] = hashlib.sha256(unit).hexdigest()
@@ -134,18 +124,27 @@ def _definition(
 
 
 def _rollback_target(
-    current: str | None, wanted: str, state: dict[str, Any], layout: dict[str, Any], digest: str
-) -> str | None:
-    """What to go back to if ``wanted`` fails (with the settings it was proven with, see
-    ``proven.py``): the release ``current`` named, else (a re-run after a cut link left ``current``
-    switched but unproven) the release that last answered. When the release stays and only the
-    settings change, it is the same release with its old settings."""
-    proven = state.get("release")
+    current: str | None,
+    wanted: str,
+    state: dict[str, Any],
+    layout: dict[str, Any],
+    digest: str,
+    follows_release: bool = True,
+) -> tuple[str | None, dict[str, Any] | None]:
+    """What to go back to if ``wanted`` fails, and with which service arguments (None: the new ones).
+
+    The release ``current`` named, else (a re-run after a cut link left ``current`` switched but
+    unproven) the release that last answered; the arguments it answered with come from the state
+    file. When the release stays and only the settings change, it is the same release with its
+    old settings."""
+    proven, proven_args = state.get("release"), state.get("args")
+    if not follows_release:  # vLLM/SGLang: our release only carries tools; go back to the settings
+        return (wanted, proven_args) if proven_args and state.get("fingerprint") != digest else (None, None)
     target = current if current != wanted else proven if proven != wanted else None
     target = target if target in layout["releases"] else None
-    if target is None and proven == wanted and state.get("fingerprint") != digest:
-        return wanted
-    return target
+    if target is None and proven == wanted and proven_args and state.get("fingerprint") != digest:
+        return wanted, proven_args
+    return target, proven_args if target is not None and target == proven else None
 
 
 def plan_service(
@@ -154,17 +153,21 @@ def plan_service(
     ctx: StepContext,
     previous: Any = _UNSET,
     preflight: bool = True,
+    rollback: bool = False,
     proven: bool = False,
 ) -> Plan:
-    """Pure. ``previous`` overrides where ``<base>/previous`` ends up, ``preflight`` False skips the
-    start check (the automatic rollback goes back to a release that just ran), and ``proven`` runs
-    the release with the settings it last answered with, env file included (the rollbacks)."""
+    """Pure. ``previous`` overrides where ``<base>/previous`` ends up; ``rollback`` is the automatic
+    one: a restart even where the state file still matches (the failed server runs the new command
+    line), no start check and no acceptance gate (it goes back to settings that answered before);
+    ``preflight`` False skips the start check alone (the bench); ``proven`` runs the release with
+    the settings it last answered with, its env file included (both rollbacks, ``proven.py``)."""
     layout, svc = facts["layout"], facts["service"]
     wanted = wanted_release(layout, args, ctx)
     settings = proven_settings(svc, wanted) if proven else None
     if settings is not None:
         args = {**settings["args"], "release": wanted}
     env_sha = svc["env_sha"] if settings is None else settings["env_sha"]
+    system = system_of(args)
     current = layout["current"]
     if previous is _UNSET:
         previous = current if current != wanted else layout["previous"]
@@ -175,40 +178,66 @@ def plan_service(
     definition, fingerprint = _definition(backend, args, ctx, svc, spec, wanted, env_sha)
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     process = backend.process(svc)
-    reasons = restart_reasons(current, wanted, process, svc, digest)
-    data = {"release": wanted, "previous": previous, "backend": backend.name, "url": serve_url(args["serve"])}
+    reasons = restart_reasons(current, wanted, process, svc, digest, system.follows_release)
+    if rollback:
+        reasons.append("rolling back")
+        preflight = False
+    data = {
+        "release": wanted,
+        "previous": previous,
+        "backend": backend.name,
+        "url": serve_url(args["serve"]),
+        "system": system.name,
+    }
     if not reasons:
         pid = process["pid"]
-        message = f"release {wanted} running (pid {pid}, up {process['uptime_s']:g}s), /health 200"
+        what = f"release {wanted}" if system.follows_release else system.name
+        message = f"{what} running (pid {pid}, up {process['uptime_s']:g}s), /health 200"
+        switch = switch_commands(args["base"], wanted, previous) if current != wanted else []
+        if switch:  # vLLM/SGLang: the release only carries our tools; the server keeps running
+            message += f"; its command line is unchanged, so a new release ({wanted}) does not restart it"
         if definition:
-            return Plan.of(definition, message + "; update the service definition", pid=pid, **data)
+            message += "; update the service definition"
+        if definition or switch:
+            return Plan.of([*definition, *switch], message, pid=pid, **data)
         return Plan.noop(message, pid=pid, **data)
-    rollback_to = _rollback_target(current, wanted, svc["state"] or {}, layout, digest)
+    rollback_to, rollback_args = _rollback_target(
+        current, wanted, svc["state"] or {}, layout, digest, system.follows_release
+    )
     running = process or other.process(svc)
     changes: list[Run | Write] = list(definition)
     if preflight:
-        changes += _start_checks(args, spec, rollback_to not in (None, wanted), running)
+        new_release = system.follows_release and rollback_to not in (None, wanted)
+        changes += _start_checks(args, spec, new_release, running)
+        if not system.follows_release:  # before anything stops: vLLM/SGLang is in its venv
+            changes.append(installed(spec["argv"][0], system.name))
     first_disruptive = len(changes)
     if settings is not None and settings["restore"]:
         changes.append(restore_env(args, wanted))
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
-    changes.append(wait(data["url"], args["timeout"], args["prompt"], backend.wait_on, args["env_file"]))
-    if env_sha is not None:
+    ready = {**backend.wait_on, "ready_on": system.ready_on, "model": served_id(args)}
+    changes.append(wait(data["url"], args["timeout"], args["prompt"], ready, args["env_file"]))
+    if not rollback:
+        changes += _gate(args, ctx, data["url"])
+    if env_sha is not None:  # proven: the env file this start answered with, for the rollbacks
         changes.append(keep_env(args, wanted))
     records = proven_records(svc["state"], layout["releases"], wanted, args, env_sha)
-    changes.append(_state_write(args, wanted, digest, backend.name, records))
+    launched = {"argv": spec["argv"], "pins": svc.get("pins"), "proven": records}
+    changes.append(_state_write(args, wanted, digest, backend.name, launched))
     data.update(
         stop=backend.stop(args["stop_timeout"]).command,
         first_disruptive=first_disruptive,
         rollback_to=rollback_to,
+        rollback_args=rollback_args,
         previous_before=layout["previous"],
         log_size=svc["log_size"],
         log=HostLayout(args["base"], args["name"]).log(),
         args=args,
     )
-    return Plan.of(changes, f"restart on release {wanted}: {'; '.join(reasons)}", **data)
+    what = f"release {wanted}" if system.follows_release else f"{system.name} (release {wanted})"
+    return Plan.of(changes, f"restart on {what}: {'; '.join(reasons)}", **data)
 
 
 def _start_checks(
@@ -230,11 +259,30 @@ def _start_checks(
     return checks
 
 
+def _gate(args: dict[str, Any], ctx: StepContext, url: str) -> list[Probe]:
+    """The acceptance gate after the health wait, unless it is off or the mode does not speculate."""
+    settings, mode = args["acceptance"], {**SERVE_DEFAULTS, **args["serve"]}["mode"]
+    if not settings.get("enabled") or mode == "ar":
+        return []
+    system = system_of(args)
+    extra = {"mode": mode} if system.follows_release else {}  # our server: the request's mode
+    record = HostLayout(args["base"], args["name"]).acceptance()
+    return [probe(url, served_id(args), system.name, {mode: extra}, settings, ctx, record, args["env_file"])]
+
+
 def _state_write(
-    args: dict[str, Any], wanted: str, digest: str, backend: str, proven: dict[str, Any]
+    args: dict[str, Any], wanted: str, digest: str, backend: str, launched: dict[str, Any]
 ) -> Write:
-    """The state file: which release runs, with which fingerprint and arguments, and what each
-    release last answered with (the rollbacks read it)."""
-    record = {"release": wanted, "fingerprint": digest, "backend": backend, "args": args, "proven": proven}
+    """The state file, the release record: which release and system run, the exact command line,
+    the installed versions of the system's packages, the fingerprint and the arguments, and what
+    each release last answered with (the rollbacks read them)."""
+    record = {
+        "release": wanted,
+        "system": system_of(args).name,
+        **launched,
+        "fingerprint": digest,
+        "backend": backend,
+        "args": args,
+    }
     state = HostLayout(args["base"], args["name"]).state()
     return Write(state, (json.dumps(record, indent=1) + "\n").encode(), "0644", why="what runs")

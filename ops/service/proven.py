@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ops.api.changes import Run
 from ops.layout import HostLayout
 from ops.shell import quote
-from ops.steps.base import Run
 
 
 def proven_settings(svc: dict[str, Any], release: str) -> dict[str, Any] | None:

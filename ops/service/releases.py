@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Fact, Run, StepFailed
 from ops.layout import HostLayout
 from ops.shell import join, quote
-from ops.steps.base import Fact, Run, StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult

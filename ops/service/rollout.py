@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.changes import Applied, Plan, StepFailed
+from ops.api.context import StepContext
+from ops.service.acceptance import AcceptanceFailed
 from ops.service.facts import gather
 from ops.service.plan import plan_service
-from ops.steps.base import Applied, Plan, StepContext, StepFailed
 
 if TYPE_CHECKING:
     from ops.connection import Connection
@@ -25,16 +27,18 @@ class ServiceFailed(StepFailed):
     def __init__(self, cause: StepFailed, touched: bool) -> None:
         super().__init__(str(cause), command=cause.command, stderr=cause.stderr)
         self.touched = touched
+        self.cause = cause
 
 
 def execute_plan(conn: Connection, plan: Plan) -> dict[str, Any]:
-    """Apply a service plan's changes in order; the Wait's answer is returned, a failure raised as
-    ServiceFailed saying whether the server had been touched (switch, stop or start) by then."""
+    """Apply a service plan's changes in order; the answers of the health wait and the acceptance
+    gate are returned, a failure raised as ServiceFailed saying whether the server had been touched
+    (switch, stop or start) by then."""
     answer: dict[str, Any] = {}
     first_disruptive = plan.data.get("first_disruptive", 0)
     for index, change in enumerate(plan.changes):
         try:
-            answer = change.apply(conn) or answer  # only the health wait answers
+            answer = {**answer, **(change.apply(conn) or {})}  # the health wait and the gate answer
         except StepFailed as exc:
             raise ServiceFailed(exc, touched=index >= first_disruptive) from None
     return answer
@@ -67,12 +71,23 @@ def apply_service(conn: Connection, plan: Plan, ctx: StepContext) -> Applied:
                 stderr=exc.stderr,
             ) from None
         roll_back(conn, plan, ctx, exc)
+    what = (
+        f"release {data['release']}"
+        if data["system"] == "ddtree"
+        else f"{data['system']} (release {data['release']})"
+    )
     message = (
-        f"release {data['release']} answers at {data['url']} (pid {answer['pid']}, /health after "
+        f"{what} answers at {data['url']} (pid {answer['pid']}, ready after "
         f"{answer['healthy_after']}s, completion {answer['text']!r})"
     )
-    kept = {k: data[k] for k in ("release", "previous", "backend", "url")}
-    return Applied(True, message, kept | {"pid": answer["pid"]})
+    gate = answer.get("acceptance")
+    if gate:
+        message += "; acceptance: " + ", ".join(
+            f"{mode} tau {m['tau']:.2f}" + (f" >= {m['min_tau']:g} ({m['source']})" if m["min_tau"] else "")
+            for mode, m in gate["modes"].items()
+        )
+    kept = {k: data[k] for k in ("release", "previous", "backend", "url", "system")}
+    return Applied(True, message, kept | {"pid": answer["pid"], "acceptance": gate})
 
 
 def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFailed) -> None:
@@ -82,30 +97,32 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
     if failure.stderr:
         tail = f"{failure.command or ''}\n{failure.stderr}\n--- log ---\n{tail}".lstrip()
     bad, old = data["release"], data["rollback_to"]
+    gated = isinstance(getattr(failure, "cause", failure), AcceptanceFailed)
+    why = "failed its acceptance gate" if gated else "did not answer"
     if old is None:  # stop it: a server that never answered must not crash-loop under its supervisor
         stopped = conn.run(data["stop"], timeout=data["args"]["stop_timeout"] + 60).ok
         raise StepFailed(
-            f"release {bad} did not answer ({failure}); no earlier release to roll back to"
+            f"release {bad} {why} ({failure}); no earlier release to roll back to"
             + ("; it was stopped" if stopped else ""),
             stderr=tail,
         )
-    args = {**data["args"], "release": old}  # with the settings it answered with (proven=True)
+    # with the settings it answered with: its proven record (proven=True), else the state's arguments
+    args = {**(data.get("rollback_args") or data["args"]), "release": old}
     if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
-        ctx.reporter.note(
-            f"{ctx.host.name} | release {bad} did not answer ({failure}); rolling back to {old}"
-        )
+        ctx.reporter.note(f"{ctx.host.name} | release {bad} {why} ({failure}); rolling back to {old}")
     try:
         back = plan_service(
-            gather(conn, args), args, ctx, previous=data["previous_before"], preflight=False, proven=True
+            gather(conn, args), args, ctx, previous=data["previous_before"], rollback=True, proven=True
         )
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
     except StepFailed as again:
         raise StepFailed(
-            f"release {bad} did not answer ({failure}); rolling back to {old} failed too: {again}",
+            f"release {bad} {why} ({failure}); rolling back to {old} failed too: {again}",
             stderr=tail,
         ) from None
     raise StepFailed(
-        f"release {bad} did not answer ({failure}); rolled back to {old}, which answers "
-        f"again (pid {answer.get('pid')})",
+        f"release {bad} {why} ({failure}); rolled back to {old}"
+        + (" with the settings that answered before" if old == bad else "")
+        + f", which answers again (pid {answer.get('pid')})",
         stderr=tail,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ops.service.acceptance import likely_fields
 from ops.service.metrics import status_metrics
 from ops.service.settings import serve_url
 
@@ -14,7 +15,14 @@ def status_summary(facts: dict[str, Any], args: dict[str, Any]) -> dict[str, Any
     backend = "systemd" if svc["systemd"]["process"] else "supervisor" if svc["supervisor_process"] else None
     process = svc["systemd"]["process"] or svc["supervisor_process"]
     running = process["cwd"].rstrip("/").rsplit("/", 1)[-1] if process and process["cwd"] else None
+    state = svc["state"] or {}
+    metrics = status_metrics(svc["metrics"]) if svc["metrics"] else {}
     return {
+        "system": state.get("system", "ddtree"),
+        "pins": state.get("pins") or {},
+        "command": state.get("argv"),
+        "acceptance": svc.get("acceptance"),
+        "tau_drop": tau_drop(metrics.get("mean_acceptance_length"), svc.get("acceptance")),
         "release": layout["current"],
         "previous": layout["previous"],
         "releases": sorted(layout["releases"], key=lambda r: layout["releases"][r]),
@@ -25,9 +33,21 @@ def status_summary(facts: dict[str, Any], args: dict[str, Any]) -> dict[str, Any
         "uptime_s": process["uptime_s"] if process else None,
         "health": svc["health"],
         "url": serve_url(args["serve"]),
-        "metrics": status_metrics(svc["metrics"]) if svc["metrics"] else {},
+        "metrics": metrics,
         "supervisor": svc.get("supervisor_status") if backend != "systemd" else None,
     }
+
+
+def tau_drop(live: float | None, gate: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Pure: the live tau (over the server's life) under the lowest threshold its last acceptance
+    gate passed, as {"tau", "min_tau", "mode"}; None when it holds or nothing can be compared."""
+    limits = [
+        (m["min_tau"], mode) for mode, m in ((gate or {}).get("modes") or {}).items() if m.get("min_tau")
+    ]
+    if live is None or not limits:
+        return None
+    minimum, mode = min(limits)
+    return {"tau": live, "min_tau": minimum, "mode": mode} if live < minimum else None
 
 
 def is_down(info: dict[str, Any]) -> bool:
@@ -56,4 +76,20 @@ def status_line(info: dict[str, Any]) -> str:
         if "mean_acceptance_length" in m
         else ""
     )
-    return f"release {info['release'] or 'none'}: {state}{extra}"
+    gate = info.get("acceptance") or {}
+    for mode, passed in (gate.get("modes") or {}).items():
+        extra += f"; {mode} passed its gate at tau {passed['tau']:g}" + (
+            f" (min_tau {passed['min_tau']:g})" if passed.get("min_tau") else ""
+        )
+    drop = info.get("tau_drop")
+    if drop:
+        extra += (
+            f"; ACCEPTANCE DROPPED: live tau {drop['tau']:g} < min_tau {drop['min_tau']:g} (likely wrong: "
+            f"{likely_fields(info['system'], drop['mode'])})"
+        )
+    system = "" if info.get("system", "ddtree") == "ddtree" else f"{info['system']} {_version(info)}, "
+    return f"release {info['release'] or 'none'}: {system}{state}{extra}"
+
+
+def _version(info: dict[str, Any]) -> str:
+    return (info.get("pins") or {}).get(info["system"], "(version unknown)")

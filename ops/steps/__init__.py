@@ -3,9 +3,9 @@
 Every module in this folder (except ``base``) is a step family following the contract in
 ``ops/steps/base.py``; it is imported automatically, so adding a family is adding a file. The
 families load when the registry is first asked for (``get_step``, ``REGISTRY``), not when the
-package is: the domain packages under the steps (``ops/gpu``, ``ops/service``, ``ops/bench``)
-import the Step API from ``ops.steps.base`` and are imported by the families, so loading the
-families eagerly would make whichever of them is imported first a circular import.
+package is, so importing ``ops.steps.base`` (the runner, the playbook loader) stays cheap. The
+domain packages under the steps (``ops/gpu``, ``ops/service``, ``ops/bench``) never import this
+package: they build with ``ops/api/``, and the families import them.
 """
 
 from __future__ import annotations

@@ -22,21 +22,23 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Action, Applied, Fact, Plan, StepFailed
 from ops.bench.hardware import hardware_fact
 from ops.bench.matrix import Cell, Server, load_matrix
 from ops.bench.session import ServerOutcome, Session, ensure_progress
 from ops.bench.store import completed_cells
-from ops.bench.tune import sweep
+from ops.bench.tune import sweep, tokens_to_sweep, tuned_serve
 from ops.layout import HostLayout
 from ops.service.releases import layout_fact
 from ops.service.settings import backend_arg, serve_arg
 from ops.shell import join
-from ops.steps.base import Action, Applied, Arg, Fact, Plan, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 from specops_contract import SERVICE
 
 if TYPE_CHECKING:
+    from ops.api.context import StepContext
     from ops.connection import CommandResult, Connection
-    from ops.steps.base import StepContext
 
 TUNED_FILE = f"{SERVICE}.tuned.json"  # in <base>/run (HostLayout.tuned)
 CELL_TIMEOUT_S = 3600.0
@@ -184,15 +186,17 @@ def _tune(setup: dict[str, Any], args: dict[str, Any], conn: Connection) -> dict
     """Sweep, pick the best DDTree budget, write it to the host; the tuned record (with failures)."""
     session = _session(conn, setup)
     rows, failures = sweep(session, args)
-    ours = [r for r in rows if r["system"] == "ddtree" and r["tokens_per_s"]]
+    system = args["serve"].get("system", "ddtree")
+    ours = [r for r in rows if r["system"] == system and r["tokens_per_s"]]
     if not ours:
+        what = "DDTree budget" if system == "ddtree" else f"{system} num_speculative_tokens"
         raise StepFailed(
-            "no DDTree budget was measured: " + "; ".join(f.splitlines()[0] for f in failures),
+            f"no {what} was measured: " + "; ".join(f.splitlines()[0] for f in failures),
             stderr="\n".join(failures),
         )
     best = max(ours, key=lambda r: r["tokens_per_s"])
     record = {
-        "serve": {"mode": "ddtree", "budget": best["budget"]},
+        "serve": tuned_serve(system, best),
         "tokens_per_s": best["tokens_per_s"],
         "speedup": best["speedup"],
         "run_id": session.run_dir.name,
@@ -208,11 +212,17 @@ def _tune(setup: dict[str, Any], args: dict[str, Any], conn: Connection) -> dict
 class BenchTune(Step):
     name = "bench_tune"
     summary = (
-        "sweep the DDTree budget against ar, pick the best tokens/s, write it to <base>/run/" + TUNED_FILE
+        "sweep the DDTree budget (vLLM/SGLang: num_speculative_tokens) against ar, pick the best "
+        "tokens/s, write it to <base>/run/" + TUNED_FILE
     )
     args = arguments(
         budgets=Arg(int_list, default=[8, 16, 32, 64, 128, 256, 512], help="DDTree budgets, ascending"),
         vllm_dflash_tokens=Arg(int_list, default=[], help="also sweep vLLM DFlash num_speculative_tokens"),
+        tokens=Arg(
+            int_list,
+            default=[],
+            help="num_speculative_tokens to sweep on a vLLM/SGLang host (default: per mode)",
+        ),
         prompts=Arg(str, default="math", help="prompt set of the sweep"),
         output_len=Arg(int, default=128, help="tokens per request"),
         num_prompts=Arg(int, default=8, help="measured requests per point"),
@@ -229,7 +239,11 @@ class BenchTune(Step):
 
     def plan(self, facts, args, ctx):
         release = _need_release(facts, args)
+        system, mode = args["serve"].get("system", "ddtree"), args["serve"].get("mode")
         what = f"ar, then ddtree budgets {', '.join(map(str, args['budgets']))}"
+        if system != "ddtree":
+            ks = ", ".join(map(str, tokens_to_sweep(mode, args["tokens"])))
+            what = f"{system} ar, then {system} {mode} num_speculative_tokens {ks}"
         if args["vllm_dflash_tokens"]:
             what += f", vLLM DFlash k {', '.join(map(str, args['vllm_dflash_tokens']))}"
         setup = {
@@ -252,9 +266,10 @@ class BenchTune(Step):
         (tuned,) = [change.apply(conn) for change in plan.changes]
         best, failures = tuned["best"], tuned["failures"]
         note = f"; {len(failures)} point(s) failed" if failures else ""
+        setting = f"budget {best['budget']}" if best["budget"] else f"k {best['num_speculative_tokens']}"
         return Applied(
             True,
-            f"best budget {best['budget']}: {best['tokens_per_s']:.1f} tok/s, "
+            f"best {best['system']} {best['mode']} {setting}: {best['tokens_per_s']:.1f} tok/s, "
             f"{best['speedup']:.2f}x over ar; written to {tuned['path']}{note}",
             {
                 "serve": tuned["serve"],

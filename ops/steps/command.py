@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Applied, Fact, Plan, Run, StepFailed
 from ops.shell import join, quote
-from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 
 
 def command_arg(value: Any) -> str:

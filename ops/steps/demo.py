@@ -17,8 +17,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Fact, Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
 from ops.shell import join, quote
-from ops.steps.base import Arg, Fact, Plan, Run, Step, StepContext, StepFailed, Write, arguments, register
+from ops.steps.base import Step, register
 
 _WRITE = "import sys; from ddtree_runtime.tiny import write_tiny_pair; write_tiny_pair(sys.argv[1])"
 

@@ -19,7 +19,10 @@ from drafter_config.patch import PatchRefused, backup_path, plan_patch
 from drafter_config.serve import serve_from_vars
 from drafter_config.source import InvalidJson
 from drafter_config.spec import Spec, load_spec, shipped_specs
-from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, Write, arguments, register
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, StepFailed, Write
+from ops.api.context import StepContext
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import Connection

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import arguments
+from ops.api.changes import Fact, Plan, StepFailed
 from ops.gpu.facts import FactError, parse_gpu_query
 from ops.layout import HostLayout
 from ops.shell import quote
-from ops.steps.base import Fact, Plan, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult

@@ -7,30 +7,16 @@ they differ, to show a unified diff.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-
-from ops.envfile import FILTERS as ENV_FILE_FILTERS
-from ops.envfile import EnvLineError
+from ops.api.args import Arg, arguments, mode_arg
+from ops.api.changes import Fact, Plan, Run, StepFailed, Write, unified_diff
+from ops.api.context import StepContext
+from ops.api.templates import render_template
 from ops.shell import quote
-from ops.steps.base import (
-    Arg,
-    Fact,
-    Plan,
-    Run,
-    Step,
-    StepContext,
-    StepFailed,
-    Write,
-    arguments,
-    mode_arg,
-    register,
-    unified_diff,
-)
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult, Connection
@@ -201,35 +187,6 @@ class FileCopy(Step):
     def plan(self, facts, args, ctx):
         data = ctx.find_source(args["src"]).read_bytes()
         return plan_file(args["dest"], data, args["mode"], args["owner"], facts, ctx)
-
-
-@functools.lru_cache(maxsize=64)
-def _template_env(*search_path: str) -> jinja2.Environment:
-    """One environment per search path, so a template compiles once per run, not once per host."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(list(search_path)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters.update(ENV_FILE_FILTERS)  # env_key, env_value, one_line: see ops/envfile.py
-    return env
-
-
-def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) -> bytes:
-    """Render a Jinja2 template with the host's variables (+ ``extra``); an undefined name is an error."""
-    path = ctx.find_source(src)
-    env = _template_env(str(path.parent), str(ctx.templates_dir))
-    try:
-        return env.get_template(path.name).render({**ctx.vars, **(extra or {})}).encode("utf-8")
-    except jinja2.UndefinedError as exc:
-        raise StepFailed(
-            f"template {path}: {exc.message} (define it in inventory vars or register it)"
-        ) from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise StepFailed(f"template {exc.filename or path}:{exc.lineno}: {exc.message}") from None
-    except EnvLineError as exc:
-        raise StepFailed(f"template {path}: {exc}") from None
 
 
 @register

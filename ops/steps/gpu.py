@@ -12,18 +12,23 @@ import json
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, StepFailed
+from ops.api.context import StepContext
 from ops.gpu import facts as gpu_facts
 from ops.gpu.gather import gather_env, gather_host
 from ops.gpu.pins import ProfilePins, load_pins
 from ops.gpu.policy import PROFILES, check, profile_named, sm
 from ops.layout import HostLayout
+from ops.service.systems import DEFAULT_SYSTEM, SYSTEMS
 from ops.shell import join
-from ops.steps.base import Arg, Plan, Step, StepContext, StepFailed, arguments, register
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import Connection
 
-SMOKE_TESTS = ("torch", "triton", "vllm", "kernels")
+SMOKE_TESTS = ("torch", "triton", "vllm", "sglang", "kernels")
+IMPORT_TESTS = ("vllm", "sglang")  # the serving systems: their package imports in their own venv
 
 
 def profile_arg(value: Any) -> str:
@@ -61,7 +66,10 @@ def describe(host: dict[str, Any]) -> str:
 @register
 class GpuFacts(Step):
     name = "gpu_facts"
-    summary = "GPU, capability, driver, CUDA, disk and the venv's torch/triton/vllm versions (read-only)"
+    summary = (
+        "GPU, capability, driver, CUDA, disk, the venv's torch/triton/vllm versions and the serving "
+        "systems the host has (read-only)"
+    )
     args = arguments(
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
         python=Arg(str, default="python3", help="interpreter the venv is made with"),
@@ -70,14 +78,21 @@ class GpuFacts(Step):
     def probe(self, conn, args, ctx):
         venv = venv_path(args, ctx)
         host = gather_host(conn, ctx.host.base, args["python"], venv)
-        return {"host": host, "env": gather_env(conn, venv)}
+        systems = {
+            name: gather_env(conn, system.venv(ctx.host.base))
+            for name, system in SYSTEMS.items()
+            if name != DEFAULT_SYSTEM
+        }
+        return {"host": host, "env": gather_env(conn, venv), "systems": systems}
 
     def plan(self, facts, args, ctx):
-        row = gpu_facts.summary(facts["host"], facts["env"])
+        row = gpu_facts.summary(facts["host"], facts["env"], facts.get("systems"))
         versions = ", ".join(f"{k} {row[k]}" for k in ("torch", "triton", "vllm") if row[k])
         if facts["env"] is None:
             versions = "no venv yet"
         message = f"{describe(facts['host'])}; {versions or 'venv has no torch, triton or vllm'}"
+        if row["systems"]:
+            message += f"; serves {row['systems']}"
         return Plan.noop(message, summary=row, **facts)
 
 
@@ -158,8 +173,8 @@ class GpuPolicy(Step):
 
 
 def smoke_script(test: str) -> str:
-    if test == "vllm":
-        return "import json, vllm\nprint(json.dumps({'vllm': vllm.__version__}))\n"
+    if test in IMPORT_TESTS:
+        return f"import json, {test}\nprint(json.dumps({{'{test}': {test}.__version__}}))\n"
     script = resources.files("ops.gpu.remote").joinpath(f"smoke_{test}.py").read_text()
     if test == "kernels":  # nothing is deployed yet: this checkout's kernels travel with the script
         sources = {
@@ -205,14 +220,14 @@ def arch_supported(cap: tuple[int, int], arch_list: list[str]) -> bool:
 def judge_smoke(test: str, exit_code: int, stdout: str, stderr: str, venv: str) -> str:
     """The one-line verdict of a smoke test: raises StepFailed with cause and fix, or returns a summary."""
     result = _last_json(stdout)
-    if test == "vllm":
+    if test in IMPORT_TESTS:
         if exit_code != 0 or result is None:
             raise StepFailed(
-                f"`import vllm` failed in {venv}: {_error_line(stderr)} (fix: re-run provision with "
-                "install enabled, or check the vllm pin in playbooks/pins.yaml)",
+                f"`import {test}` failed in {venv}: {_error_line(stderr)} (fix: re-run provision with "
+                f"install enabled, or check the {test} pin in playbooks/pins.yaml)",
                 stderr=stderr,
             )
-        return f"vllm {result['vllm']} imports"
+        return f"{test} {result[test]} imports"
     if exit_code != 0 or result is None:
         raise StepFailed(
             f"{test} smoke test could not run in {venv}: {_error_line(stderr)} "

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Applied, Fact, Plan, Run, StepFailed
 from ops.shell import join
-from ops.steps.base import Applied, Arg, Fact, Plan, Run, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult

@@ -17,9 +17,11 @@ import posixpath
 import re
 from typing import Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Applied, Plan, Run, StepFailed, Write
 from ops.layout import HostLayout
 from ops.shell import join, quote
-from ops.steps.base import Applied, Arg, Plan, Run, Step, StepFailed, Write, arguments, register
+from ops.steps.base import Step, register
 from ops.steps.gpu import venv_path
 
 DOWNLOAD_TIMEOUT_S = 12 * 3600.0

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, Run, StepFailed
 from ops.gpu.gather import gather_env
 from ops.gpu.pins import Requirement, check_installed
 from ops.shell import join
-from ops.steps.base import Arg, Plan, Run, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 from ops.steps.gpu import pins_for, profile_arg, venv_path
 
 INSTALL_TIMEOUT_S = 3 * 3600.0

@@ -11,19 +11,11 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Fact, Plan, Run, StepFailed, check_result
+from ops.api.context import StepContext
 from ops.shell import join, quote
-from ops.steps.base import (
-    Arg,
-    Fact,
-    Plan,
-    Run,
-    Step,
-    StepContext,
-    StepFailed,
-    arguments,
-    check_result,
-    register,
-)
+from ops.steps.base import Step, register
 
 if TYPE_CHECKING:
     from ops.connection import CommandResult

@@ -26,10 +26,12 @@ import sys
 import sysconfig
 from typing import TYPE_CHECKING, Any
 
+from ops.api.args import Arg, arguments, str_list
+from ops.api.changes import Fact, Plan, Run, StepFailed, Write
 from ops.layout import HostLayout
 from ops.service.releases import COMPLETE, layout_fact
 from ops.shell import join, quote
-from ops.steps.base import Arg, Fact, Plan, Run, Step, StepFailed, Write, arguments, register, str_list
+from ops.steps.base import Step, register
 from ops.wheel import build_wheel
 
 if TYPE_CHECKING:

@@ -1,15 +1,17 @@
 """Service steps: ``service`` (run a release, prove it answers, roll back if not) and ``service_status``.
 
-``service`` takes a host from any state to "the DDTree server answers on release R": it points
+``service`` takes a host from any state to "the server answers on release R" (our DDTree runtime,
+or vLLM / SGLang: ``serve.system``, see ``ops/service/systems.py``): it points
 ``<base>/current`` at R, (re)starts the server only when the release, the environment file or the
 unit changed (or it is down or unhealthy), then waits for ``/health`` and one real completion.
 Before it stops a running release for a new one, the new one must pass a start check (``serve
 --help`` imports it): a release that cannot even import is refused while the old one keeps
 serving. If R starts but does not answer within the timeout, the step switches back to the
-release that ran before, restarts it, confirms it answers, and fails with R's log tail.
-``release: previous`` is ``fab rollback``, which (as the automatic rollback) restores the
-settings that release last answered with, its env file included (``ops/service/proven.py``);
-the next ``fab deploy`` renders them from the inventory again. One GPU holds one model, so a restart is a short gap
+release that ran before, restarts it, confirms it answers, and fails with R's log tail; the same
+happens when R answers but fails its acceptance gate (tau under ``min_tau``, ``ops/service/acceptance.py``).
+``release: previous`` is ``fab rollback``, which (as the automatic rollback) restores the settings
+that release last answered with, its env file included (``ops/service/proven.py``); the next
+``fab deploy`` renders them from the inventory again. One GPU holds one model, so a restart is a short gap
 in service; there is no second copy running side by side.
 
 The lifecycle lives in ``ops/service/``: the probe (``facts``), the two backends, systemd and the
@@ -24,13 +26,15 @@ the server's command line holds paths and numbers only.
 
 from __future__ import annotations
 
+from ops.api.args import Arg, arguments
+from ops.api.changes import Plan, StepFailed
 from ops.layout import HostLayout
 from ops.service.facts import gather
 from ops.service.plan import plan_service
 from ops.service.rollout import apply_service
 from ops.service.settings import SERVICE_ARGS, serve_arg
 from ops.service.status import is_down, status_line, status_summary
-from ops.steps.base import Arg, Plan, Step, StepFailed, arguments, register
+from ops.steps.base import Step, register
 from specops_contract import SERVICE
 
 

@@ -9,17 +9,19 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
 from ops.bench.hardware import parse_hardware
 from ops.bench.matrix import load_matrix
-from ops.bench.session import render_argv
 from ops.bench.spec_counters import parse_spec_counters, spec_delta
 from ops.bench.tune import peaked
 from ops.connection import CommandResult
 from ops.errors import InputFileError
 from ops.inventory import parse_inventory
 from ops.runner import TEMPLATES_DIR
+from ops.service.command import TEMPLATE_DEFAULTS, render_argv
+from ops.service.metrics import status_metrics
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed
 from ops.steps.bench import parse_tuned
 from ops.wheel import REPO_ROOT
 
@@ -50,6 +52,29 @@ def test_counter_deltas_give_tau_rate_positions_and_histogram():
     assert delta.histogram == {1: 5, 2: 5, 3: 5, 4: 5}
     mean = sum(k * n for k, n in delta.histogram.items()) / sum(delta.histogram.values())
     assert mean == 1 + 30 / 20  # the histogram's mean is tau
+
+
+# What a hand-split parser got wrong: a served model name with a space, a comma and escaped quotes
+# (even one that reads like another label), and sample timestamps after the value.
+METRICS_HOSTILE = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{model_name="org/model 8B, \"fp8\"",engine="0"} 10 1712345678000
+vllm:spec_decode_num_draft_tokens_total{model_name="a,b=c",engine="0"} 80 1712345678000
+vllm:spec_decode_num_accepted_tokens_total{model_name="a b",engine="0"} 12
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="x, position=\"9\"",position="0"} 7
+vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="x",position="1"} 5 1712345678000
+"""
+
+
+def test_label_values_and_timestamps_do_not_fool_the_parser():
+    assert parse_spec_counters(METRICS_HOSTILE) == {
+        "drafts": 10,
+        "draft_tokens": 80,
+        "accepted": 12,
+        "per_pos": {0: 7, 1: 5},
+    }
+    assert status_metrics(METRICS_HOSTILE)["mean_acceptance_length"] == 2.2
+    assert parse_spec_counters("<html><body>502 Bad Gateway</body></html>\n") == {}  # not metrics
 
 
 def test_a_server_without_speculation_has_no_counters():
@@ -98,7 +123,7 @@ systems:
     assert [s.label for s in matrix.servers] == ["ddtree-ddtree-b4", "ddtree-ddtree-b8", "vllm-dflash-k7"]
     assert len(matrix.servers[0].cells) == 2 * 2 * 2 and len(matrix.servers[2].cells) == 4
     assert {c.num_prompts for c in matrix.cells} == {1}
-    assert matrix.servers[2].port == 8200 and matrix.servers[2].template == "bench-vllm.argv.j2"
+    assert matrix.servers[2].port == 8200 and matrix.servers[2].template == "serve-vllm.argv.j2"
 
 
 @pytest.mark.parametrize(
@@ -131,6 +156,8 @@ def context(tmp_path: Path) -> StepContext:
 
 
 BASE = {
+    **TEMPLATE_DEFAULTS,
+    "host": "127.0.0.1",
     "venv": "/opt/specops/venv",
     "target": "/m/Qwen3-8B",
     "drafter": "/m/Qwen3-8B DFlash",
@@ -146,7 +173,7 @@ def flag(argv: list[str], name: str) -> str:
 
 def test_vllm_dflash_command_line(tmp_path):
     argv = render_argv(
-        "bench-vllm.argv.j2",
+        "serve-vllm.argv.j2",
         {**BASE, "mode": "dflash", "num_speculative_tokens": 15, "extra_args": ["--max-model-len", "8192"]},
         context(tmp_path),
     )
@@ -163,24 +190,25 @@ def test_vllm_dflash_command_line(tmp_path):
 
 def test_vllm_mtp_and_plain_command_lines(tmp_path):
     mtp = render_argv(
-        "bench-vllm.argv.j2", {**BASE, "mode": "mtp", "num_speculative_tokens": 3}, context(tmp_path)
+        "serve-vllm.argv.j2", {**BASE, "mode": "mtp", "num_speculative_tokens": 3}, context(tmp_path)
     )
     assert json.loads(flag(mtp, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
     assert "--attention-backend" not in mtp
     plain = render_argv(
-        "bench-vllm.argv.j2", {**BASE, "mode": "ar", "num_speculative_tokens": None}, context(tmp_path)
+        "serve-vllm.argv.j2", {**BASE, "mode": "ar", "num_speculative_tokens": None}, context(tmp_path)
     )
     assert "--speculative-config" not in plain
 
 
 def test_sglang_mtp_sets_all_three_numbers(tmp_path):
     argv = render_argv(
-        "bench-sglang.argv.j2",
+        "serve-sglang.argv.j2",
         {**BASE, "mode": "mtp", "num_speculative_tokens": 3, "tensor_parallel": 2},
         context(tmp_path),
     )
     assert argv[:3] == ["/opt/specops/venv/bin/python", "-m", "sglang.launch_server"]
-    assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--tp") == "2"
+    assert flag(argv, "--speculative-algorithm") == "NEXTN" and flag(argv, "--tp-size") == "2"
+    assert "--enable-metrics" in argv  # SGLang serves /metrics only with it
     assert (
         flag(argv, "--speculative-num-steps"),
         flag(argv, "--speculative-eagle-topk"),
@@ -188,7 +216,7 @@ def test_sglang_mtp_sets_all_three_numbers(tmp_path):
     ) == ("3", "1", "4")
     assert "--speculative-draft-model-path" not in argv
     eagle = render_argv(
-        "bench-sglang.argv.j2", {**BASE, "mode": "eagle", "num_speculative_tokens": 5}, context(tmp_path)
+        "serve-sglang.argv.j2", {**BASE, "mode": "eagle", "num_speculative_tokens": 5}, context(tmp_path)
     )
     assert flag(eagle, "--speculative-algorithm") == "EAGLE"
     assert flag(eagle, "--speculative-draft-model-path") == "/m/Qwen3-8B DFlash"

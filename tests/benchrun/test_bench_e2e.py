@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from invoke import Context
 
 from ops import tasks
@@ -23,8 +24,7 @@ from ops.bench.store import completed_cells, find_results, load_result
 from ops.steps.bench import TUNED_FILE
 from ops.tasks import run_bench_file
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, server_pid
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import complete, deploy, free_port, host_vars, server_pid
 
 MATRIX = """
 workload: {prompts: [math], output_len: [12], num_prompts: 2, warmup: 1}
@@ -32,7 +32,7 @@ systems:
   - {system: ddtree, mode: ar}
   - {system: ddtree, mode: dflash}
   - {system: ddtree, mode: ddtree, budget: [8]}
-  - {system: vllm, mode: dflash, num_speculative_tokens: 7, template: %s, port: %d}
+  - {system: vllm, mode: dflash, num_speculative_tokens: 7, template: %s, port: %d, vars: {venv: %s}}
 """
 # The foreign-server path (template -> supervisor -> health wait -> our client -> stop) with a
 # stand-in that speaks the same API and /metrics names as vLLM: our own server, in DFlash mode.
@@ -88,6 +88,7 @@ def kill_after_first_cell(command: list[str], results: Path, env: dict[str, str]
     return run_dir
 
 
+@pytest.mark.slow
 def test_bench_killed_and_resumed_then_tune(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, capsys
 ):
@@ -97,7 +98,7 @@ def test_bench_killed_and_resumed_then_tune(
     matrix = tmp_path / "matrix.yaml"
     stand_in = tmp_path / "stand-in.argv.j2"
     stand_in.write_text(STAND_IN)
-    matrix.write_text(MATRIX % (stand_in, free_port()))
+    matrix.write_text(MATRIX % (stand_in, free_port(), base / "venv"))  # the stand-in is our server
     tune = {"tune_budgets": [4, 8], "tune_output_len": 8, "tune_num_prompts": 1, "tune_warmup": 0}
     inventory = make_inventory(
         [h1], host_vars={"h1": {**host_vars(tiny_pair, checkout, port), "bench_matrix": str(matrix), **tune}}

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed
+from ops.api.context import StepContext
 from ops.bench.prompts import parse_hf_spec, rows_to_jsonl
 from ops.bench.store import completed_cells, load_result
 from ops.connection import connect
 from ops.inventory import load_inventory
 from ops.runner import TEMPLATES_DIR
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed
 from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import complete, free_port, healthy, is_running
 
@@ -89,6 +90,16 @@ def running_server(tiny_pair, tmp_path):
     log.close()
 
 
+def release_of_this_checkout(base: Path) -> Path:
+    """``<base>/releases/r1`` holding this checkout's ``ops`` (what the client runs), as current."""
+    site = base / "releases" / "r1" / "site"
+    site.mkdir(parents=True)
+    (site / "ops").symlink_to(REPO_ROOT / "ops")
+    (site / "specops_contract.py").symlink_to(REPO_ROOT / "specops_contract.py")  # in every wheel beside ops
+    (base / "current").symlink_to("releases/r1")
+    return site
+
+
 def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
     step = get_step("bench")()
     args = step.check_args(
@@ -111,16 +122,13 @@ def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
     return failed.value
 
 
+@pytest.mark.slow
 def test_hf_prompts_fetched_once_and_a_running_server_reused(
     sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
 ):
     proc, port = running_server
     (h1,) = sshd_hosts(1)
-    site = h1.base / "releases" / "r1" / "site"
-    site.mkdir(parents=True)
-    (site / "ops").symlink_to(REPO_ROOT / "ops")
-    (site / "specops_contract.py").symlink_to(REPO_ROOT / "specops_contract.py")  # in every wheel beside ops
-    (h1.base / "current").symlink_to("releases/r1")
+    site = release_of_this_checkout(h1.base)
     (tmp_path / "rows.json").write_text(json.dumps(ROWS))
     calls = tmp_path / "calls.jsonl"
     (site / "datasets").mkdir()
@@ -181,3 +189,41 @@ def test_hf_prompts_fetched_once_and_a_running_server_reused(
         assert is_running(proc.pid)
     finally:
         conn.close()
+
+
+GATED = """
+workload: {prompts: [math], output_len: [4], num_prompts: 1, warmup: 0}
+systems:
+  - {system: vllm, mode: dflash, num_speculative_tokens: 7, port: %d, min_tau: 50}
+  - {system: vllm, mode: dflash, num_speculative_tokens: 6, port: %d, min_tau: 1.1}
+"""
+
+
+def test_the_acceptance_gate_checks_a_matrix_server_through_its_metrics(
+    sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
+):
+    """fab deploy's gate on bench matrix entries (min_tau): a server below it measures nothing and
+    the failure names the fields to check; one above it is measured. The server is our DDTree
+    server on the tiny pair, reused as a vLLM entry: real tau from real counters."""
+    proc, port = running_server
+    (h1,) = sshd_hosts(1)
+    release_of_this_checkout(h1.base)
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(GATED % (port, port))
+    host = load_inventory(make_inventory([h1])).hosts["h1"]
+    ctx = StepContext(
+        host=host, playbook_dir=tmp_path, templates_dir=TEMPLATES_DIR, vars=host.template_vars()
+    )
+    conn = connect(host)
+    try:
+        failed = bench(conn, ctx, h1.base, tiny_pair, matrix, tmp_path / "results" / "run-1")
+    finally:
+        conn.close()
+    assert "vllm-dflash-k7: acceptance gate: vllm dflash tau " in str(failed) and "< min_tau 50" in str(
+        failed
+    )
+    assert "likely wrong: the drafter's config.json: dflash_config.mask_token_id" in str(failed)
+    done = completed_cells(tmp_path / "results" / "run-1", "h1")
+    assert done == {"vllm-dflash-k6-math-t0-c1-o4"}  # the gate passed there: tau from the counters > 1.1
+    record = json.loads((h1.base / "results" / "run-1" / "vllm-dflash-k6.acceptance.json").read_text())
+    assert record["modes"]["dflash"]["tau"] > 1.1 and is_running(proc.pid)

@@ -1,5 +1,7 @@
-"""Helpers for the deploy tests: a git checkout to build releases from, HTTP calls to the deployed
-server, watchers that sample /proc and the ``current`` link while a deploy runs."""
+"""Helpers for the deploy tests: a git checkout to build releases from, the host variables that
+deploy it, releases broken on purpose (``with_crash``), HTTP calls to the deployed server, watchers
+that sample /proc and the ``current`` link while a deploy runs. ``benchmarks/faults.py`` uses them
+too, so they live here rather than in a test module."""
 
 from __future__ import annotations
 
@@ -32,6 +34,35 @@ GIT = [
     "-c",
     "commit.gpgsign=false",
 ]
+
+
+MAIN = "ddtree_runtime/__main__.py"
+CRASH_ON_IMPORT = 'raise RuntimeError("deliberately broken release: crashes on import")\n'
+CRASH_AT_START = (
+    'import sys\nif "serve" in sys.argv and "--help" not in sys.argv:\n'
+    '    raise SystemExit("deliberately broken release: crashes at start-up")\n'
+)
+FUTURE = "from __future__ import annotations\n"
+
+
+def with_crash(main: str, code: str) -> str:
+    """``__main__.py`` with ``code`` run first (after a ``from __future__`` line, which must lead)."""
+    head, sep, tail = main.partition(FUTURE)
+    return head + sep + code + tail if sep else code + main
+
+
+def host_vars(tiny_pair, checkout, port: int, **extra) -> dict:
+    """A cpu host that deploys ``checkout``'s releases of the tiny pair, serving on ``port``."""
+    return {
+        "profile": "cpu",
+        "target": str(tiny_pair.target),
+        "drafter": str(tiny_pair.drafter),
+        "serve": {"port": port, "budget": 8},
+        "venv_site_packages": ["controller"],
+        "release_source": str(checkout.path),
+        "deploy_timeout": 120,
+        **extra,
+    }
 
 
 @dataclass

@@ -6,6 +6,7 @@ this controller's torch (``venv_site_packages: [controller]``); the server loads
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -15,50 +16,31 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from ops.steps.release import COMPLETE
 from ops.tasks import run_file
 from ops.wheel import REPO_ROOT
 from tests.deploy.helpers import (
+    CRASH_AT_START,
+    CRASH_ON_IMPORT,
+    MAIN,
     Sampler,
     argv_holding,
     complete,
     deploy,
     free_port,
     healthy,
+    host_vars,
     link,
     running_release,
     server_pid,
     step,
+    with_crash,
 )
 
-MAIN = "ddtree_runtime/__main__.py"
-CRASH_ON_IMPORT = 'raise RuntimeError("deliberately broken release: crashes on import")\n'
-CRASH_AT_START = (
-    'import sys\nif "serve" in sys.argv and "--help" not in sys.argv:\n'
-    '    raise SystemExit("deliberately broken release: crashes at start-up")\n'
-)
-FUTURE = "from __future__ import annotations\n"
-
-
-def with_crash(main: str, code: str) -> str:
-    """``__main__.py`` with ``code`` run first (after a ``from __future__`` line, which must lead)."""
-    head, sep, tail = main.partition(FUTURE)
-    return head + sep + code + tail if sep else code + main
-
-
-def host_vars(tiny_pair, checkout, port: int, **extra) -> dict:
-    return {
-        "profile": "cpu",
-        "target": str(tiny_pair.target),
-        "drafter": str(tiny_pair.drafter),
-        "serve": {"port": port, "budget": 8},
-        "venv_site_packages": ["controller"],
-        "release_source": str(checkout.path),
-        "deploy_timeout": 120,
-        **extra,
-    }
+pytestmark = pytest.mark.slow  # each test deploys real releases and servers (20-90 s)
 
 
 def test_deploy_redeploy_new_commit_broken_release_and_rollback(
@@ -233,7 +215,16 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
                     "local": {
                         "connection": "local",
                         "base": str(base),
-                        "vars": {"profile": "cpu", "serve": {"port": port}},
+                        "vars": {
+                            "profile": "cpu",
+                            "serve": {"port": port},
+                            "min_tau": 2,  # the acceptance gate, on the pair's own held-out prompts
+                            "acceptance": {
+                                "prompts": "../demo_pair/held_out_prompts.jsonl",
+                                "requests": 2,
+                                "max_tokens": 32,
+                            },
+                        },
                     }
                 }
             }
@@ -268,3 +259,7 @@ def test_fab_deploy_on_the_local_demo_host(servers, tmp_path):
         REPO_ROOT / "demo_pair" / "drafter" / "model.safetensors"
     ).read_bytes()
     assert complete(port)["choices"]
+    # The acceptance gate measured the committed pair's real tau from our server's own counters.
+    gate = json.loads((base / "run" / "specops-ddtree.acceptance.json").read_text())["modes"]["ddtree"]
+    assert gate["tau"] >= 2 and gate["source"] == "inventory min_tau", gate
+    assert f"acceptance: ddtree tau {gate['tau']:.2f} >= 2 (inventory min_tau)" in done.stdout

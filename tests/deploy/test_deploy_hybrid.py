@@ -3,10 +3,12 @@ sliding + full drafter) to a real sshd host: linted, started, answering over HTT
 
 from __future__ import annotations
 
-from tests.deploy.helpers import complete, deploy, free_port, link, running_release, step
-from tests.deploy.test_deploy_e2e import host_vars
+import pytest
+
+from tests.deploy.helpers import complete, deploy, free_port, host_vars, link, running_release, step
 
 
+@pytest.mark.slow
 def test_deploy_serves_a_hybrid_pair(sshd_hosts, make_inventory, hybrid_pair, checkout, servers, tmp_path):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)

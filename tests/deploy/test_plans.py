@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from ops.api.args import ArgError
+from ops.api.changes import Plan, Run, StepFailed, Write
+from ops.api.context import StepContext
 from ops.connection import CommandResult
 from ops.hosts import Host
 from ops.service.backends import Preflight, Wait
 from ops.service.metrics import status_metrics as parse_metrics
 from ops.service.releases import parse_layout
 from ops.steps import get_step
-from ops.steps.base import ArgError, Plan, Run, StepContext, StepFailed, Write
 from ops.steps.release import releases_to_prune
 from ops.wheel import REPO_ROOT
 
@@ -282,6 +284,8 @@ def test_systemd_asked_for_where_it_is_not_usable_is_refused():
         ({"port": "http"}, "serve.port: expected int"),
         ({"port": 70000}, "serve.port: expected 1-65535"),
         ({"mode": "beam"}, "serve.mode: expected one of ar, dflash, ddtree"),
+        ({"dtype": "bf16"}, "serve.dtype: expected one of float32, bfloat16, float16, got 'bf16'"),
+        ({"device": "tpu"}, "serve.device: expected one of cpu, cuda, got 'tpu'"),
     ],
 )
 def test_bad_serve_vars_name_the_key(serve, message):

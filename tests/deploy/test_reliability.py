@@ -28,8 +28,16 @@ from pathlib import Path
 import pytest
 
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, healthy, is_running, server_pid, step
-from tests.deploy.test_deploy_e2e import host_vars
+from tests.deploy.helpers import (
+    complete,
+    deploy,
+    free_port,
+    healthy,
+    host_vars,
+    is_running,
+    server_pid,
+    step,
+)
 from tests.deploy.test_wheel_and_supervisor import SUPERVISOR, supervise
 
 API_KEY = "sk-specops-deploy-test-0123456789"
@@ -138,6 +146,7 @@ def test_supervisor_restarts_a_crashed_server_then_reports_a_crash_loop(tmp_path
         subprocess.run([sys.executable, str(SUPERVISOR), "stop", "--pidfile", str(pidfile)], timeout=60)
 
 
+@pytest.mark.slow
 def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_one(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, impostor, monkeypatch
 ):
@@ -224,6 +233,7 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     assert status.ok and "/health 200" in status.hosts["h1"].registered["service_status"]["message"]
 
 
+@pytest.mark.slow
 def test_one_changing_run_per_host_and_a_clean_ctrl_c(
     sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path
 ):

@@ -49,6 +49,7 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
     }
 
 
+@pytest.mark.slow
 def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> None:
     found = [p for key, spec in aot_specs.specs().items() for p in aot.problems(spec, compiled[key])]
     assert not found, "\n".join(found)
@@ -60,6 +61,7 @@ def test_every_launch_fits_its_shared_memory_and_nothing_spills(compiled) -> Non
     assert compiled[big.key].shared > ROWS["sm_120"].smem_per_block
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(aot._cuobjdump() is None, reason="this Triton wheel ships no cuobjdump")
 def test_each_architecture_gets_its_matrix_instructions(compiled) -> None:
     """wgmma on sm_90, tcgen05 (UTCHMMA) on sm_100, warp-level mma.sync (HMMA) on sm_120 for the big-tree tiles."""
@@ -73,6 +75,7 @@ def test_each_architecture_gets_its_matrix_instructions(compiled) -> None:
     assert set(matrix("sm_120", 120)) == {"HMMA"}
 
 
+@pytest.mark.slow
 def test_the_committed_table_is_current(compiled) -> None:
     """ARCH.md lists every compiled launch; made by this Triton, its figures match too (else: --write)."""
     text = aot.ARCH_MD.read_text()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_kernels.backend import TritonBackend
 from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.triton_backend import TritonBackend
 from tests.kernels.trees import DEVICE
 
 

@@ -1,5 +1,6 @@
 """Tree Gated DeltaNet: the Triton kernel, the runtime's WY form and the node-by-node reference agree,
-and every node equals the sequential recurrence along its own root path (random trees)."""
+every node equals the sequential recurrence along its own root path, and the commit along an
+accepted path gives that path's chain state (chains, stars, bushy, deep and random trees)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddtree_kernels.gdn_tree import gdn_tree, gdn_tree_reference
-from ddtree_runtime.models.gdn import advance_state, gdn_tree_torch
-from tests.kernels.trees import DEVICE, make_parents
+from ddtree_kernels.gdn_commit import gdn_commit
+from ddtree_kernels.gdn_tree import gdn_tree, gdn_tree_reference, tree_plan
+from ddtree_runtime import gated_delta
+from ddtree_runtime.backend import ancestors
+from tests.kernels.trees import DEVICE, depths_of, make_parents
 
 
-def inputs(h: int, n: int, dk: int, dv: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    q = F.normalize(torch.randn(h, n, dk, generator=gen), dim=-1) * dk**-0.5
-    k = F.normalize(torch.randn(h, n, dk, generator=gen), dim=-1)
-    v = torch.randn(h, n, dv, generator=gen)
-    g = -torch.rand(h, n, generator=gen) * 0.7  # log-decays <= 0
-    beta = torch.rand(h, n, generator=gen)
-    state = torch.randn(h, dk, dv, generator=gen) * 0.5
+def inputs(hk: int, hv: int, n: int, dk: int, dv: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """q, k [N, Hk, Dk], v [N, Hv, Dv], g, beta [N, Hv] and a state [Hv, Dk, Dv], fp32."""
+    q = F.normalize(torch.randn(n, hk, dk, generator=gen), dim=-1) * dk**-0.5
+    k = F.normalize(torch.randn(n, hk, dk, generator=gen), dim=-1)
+    v = torch.randn(n, hv, dv, generator=gen)
+    g = -torch.rand(n, hv, generator=gen) * 0.7  # log-decays <= 0
+    beta = torch.rand(n, hv, generator=gen)
+    state = torch.randn(hv, dk, dv, generator=gen) * 0.5
     return tuple(x.to(DEVICE) for x in (q, k, v, g, beta, state))
+
+
+def plan_of(parents: list[int], kernel: int = 4) -> tuple[torch.Tensor, object]:
+    par = torch.tensor(parents, device=DEVICE)
+    return par, tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), kernel)
 
 
 def root_path(parents: list[int], leaf: int) -> list[int]:
@@ -30,104 +39,102 @@ def root_path(parents: list[int], leaf: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("shape", "n", "h", "dk", "dv"),
+    ("shape", "n", "hk", "hv", "dk", "dv"),
     [
-        ("chain", 16, 2, 16, 16),
-        ("star", 40, 1, 8, 12),  # odd head dims are padded
-        ("bushy", 70, 2, 16, 32),  # three node blocks
-        ("deep", 45, 2, 8, 16),
-        ("random", 33, 3, 16, 20),
-        ("chain", 1, 1, 16, 16),  # the root alone (an `ar`-sized verify)
+        ("chain", 16, 1, 2, 16, 16),
+        ("star", 40, 1, 1, 8, 12),  # odd head dims are padded
+        ("bushy", 150, 1, 3, 16, 32),  # three node blocks, value heads sharing a key head
+        ("deep", 45, 2, 2, 8, 16),
+        ("random", 33, 1, 2, 16, 20),
+        ("chain", 100, 1, 1, 16, 16),  # a 64-node chain block: six squarings
+        ("chain", 1, 1, 1, 16, 16),  # the root alone (an `ar`-sized verify)
     ],
 )
-def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, h, dk, dv) -> None:
-    gen = torch.Generator().manual_seed(n * 7 + h)
+def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, hk, hv, dk, dv) -> None:
+    gen = torch.Generator().manual_seed(n * 7 + hv)
     parents = make_parents(shape, n, gen)
-    q, k, v, g, beta, state = inputs(h, n, dk, dv, gen)
-    par = torch.tensor(parents, device=DEVICE)
-    want = gdn_tree_reference(q, k, v, g, beta, par, state)
-    for got in (gdn_tree(q, k, v, g, beta, par, state), gdn_tree_torch(q, k, v, g, beta, par, state)):
-        for x, y in zip(got, want, strict=True):
-            torch.testing.assert_close(x, y, atol=2e-5, rtol=2e-5)
+    q, k, v, g, beta, state = inputs(hk, hv, n, dk, dv, gen)
+    par, plan = plan_of(parents)
+    o_want, d_want, g_want = gdn_tree_reference(q, k, v, g, beta, par, state)
+    o, d, big_g = gdn_tree(q, k, v, g, beta, state, plan)
+    for got, want in ((o, o_want), (d, d_want), (big_g, g_want)):
+        torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+    # the runtime's PyTorch form (head-major, key heads repeated)
+    rep = hv // hk
+    qh, kh = (x.repeat_interleave(rep, dim=1).transpose(0, 1) for x in (q, k))
+    o_t, d_t, g_t = gated_delta.tree_form(qh, kh, v.transpose(0, 1), g.t(), beta.t(), ancestors(par), state)
+    torch.testing.assert_close(o_t.transpose(0, 1), o_want, atol=3e-5, rtol=3e-5)
+    torch.testing.assert_close(d_t, d_want, atol=3e-5, rtol=3e-5)
+    torch.testing.assert_close(g_t, g_want, atol=3e-5, rtol=3e-5)
+
+
+def test_the_plan_skips_empty_block_pairs_and_counts_squarings() -> None:
+    """A star's later blocks hang off the root only; a chain block needs log2 of its length."""
+    _, star = plan_of([-1] + [0] * 99)  # 100 nodes: two 64-node blocks
+    assert star.blocks.tolist() == [[1, 0], [1, 1]]
+    assert star.steps.tolist() == [1, 0]  # depth 1 inside block 0, none inside block 1
+    _, chain = plan_of(list(range(-1, 99)))
+    assert chain.steps.tolist() == [6, 6]  # 64 nodes deep inside block 0, 36 inside block 1
+    assert chain.windows[0].tolist() == [0, 1, 2, 3] and chain.windows[5].tolist() == [5, 6, 7, 8]
 
 
 @pytest.mark.parametrize("shape", ["bushy", "deep", "random"])
-def test_every_root_path_is_the_sequential_recurrence(shape: str) -> None:
+def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(shape: str) -> None:
     """Each leaf's root path run as a plain chain from the cached state gives the same outputs at
-    its nodes, and `advance_state` along it gives the chain's final state."""
-    n, h, dk, dv = 36, 2, 16, 16
+    its nodes, and the commit along it gives the chain's final state (recurrent and conv)."""
+    n, hk, hv, dk, dv, kernel, channels = 36, 1, 2, 16, 16, 4, 24
     gen = torch.Generator().manual_seed(11)
     parents = make_parents(shape, n, gen)
-    q, k, v, g, beta, state = inputs(h, n, dk, dv, gen)
-    o, d, big_g = gdn_tree(q, k, v, g, beta, torch.tensor(parents, device=DEVICE), state)
+    q, k, v, g, beta, state = inputs(hk, hv, n, dk, dv, gen)
+    _, plan = plan_of(parents, kernel)
+    o, d, big_g = gdn_tree(q, k, v, g, beta, state, plan)
+    conv = torch.randn(kernel - 1, channels, generator=gen).to(DEVICE)
+    x = torch.randn(n, channels, generator=gen).to(DEVICE)
     leaves = sorted(set(range(n)) - set(parents))
-    for leaf in leaves[:: max(1, len(leaves) // 6)]:
+    for leaf in leaves[:: max(1, len(leaves) // 5)]:
         path = root_path(parents, leaf)
         s = state.double()
         for i in path:  # the recurrence itself, token by token
-            s = s * g[:, i].double().exp()[:, None, None]
-            delta = beta[:, i, None].double() * (
-                v[:, i].double() - torch.einsum("hkv,hk->hv", s, k[:, i].double())
-            )
-            s = s + k[:, i, :, None].double() * delta[:, None, :]
-            torch.testing.assert_close(
-                o[:, i], torch.einsum("hkv,hk->hv", s, q[:, i].double()).float(), atol=2e-5, rtol=2e-5
-            )
+            s = s * g[i].double().exp()[:, None, None]
+            kv = k[i].double().repeat_interleave(hv // hk, dim=0)
+            delta = beta[i, :, None].double() * (v[i].double() - torch.einsum("hkv,hk->hv", s, kv))
+            s = s + kv[:, :, None] * delta[:, None, :]
+            qv = q[i].double().repeat_interleave(hv // hk, dim=0)
+            torch.testing.assert_close(o[i], torch.einsum("hkv,hk->hv", s, qv).float(), atol=3e-5, rtol=3e-5)
+        states, convs = state[None].clone(), conv[None].clone()
         padded = torch.tensor(path + [-1] * (n - len(path)), device=DEVICE)
-        new = advance_state(state, k, d, big_g, padded, torch.tensor(len(path), device=DEVICE))
-        torch.testing.assert_close(new, s.float(), atol=2e-5, rtol=2e-5)
+        gdn_commit(
+            states,
+            convs,
+            k[None],
+            d[None],
+            big_g[None],
+            x[None],
+            plan.windows,
+            padded,
+            torch.tensor(len(path), device=DEVICE),
+        )
+        torch.testing.assert_close(states[0], s.float(), atol=3e-5, rtol=3e-5)
+        history = torch.cat([conv, x[path]])  # the conv inputs along the path: its last K-1 stay
+        assert torch.equal(convs[0], history[-(kernel - 1) :])
 
 
 def test_flattened_order_is_not_the_tree() -> None:
     """Feeding a branching tree through the recurrence in node order gives other outputs."""
-    n, h = 12, 1
+    n = 12
     gen = torch.Generator().manual_seed(3)
-    q, k, v, g, beta, state = inputs(h, n, 16, 16, gen)
-    tree = gdn_tree(
-        q, k, v, g, beta, torch.tensor([-1, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7], device=DEVICE), state
-    )
-    flat = gdn_tree(q, k, v, g, beta, torch.arange(-1, n - 1, device=DEVICE), state)
-    assert torch.allclose(tree[0][:, :2], flat[0][:, :2])  # the root and its first child agree
-    assert not torch.allclose(tree[0][:, 2:], flat[0][:, 2:], atol=1e-3)
+    q, k, v, g, beta, state = inputs(1, 1, n, 16, 16, gen)
+    _, tree = plan_of([-1, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7])
+    _, flat = plan_of(list(range(-1, n - 1)))
+    o_tree = gdn_tree(q, k, v, g, beta, state, tree)[0]
+    o_flat = gdn_tree(q, k, v, g, beta, state, flat)[0]
+    assert torch.allclose(o_tree[:2], o_flat[:2])  # the root and its first child agree
+    assert not torch.allclose(o_tree[2:], o_flat[2:], atol=1e-3)
 
 
 def test_sizes_out_of_range_are_refused() -> None:
     gen = torch.Generator().manual_seed(0)
-    q, k, v, g, beta, state = inputs(1, 4, 16, 16, gen)
-    with pytest.raises(RuntimeError, match="parents"):
-        gdn_tree(q, k, v, g, beta, torch.tensor([-1, 0, 1], device=DEVICE), state)
-
-
-def test_hybrid_verify_and_commit_on_the_kernels_match_torch(tmp_path) -> None:
-    """One DDTree verify + commit of a random Qwen3.5 hybrid through TritonBackend and TorchBackend."""
-    from ddtree_kernels.backend import TritonBackend
-    from ddtree_runtime.backend import TorchBackend
-    from ddtree_runtime.config import Qwen3_5Config
-    from ddtree_runtime.models.qwen3_5 import Qwen3_5
-    from ddtree_runtime.tiny_hybrid import _hybrid_config
-
-    torch.manual_seed(0)
-    model = Qwen3_5(Qwen3_5Config.from_dict(_hybrid_config(40, 64, 4), tmp_path / "config.json")).to(DEVICE)
-    model.setup_caches(64)
-    torch_be, triton_be = TorchBackend(), TritonBackend()
-    gen = torch.Generator().manual_seed(2)
-    tokens, parents, depth = torch_be.build_tree(torch.randn(4, 40, generator=gen), 20, torch.tensor(7))
-    tokens, parents, depth = tokens.to(DEVICE), parents.to(DEVICE), depth.to(DEVICE)
-    context = torch.tensor([3, 9, 27, 1, 30], device=DEVICE)
-    results = []
-    for backend in (torch_be, triton_be):
-        with torch.inference_mode():
-            model(context, torch.arange(5, device=DEVICE), 0, None, torch_be, capture=False)
-            vis = backend.tree_visibility(parents, depth)
-            logits, _ = model(tokens, 5 + depth, 5, vis, backend, capture=False, parents=parents)
-            path = torch.full_like(parents, -1)
-            deepest = [int(depth.argmax())]
-            while int(parents[deepest[0]]) >= 0:
-                deepest.insert(0, int(parents[deepest[0]]))
-            path[: len(deepest)] = torch.tensor(deepest, device=DEVICE)
-            model.commit(5, path, torch.tensor(len(deepest), device=DEVICE), backend, chain=False)
-        results.append(
-            (logits, model.rec_state.clone(), model.conv_state.clone(), model.k_cache[:, :, :12].clone())
-        )
-    for got, want in zip(results[1], results[0], strict=True):
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    q, k, v, g, beta, state = inputs(1, 1, 4, 16, 16, gen)
+    _, plan = plan_of([-1, 0, 1])
+    with pytest.raises(RuntimeError, match="plan of 4 nodes"):
+        gdn_tree(q, k, v, g, beta, state, plan)

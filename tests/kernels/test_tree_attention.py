@@ -12,6 +12,7 @@ from ddtree_kernels.tree_attention import (
     tree_attention_reference,
     tree_visibility,
 )
+from ddtree_runtime.backend import TorchBackend
 from tests.kernels.trees import DEVICE, make_parents
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -178,3 +179,26 @@ def test_a_device_length_needs_a_key_bound() -> None:
     _, q, k, v = _case(2, 1, 3, 10, 16, torch.float32, "chain", seed=1)
     with pytest.raises(RuntimeError, match="key_bound"):
         tree_attention(q, k, v, torch.tensor(10, device=DEVICE), None, 1.0)
+
+
+@pytest.mark.parametrize(("all_visible", "window", "splits"), [(True, 40, 3), (True, 5, 2), (False, 23, 1)])
+def test_a_sliding_window_sees_only_recent_keys(all_visible: bool, window: int, splits: int) -> None:
+    """A drafter's sliding layer: keys fewer than `window` positions from the query (both ways in a
+    block that sees itself whole), whatever the context length under one static key bound."""
+    n, bound, d = 6, 110, 32
+    _, q, k, v = _case(4, 2, n, bound, d, torch.float32, "chain", seed=5)
+    for ctx in (3, 61, 98):
+        out = tree_attention(
+            q,
+            k,
+            v,
+            torch.tensor(ctx, device=DEVICE),
+            None,
+            d**-0.5,
+            AttentionConfig(16, 16, 4, 1, splits),
+            key_bound=bound,
+            all_visible=all_visible,
+            window=window,
+        )
+        want = TorchBackend().attention(q, k, v, ctx, None, d**-0.5, ctx + n, all_visible, window)
+        assert _rel_err(out, want) < TOL[torch.float32]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from drafter_config import LintInputError, lint, load_spec, patch
-from drafter_config.store import LocalStore
 from ops.connection import connect
 from ops.inventory import load_inventory
 from ops.runner import REPO_ROOT
 from ops.tasks import run_file
+from specops_files.store import LocalStore
 from tests.diskfull import fill
 from tests.lint import corpus
 from tests.lint.corpus import mutated

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from drafter_config import LintInputError, load_spec
-from drafter_config.jsonpos import JsonSyntaxError, format_path, parse
 from drafter_config.safetensors_header import read_weights
 from drafter_config.serve import load_serve_config
-from drafter_config.store import LocalStore
 from drafter_config.target import load_target
 from drafter_config.tokenizer import read_tokenizer
+from specops_files.jsonpos import JsonSyntaxError, format_path, parse
+from specops_files.store import LocalStore
 from tests.lint import corpus
 
 

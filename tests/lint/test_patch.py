@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from drafter_config import PatchRefused, lint, load_spec, patch
-from drafter_config.store import LocalStore
+from specops_files.store import LocalStore
 from tests.lint import corpus
 from tests.lint.corpus import DELETE, mutated
 

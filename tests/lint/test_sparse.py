@@ -6,7 +6,7 @@ import os
 import time
 
 from drafter_config import lint
-from drafter_config.store import LocalStore
+from specops_files.store import LocalStore
 from tests.lint import corpus
 
 SIZE = 50 * 1024**3

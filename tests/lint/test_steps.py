@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.changes import StepFailed, Write
+from ops.api.context import StepContext
 from ops.hosts import Host
 from ops.runner import REPO_ROOT
 from ops.steps import get_step
-from ops.steps.base import StepContext, StepFailed, Write
 from ops.tasks import run_file
 from tests.lint import corpus
 from tests.lint.corpus import mutated

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from drafter_config import lint, load_spec, patch
-from drafter_config.store import LocalStore
+from specops_files.store import LocalStore
 from tests.lint import qwen36
 from tests.lint.corpus import mutated
 

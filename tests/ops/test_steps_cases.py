@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from ops.api.args import ArgError
+from ops.api.changes import Plan, Run, StepFailed
+from ops.api.context import StepContext
 from ops.connection import CommandResult
 from ops.hosts import Host
 from ops.playbook import load_yaml, render
 from ops.steps import REGISTRY, get_step
-from ops.steps.base import ArgError, Plan, Run, StepContext, StepFailed
 from ops.steps.facts import parse_facts
 
 CASES = Path(__file__).parent / "step_cases"

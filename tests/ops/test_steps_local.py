@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from ops.api.changes import Applied, Plan, StepFailed
+from ops.api.context import StepContext
 from ops.connection import connect
 from ops.hosts import Host
 from ops.steps import get_step
-from ops.steps.base import Applied, Plan, StepContext, StepFailed
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
@@ -153,6 +154,7 @@ def _wheel(folder: Path, name: str, version: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_python_venv_and_pip_install(local, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     python = os.path.realpath(sys.executable)  # the base interpreter, not a version-manager shim

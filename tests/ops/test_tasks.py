@@ -32,6 +32,31 @@ def test_fab_list_shows_tasks_with_help() -> None:
         assert option in helped.stdout
 
 
+def test_every_task_refuses_a_bad_option_value_with_one_line_and_exit_2() -> None:
+    from ops.tasks import ns
+
+    runs = {  # all at once: each is a fresh fab process
+        name: subprocess.Popen(
+            [str(FAB), name, *(["missing.yaml"] if name == "play" else []), "--forks", "x"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in sorted(ns.tasks)
+    }
+    for name, proc in runs.items():
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (name, stderr)
+        assert stderr.strip() == (
+            "error: --forks must be a whole number of hosts in parallel, got 'x' (fix: --forks 8)"
+        ), (name, stderr)
+    done = fab("bench", "--matrix", "no-such-matrix.yaml")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --matrix no-such-matrix.yaml: no such file (fix: e.g. --matrix playbooks/bench-matrix.yaml)"
+    ), done.stderr
+
+
 def test_fab_play_converges_then_changes_nothing(sshd_hosts, make_inventory, tmp_path: Path) -> None:
     inventory = make_inventory(sshd_hosts(1), local=True)
     results = tmp_path / "results"

@@ -100,7 +100,15 @@ def test_python_probe_of_the_h200_and_the_facts_row() -> None:
         "sglang": None,
         "flashinfer": None,
         "python": "3.12.3",
+        "systems": "ddtree (torch 2.11.0)",
     }
+    # Each serving system lives in its own venv (fab provision, host var systems): fab facts says
+    # which the host can serve, and how many GPUs tensor parallelism can use.
+    vllm_venv = {"packages": {"vllm": {"version": "0.34.0"}, "torch": {"version": "2.14.0"}}}
+    row = facts.summary(host, env, {"vllm": vllm_venv, "sglang": None})
+    assert row["systems"] == "ddtree (torch 2.11.0), vllm 0.34.0 (tp <= 1)"
+    no_gpu = {**host, "nvidia": {**host["nvidia"], "gpus": []}}
+    assert facts.summary(no_gpu, None, {"vllm": vllm_venv})["systems"] == "vllm 0.34.0 (no GPU)"
     with pytest.raises(facts.FactError, match="did not print JSON"):
         facts.parse_probe("Traceback (most recent call last):\n  boom")
 

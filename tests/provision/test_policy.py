@@ -160,6 +160,11 @@ def test_the_shipped_pins(tmp_path: Path) -> None:
     assert [r.spec for r in PINS["blackwell"].requirements()] == [
         "torch==2.14.0",
         "triton==3.8.0",
+        "fla-core==0.6.0",
+    ]
+    assert [r.spec for r in PINS["blackwell"].requirements("vllm")] == [
+        "torch==2.14.0",
+        "triton==3.8.0",
         "vllm==0.34.0",
         "flashinfer-python==0.7.3",
     ]

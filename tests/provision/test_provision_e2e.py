@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.provision.helpers import H200, fake_hf, fake_nvidia_smi, path_with
@@ -47,6 +48,7 @@ def summary(results: Path) -> dict:
     return json.loads((results / "latest" / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_provision_cpu_profile_check_then_converge_then_nothing(
     sshd_hosts, make_inventory, tmp_path: Path
 ) -> None:

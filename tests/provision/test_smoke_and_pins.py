@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from ops.api.changes import StepFailed
 from ops.gpu.facts import parse_probe, probe_script
 from ops.gpu.pins import check_installed, parse_requirement
-from ops.steps.base import StepFailed
 from ops.steps.gpu import arch_supported, judge_smoke, smoke_script
 from ops.steps.pins import plan_install
 from tests.provision.helpers import h200, run_remote_scripts, synth
@@ -69,6 +69,7 @@ def test_arch_supported(cap, arch_list, ok) -> None:
     assert arch_supported(cap, arch_list) is ok
 
 
+@pytest.mark.slow
 def test_smoke_scripts_and_probe_for_real_on_this_cpu_machine() -> None:
     """No GPU here: torch's test fails with its fix; Triton's kernel runs in the interpreter; the probe
     reports this venv's CPU torch, which satisfies its own pin."""

@@ -12,6 +12,8 @@ import pytest
 
 from ddtree_runtime.tiny import TinyPair
 
+pytestmark = pytest.mark.slow  # each test starts the CLI in a new process (torch import, load)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

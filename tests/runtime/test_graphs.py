@@ -1,5 +1,5 @@
-"""The CUDA-graph decode path: replayed rounds give the eager path's tokens bit for bit, and after
-`Engine.warmup` no request pays a Triton compile. CUDA only (CI has no GPU; run on a GPU host with
+"""The CUDA-graph decode path, dense and hybrid: replayed rounds give the eager path's tokens bit for
+bit, and after `Engine.warmup` no request pays a Triton compile. CUDA only (CI has no GPU; run on a GPU host with
 `SPECOPS_TEST_DEVICE=cuda pytest tests/runtime/test_graphs.py`); the eager rounds these compare
 against run everywhere, in every other runtime test."""
 
@@ -34,9 +34,15 @@ def _prompts(seed: int, count: int, longest: int = 40) -> list[list[int]]:
     return [[len(SPECIALS) + rng.randrange(64) for _ in range(rng.randint(1, longest))] for _ in range(count)]
 
 
+@pytest.fixture(params=["dense", "hybrid"])
+def pair(request: pytest.FixtureRequest) -> TinyPair:
+    """The dense tiny pair and the hybrid one (Gated DeltaNet states in the graphs)."""
+    return request.getfixturevalue("tiny_pair" if request.param == "dense" else "hybrid_pair")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graph_replays_give_the_eager_tokens(tiny_pair: TinyPair, dtype: torch.dtype) -> None:
-    graphed, eager = _engines(tiny_pair, dtype)
+def test_graph_replays_give_the_eager_tokens(pair: TinyPair, dtype: torch.dtype) -> None:
+    graphed, eager = _engines(pair, dtype)
     for prompt in _prompts(3, 6):
         for mode, budget in (("ar", 1), ("dflash", 1), ("ddtree", 4), ("ddtree", 64)):
             want = eager.generate(prompt, mode=mode, budget=budget, max_new_tokens=48, eos_ids=())
@@ -62,10 +68,8 @@ def _compiled() -> int:
     return total
 
 
-def test_no_compile_after_warmup(tiny_pair: TinyPair) -> None:
-    engine = Engine(
-        *load_pair(tiny_pair.target, tiny_pair.drafter, torch.device("cuda"), torch.bfloat16), 512
-    )
+def test_no_compile_after_warmup(pair: TinyPair) -> None:
+    engine = Engine(*load_pair(pair.target, pair.drafter, torch.device("cuda"), torch.bfloat16), 512)
     engine.warmup(["ar", "dflash", "ddtree"], [4, 16], max_prompt=300)
     before = _compiled()
     assert before > 0, f"no compiled kernels seen: has Triton {triton.__version__} moved its cache?"

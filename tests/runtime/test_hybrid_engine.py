@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.engine import Engine
+from ddtree_runtime.gated_delta import TreeAncestry
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.tiny import SPECIALS, TinyPair
@@ -25,13 +26,12 @@ def prompts(seed: int, count: int) -> list[list[int]]:
 
 
 class FlattenedRecurrence(TorchBackend):
-    """The naive port: the tree's nodes go through the DeltaNet recurrence in flattened order."""
+    """The naive port: the tree's nodes go through the DeltaNet layers (recurrence and conv) in
+    flattened order, as if the tree were a chain."""
 
-    def gdn_tree(
-        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, parents: Tensor, state: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreeAncestry:
         chain = torch.arange(-1, parents.shape[0] - 1, device=parents.device)
-        return super().gdn_tree(q, k, v, g, beta, chain, state)
+        return super().gdn_plan(chain, depth, kernel)
 
 
 @pytest.fixture(scope="module")

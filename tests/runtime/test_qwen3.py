@@ -64,8 +64,14 @@ def test_tree_verify_equals_full_recompute_of_each_branch(
     start = len(context)
     with torch.inference_mode():
         ours(context, torch.arange(start, device=device), 0, None, backend, capture=False)
-        vis = backend.tree_visibility(parents, depth)
-        logits, _ = ours(tokens, start + depth, start, vis, backend, capture=False)
+        logits, _ = ours(
+            tokens,
+            start + depth,
+            start,
+            ours.plan(parents, depth, backend, chain=False),
+            backend,
+            capture=False,
+        )
         for i in range(len(tokens)):
             branch, j = [], i
             while j >= 0:

@@ -98,8 +98,8 @@ def test_tree_verify_and_commit_equal_recompute_of_each_branch(
 
     with torch.inference_mode():
         ours(context, torch.arange(start, device=device), 0, None, backend, capture=False)
-        vis = backend.tree_visibility(parents, depth)
-        logits, _ = ours(tokens, start + depth, start, vis, backend, capture=False, parents=parents)
+        tree = ours.plan(parents, depth, backend, chain=False)
+        logits, _ = ours(tokens, start + depth, start, tree, backend, capture=False)
         for i in range(len(tokens)):
             seq = torch.cat([context, tokens[branch(i)]])
             assert_close(
@@ -109,7 +109,7 @@ def test_tree_verify_and_commit_equal_recompute_of_each_branch(
         path = torch.full((len(tokens),), -1, device=device)
         nodes = branch(deepest)
         path[: len(nodes)] = torch.tensor(nodes, device=device)
-        ours.commit(start, path, torch.tensor(len(nodes), device=device), backend, chain=False)
+        ours.commit(start, tree, path, torch.tensor(len(nodes), device=device), backend)
         after = start + len(nodes)
         nxt, _ = ours(
             torch.tensor([7], device=device),

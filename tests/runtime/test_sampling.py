@@ -65,6 +65,7 @@ def exact_pair_distribution(engine: Engine) -> dict[tuple[int, int], float]:
     return dist
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "mode", "budget"), [("dense", "ddtree", 6), ("dense", "dflash", 1), ("hybrid", "ddtree", 6)]
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from ddtree_runtime.engine import Engine
@@ -17,6 +18,7 @@ PROMPT = "the city of"
 TOKENS = 24
 
 
+@pytest.mark.slow
 def test_ddtree_server_on_a_hybrid_pair_returns_the_ar_text(hybrid_pair: TinyPair, tmp_path: Path) -> None:
     server = Server.start(
         ["--target", str(hybrid_pair.target), "--drafter", str(hybrid_pair.drafter), "--device", "cpu",

@@ -8,6 +8,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from tests.server.client import Server, sse_events, stream_text
 from tests.server.conftest import MODEL
 
@@ -72,6 +74,7 @@ def _settled(server: Server, before: dict[str, float], deadline_s: float = 60.0)
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_200_concurrent_clients_with_20_percent_leaving(main_server: Server) -> None:
     refs = {}
     for p in PROMPTS:

@@ -121,3 +121,16 @@ def test_regenerate_resumes_after_a_torn_line(tmp_path: Path) -> None:
     calls.clear()
     assert regenerate(prompts, out, gen, batch=3) == 1 and calls == [[BASE[9]]]
     assert len(out.read_text().splitlines()) == 7  # the old first prompt's row is gone
+
+
+def test_regenerate_takes_one_ranks_share(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in BASE[:7]))
+    out = tmp_path / "r.jsonl"
+    assert regenerate(prompts, out, lambda b: [([1], [2]) for _ in b], shard=(1, 3)) == 2
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == [1, 4]
+
+
+def test_a_missing_file_is_not_taken_for_a_dataset_name(tmp_path: Path) -> None:
+    with pytest.raises(CurationError, match="no such file"):
+        list(read_prompts(str(tmp_path / "prompts.txt")))

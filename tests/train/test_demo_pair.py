@@ -13,9 +13,9 @@ from ddtree_runtime.engine import Engine
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from drafter_config.lint import lint
+from ops.api.context import StepContext
 from ops.hosts import Host
 from ops.steps import get_step
-from ops.steps.base import StepContext
 
 PAIR = Path(__file__).resolve().parents[2] / "demo_pair"
 

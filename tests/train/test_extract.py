@@ -14,11 +14,11 @@ from ddtree_runtime.tiny import TinyPair
 from ddtree_runtime.train.extract import (
     INDEX,
     ExtractionError,
+    OfflineSamples,
     disk_need,
     extract_offline,
-    hidden_states,
-    read_offline,
 )
+from ddtree_runtime.train.forward import TargetFeatures
 
 LAYERS = (1, 2)
 
@@ -55,9 +55,9 @@ def test_killed_and_resumed_extraction_gives_the_same_shards(raw_pair: TinyPair,
         assert (part / name).read_bytes() == (whole / name).read_bytes()
     assert (part / INDEX).read_text() == (whole / INDEX).read_text()
 
-    stored = list(read_offline(part))
-    assert [s.tokens.tolist() for s in stored] == [ids for ids, _ in samples]
-    want = hidden_states(target, stored[5].tokens, LAYERS).to(torch.bfloat16)
+    stored = OfflineSamples(part)
+    assert [stored[j].tokens.tolist() for j in range(len(stored))] == [ids for ids, _ in samples]
+    want = TargetFeatures(target, LAYERS)(stored[5].tokens).to(torch.bfloat16)
     assert torch.equal(stored[5].hidden, want) and stored[5].prompt_len == 3
 
 
@@ -75,3 +75,7 @@ def test_disk_need_is_checked_first(
     with pytest.raises(ExtractionError, match=r"needs .* but 100.0 B is free"):
         extract_offline(target, _samples(), LAYERS, tmp_path / "f", shard_size=2)
     assert not list((tmp_path / "f").glob("shard-*"))
+    Tiny.free = disk_need([len(ids) for ids, _ in _samples()], 2, target.config.hidden_size, torch.bfloat16)
+    with pytest.raises(ExtractionError, match="needs"):  # four ranks of a host share its disk
+        extract_offline(target, _samples(), LAYERS, tmp_path / "f", shard_size=2, sharing=4)
+    extract_offline(target, _samples(), LAYERS, tmp_path / "f", shard_size=2)

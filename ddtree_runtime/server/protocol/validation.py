@@ -27,6 +27,7 @@ from ddtree_runtime.server.protocol.requests import (
     openai_param,
 )
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import verify_rows
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
 
@@ -48,8 +49,8 @@ class Limits:
     max_prompt_chars: int  # more characters than this cannot fit max_context tokens
 
     def rows(self, mode: str, budget: int) -> int:
-        """Cache rows one verify round needs beyond prompt + output (the engine's rule)."""
-        return {"ar": 1, "dflash": self.block_size, "ddtree": budget + 1}[mode]
+        """Cache rows one round needs beyond prompt + output (the contract's rule, the engine's too)."""
+        return verify_rows(mode, self.block_size, budget)
 
     @property
     def max_model_len(self) -> int:

@@ -127,6 +127,65 @@ def run_compact(entry, k, torch, device):
     entry["max_error"], entry["tolerance"] = err, 0.0
 
 
+def _gdn_inputs(torch, device, n, hk=2, hv=4, d=32):
+    """q, k [n, hk, d] (unit rows, q scaled), v [n, hv, d], g, beta [n, hv] and a state [hv, d, d]."""
+    gen = torch.Generator().manual_seed(n)
+    q = torch.nn.functional.normalize(torch.randn(n, hk, d, generator=gen), dim=-1) * d**-0.5
+    k = torch.nn.functional.normalize(torch.randn(n, hk, d, generator=gen), dim=-1)
+    v = torch.randn(n, hv, d, generator=gen)
+    g, beta = -torch.rand(n, hv, generator=gen), torch.rand(n, hv, generator=gen)
+    state = torch.randn(hv, d, d, generator=gen) * 0.3
+    return [x.to(device) for x in (q, k, v, g, beta, state)]
+
+
+def run_gdn_tree(entry, k, torch, device):
+    """A Gated DeltaNet verify of a 70-node tree (two node blocks), then the commit along one path."""
+    gt = k["gdn_tree"]
+    n = 70
+    gen = torch.Generator().manual_seed(5)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) // 2 for i in range(1, n)]
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    q, kk, v, g, beta, state = _gdn_inputs(torch, device, n)
+    plan = gt.tree_plan(torch.tensor(parents, device=device), torch.tensor(depth, device=device), 4)
+    entry["config"] = f"{n} nodes, {plan.block}-node blocks"
+    o, d, gsum = gt.gdn_tree(q, kk, v, g, beta, state, plan)
+    want = gt.gdn_tree_reference(q, kk, v, g, beta, parents, state)
+    err = max(float((x.float() - y.float()).abs().max()) for x, y in zip((o, d, gsum), want, strict=True))
+    path = [max(range(n), key=depth.__getitem__)]
+    while parents[path[0]] >= 0:
+        path.insert(0, parents[path[0]])
+    states = state[None].clone()
+    convs = torch.zeros(1, 3, 8, device=device)
+    padded = torch.tensor(path + [-1] * (n - len(path)), device=device)
+    k["gdn_commit"].gdn_commit(
+        states, convs, kk[None], d[None], gsum[None], torch.zeros(1, n, 8, device=device),
+        plan.windows, padded, torch.tensor(len(path), device=device),
+    )  # fmt: skip
+    g_last = gsum[:, path[-1]]  # the state along the path, from the reference's corrections
+    w = (g_last[:, None] - gsum[:, path]).exp()  # [hv, len]
+    rep = v.shape[1] // kk.shape[1]
+    k_path = kk[path].repeat_interleave(rep, dim=1).transpose(0, 1)  # [hv, len, d]
+    want_state = g_last.exp()[:, None, None] * state + (k_path * w[..., None]).transpose(1, 2) @ d[:, path]
+    err = max(err, float((states[0] - want_state).abs().max()))
+    entry["max_error"], entry["tolerance"] = err, 1e-2 if device.type == "cuda" else 2e-5
+
+
+def run_gdn_step(entry, k, torch, device):
+    """One `ar` token through the fused recurrence and output norm, against a one-node tree."""
+    entry["config"] = "1 token, 4 value heads"
+    q, kk, v, g, beta, state = _gdn_inputs(torch, device, 1)
+    hv, d = v.shape[1], v.shape[2]
+    z = torch.randn(1, hv * d, generator=torch.Generator().manual_seed(6)).to(device)
+    w = torch.ones(d, device=device)
+    o_ref = k["gdn_tree"].gdn_tree_reference(q, kk, v, g, beta, [-1], state)[0]  # [1, hv, d]
+    normed = o_ref * torch.rsqrt(o_ref.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = (normed.reshape(1, -1) * torch.nn.functional.silu(z)).float()
+    out = k["gdn_step"].gdn_step(q, kk, v, g, beta, state.clone(), z, 0, w, 1e-6)
+    entry["max_error"], entry["tolerance"] = float((out.float() - want).abs().max()), 1e-3
+
+
 def main():
     result = {"torch": None, "triton": None}
     try:
@@ -182,6 +241,9 @@ def import_kernels(tmp):
             "tree_build",
             "tree_walk",
             "kv_compact",
+            "gdn_tree",
+            "gdn_commit",
+            "gdn_step",
         )
     }
 
@@ -203,6 +265,8 @@ def run_kernels(k, torch, device):
             ("tree_build", run_tree_build),
             ("tree_walk", run_walk),
             ("kv_compact", run_compact),
+            ("gdn_tree + commit", run_gdn_tree),
+            ("gdn_step", run_gdn_step),
         )
     ]
     kernels = []

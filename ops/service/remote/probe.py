@@ -1,12 +1,16 @@
 """Service facts, printed as one JSON object; reads only (``--check`` runs it for real).
 
-argv[1]: JSON {name, pidfile, state, log, env_file, proven, auth_env, supervisor, health, metrics}.
-``apikey.py`` is prepended: /health and /metrics carry the key of ``auth_env`` when it sets one.
+argv[1]: JSON {name, pidfile, state, acceptance, log, env_file, proven, auth_env, supervisor,
+health, metrics, venv, packages}. ``apikey.py`` is prepended: /health and /metrics carry the key of
+``auth_env`` when it sets one.
 """
 
+import glob
 import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +112,18 @@ def proven_env(folder):
     return {n[: -len(".env")]: sha(os.path.join(folder, n)) for n in names if n.endswith(".env")}
 
 
+def pins(venv, packages):
+    """Installed versions of ``packages`` (PEP 503 names) in the venv, read from its metadata
+    (this python may not be the venv's: nothing is imported)."""
+    paths = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))
+    found = {}
+    for dist in importlib.metadata.distributions(path=paths) if paths else ():
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name in packages and name not in found:
+            found[name] = dist.version
+    return dict(sorted(found.items()))
+
+
 def main(s):
     sup = supervised(s["pidfile"])
     systemd = systemd_facts(s["name"])
@@ -115,6 +131,8 @@ def main(s):
         "supervisor_process": sup,
         "systemd": systemd,
         "state": read_json(s["state"]),
+        "acceptance": read_json(s["acceptance"]),
+        "pins": pins(s["venv"], s["packages"]),
         "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
         "env_sha": sha(s["env_file"]),
         "proven_env": proven_env(s["proven"]) if s.get("proven") else {},

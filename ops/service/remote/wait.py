@@ -1,6 +1,11 @@
-"""Wait until the server answers: /health 200, a model id from /v1/models, one real completion.
+"""Wait until the server answers: ready, a model id from /v1/models, one real completion.
 
-argv[1]: JSON {url, timeout, prompt, max_tokens, pidfile | (systemctl, unit), env_file?}. Prints one JSON
+Ready is ``ready_on``: ``health`` (our server: /health is 200 only once warmed) or ``models``
+(vLLM, SGLang: /health is 200 while the engine still loads, so the port must accept and
+/v1/models must list ``model``, the served id).
+
+argv[1]: JSON {url, timeout, prompt, max_tokens, ready_on, model, pidfile | (systemctl, unit),
+env_file?}. Prints one JSON
 object, ``{"ready": true, "pid", "healthy_after", "text", "elapsed"}`` or ``{"ready": false,
 "error", "elapsed"}``; the controller decides what a failure means (roll back, or report).
 An answer counts only when the socket behind the port belongs to the process we started (or its
@@ -10,6 +15,7 @@ children): ``sockets.py`` is prepended to this script. With an API key in the se
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -60,20 +66,32 @@ def fetch(url, body=None):
         return None, f"{type(exc).__name__}: {exc}"
 
 
+def accepting(url):
+    parts = urllib.parse.urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
 def done(ready, **extra):
     print(json.dumps(dict(extra, ready=ready, elapsed=round(time.monotonic() - START, 2))))
     sys.exit(0)
 
 
 def complete(s, pid, healthy):
-    """One completion once /health is 200; returns (status, body) when it is not served yet."""
+    """One completion once ready; returns (status, body) when it is not served yet."""
     status, body = fetch(s["url"] + "/v1/models")
     if status != 200:
         return status, body
     try:
-        model = json.loads(body)["data"][0]["id"]
+        listed = [m["id"] for m in json.loads(body)["data"]]
+        model = s.get("model") or listed[0]
     except (ValueError, KeyError, IndexError, TypeError):
         done(False, error=f"/v1/models answered without a model id: {body[:200]}")
+    if model not in listed:
+        return status, f"/v1/models lists {listed}, not {model!r} (yet)"
     request = {"model": model, "prompt": s["prompt"], "max_tokens": s["max_tokens"], "temperature": 0}
     status, body = fetch(s["url"] + "/v1/completions", request)
     if status == 200:
@@ -97,7 +115,10 @@ def main(s):
             done(False, error=f"the server process {pid or first or '?'} exited")
         if first is not None and pid != first:
             done(False, error=f"the server restarted (pid {first} -> {pid})")
-        status, body = fetch(s["url"] + "/health")
+        if s.get("ready_on") == "models":
+            status, body = (200, "") if accepting(s["url"]) else (None, "the port does not accept yet")
+        else:
+            status, body = fetch(s["url"] + "/health")
         if status == 200:
             port = urllib.parse.urlsplit(s["url"]).port
             owner = port_owner(port, pid)  # noqa: F821 (from sockets.py)

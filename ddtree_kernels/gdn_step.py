@@ -1,0 +1,116 @@
+"""One token through a Gated DeltaNet layer's recurrence and output norm: the `ar` step, one launch.
+
+Per value head h (state S [Dk, Dv] in fp32, q/k of key head h // (Hv / Hk), Yang et al., "Gated
+Delta Networks", arXiv 2412.06464):
+
+    S <- exp(g) S;   d = beta (v - S^T k);   S <- S + k d^T;   o = S^T q
+
+which, with S the cached state, is d = beta (v - exp(g) S^T k) and o = exp(g) S^T q + (q . k) d:
+both products read S once. Then the gated RMSNorm of o with silu(z)
+(`ddtree_kernels/gated_rms_norm.py`). One program per value head holds the head's whole state in
+registers, reads it once and writes it once, and writes the head's normed output. At batch 1 the
+state is the step's only sizeable traffic outside the weights (Hv Dk Dv fp32 read and written per
+layer); everything else is launches, which this fuses away: the whole DeltaNet mixer of an `ar`
+step is this and `gdn_inputs`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ddtree_kernels.gated_rms_norm import gated_norm
+from ddtree_kernels.host import next_pow2
+
+
+@triton.jit
+def _gdn_step_kernel(
+    Q,
+    K,
+    V,
+    G,
+    BETA,
+    STATE,
+    PROJ,
+    W,
+    OUT,
+    z_col,
+    eps,
+    HK: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    DK_PAD: tl.constexpr,
+    DV_PAD: tl.constexpr,
+):
+    h = tl.program_id(0)
+    hk = h // (HV // HK)
+    rows = tl.arange(0, DK_PAD)
+    cols = tl.arange(0, DV_PAD)
+    r_ok, v_ok = rows < DK, cols < DV
+    mask = r_ok[:, None] & v_ok[None, :]
+    STATE += h * DK * DV
+    decay = tl.exp(tl.load(G + h))
+    kv = tl.load(K + hk * DK + rows, mask=r_ok, other=0.0).to(tl.float32)
+    qv = tl.load(Q + hk * DK + rows, mask=r_ok, other=0.0).to(tl.float32)
+    v = tl.load(V + h * DV + cols, mask=v_ok, other=0.0).to(tl.float32)
+    s = tl.load(STATE + rows[:, None] * DV + cols[None, :], mask=mask, other=0.0)
+    d = tl.load(BETA + h) * (v - decay * tl.sum(kv[:, None] * s, 0))
+    o = decay * tl.sum(qv[:, None] * s, 0) + tl.sum(qv * kv, 0) * d
+    tl.store(STATE + rows[:, None] * DV + cols[None, :], decay * s + kv[:, None] * d[None, :], mask=mask)
+    z = tl.load(PROJ + z_col + h * DV + cols, mask=v_ok, other=0.0)
+    w = tl.load(W + cols, mask=v_ok, other=0.0)
+    tl.store(OUT + h * DV + cols, gated_norm(o, z, w, v_ok, eps, DV, OUT.dtype.element_ty), mask=v_ok)
+
+
+def gdn_step(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    proj: Tensor,
+    z_col: int,
+    norm_weight: Tensor,
+    eps: float,
+) -> Tensor:
+    """One token: q, k [1, Hk, Dk]; v [1, Hv, Dv]; g, beta [1, Hv] (fp32); state [Hv, Dk, Dv] fp32,
+    advanced in place; z = proj[0, z_col : z_col + Hv Dv]. Returns the normed output [1, Hv Dv]."""
+    _, hk, dk = q.shape
+    _, hv, dv = v.shape
+    if q.shape[0] != 1 or k.shape != q.shape or hv % hk or g.shape != (1, hv) or beta.shape != (1, hv):
+        raise RuntimeError(
+            f"gdn_step wants one token: q, k [1, Hk, Dk], v [1, Hv, Dv], g, beta [1, Hv]; got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}"
+        )
+    if state.shape != (hv, dk, dv) or state.dtype != torch.float32 or not state.is_contiguous():
+        raise RuntimeError(
+            f"gdn_step wants a contiguous fp32 state [{hv}, {dk}, {dv}], got {tuple(state.shape)}"
+        )
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or proj.stride(1) != 1:
+        raise RuntimeError("gdn_step wants contiguous q, k, v and proj with a unit last stride")
+    out = torch.empty(1, hv * dv, device=q.device, dtype=proj.dtype)
+    _gdn_step_kernel[(hv,)](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state,
+        proj,
+        norm_weight,
+        out,
+        z_col,
+        eps,
+        HK=hk,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        DK_PAD=max(16, next_pow2(dk)),
+        DV_PAD=max(16, next_pow2(dv)),
+        num_warps=8,
+    )
+    return out

@@ -1,0 +1,202 @@
+"""TritonBackend: the hot-path seams of `ddtree_runtime.backend.TorchBackend`, on the GPU kernels.
+
+Same method names, arguments and results as TorchBackend (the oracle), composed of the
+`ddtree_kernels` kernels (DDTree, Ringel & Romano, arXiv 2604.12989): `tree_visibility` returns
+ancestor bitmasks (`TreeVisibility`) instead of a dense [N, N] mask, `gdn_plan` a `TreePlan`, and
+everything stays on the device with no host sync. `select_backend` picks this class on CUDA.
+
+A committed chain of more than one token through a Gated DeltaNet layer (the prefill) goes through
+`flash-linear-attention`'s chunked kernel, the one vLLM and SGLang call; a single token (`ar`)
+through our fused step, and a tree (verify) through our tree kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+from torch import Tensor
+
+from ddtree_kernels.gated_rms_norm import gated_rms_norm
+from ddtree_kernels.gdn_commit import gdn_commit
+from ddtree_kernels.gdn_inputs import gdn_inputs
+from ddtree_kernels.gdn_step import gdn_step
+from ddtree_kernels.gdn_tree import TreePlan, gdn_tree, tree_plan
+from ddtree_kernels.kv_compact import compact
+from ddtree_kernels.qk_rope import qk_rope
+from ddtree_kernels.rms_norm import rms_norm
+from ddtree_kernels.silu_mul import silu_mul
+from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
+from ddtree_kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
+from ddtree_kernels.tree_build import build_tree, candidate_pairs
+from ddtree_kernels.tree_walk import tree_walk
+from ddtree_runtime.gated_delta import GdnSpec
+
+
+@dataclass(frozen=True)
+class GdnStaging:
+    """One verify pass's DeltaNet staging, every layer stacked so that the commit is one launch."""
+
+    k: Tensor  # [L, N, Hk, Dk], the model dtype
+    x: Tensor  # [L, N, C] raw conv inputs, the model dtype
+    d: Tensor  # [L, Hv, N, Dv] fp32 corrections
+    gsum: Tensor  # [L, Hv, N] fp32 path sums
+
+
+class TritonBackend:
+    """The Triton kernels behind TorchBackend's interface; holds the per-budget candidate tables."""
+
+    name = "triton"
+    capturable = True
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int, torch.device], tuple[Tensor, Tensor]] = {}
+
+    def tree_visibility(self, parents: Tensor, depth: Tensor) -> TreeVisibility:
+        """Ancestor-or-self bitmasks int32 [N, ceil(N / 32)], built by one launch."""
+        return tree_visibility(parents, depth)
+
+    rms_norm = staticmethod(rms_norm)
+
+    @staticmethod
+    def linear(x: Tensor, weight: Tensor) -> Tensor:
+        """x @ weight.T: the skinny kernel for a few rows and a projection-sized weight, else cuBLAS."""
+        if x.shape[0] <= MAX_ROWS and weight.shape[0] <= SKINNY_MAX_N and x.stride(-1) == 1:
+            return skinny_matmul(x, weight)
+        return F.linear(x, weight)
+
+    qk_rope = staticmethod(qk_rope)
+    silu_mul = staticmethod(silu_mul)
+
+    def attention(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: int | Tensor,
+        visibility: TreeVisibility | None,
+        scale: float,
+        key_bound: int | None = None,
+        all_visible: bool = False,
+        window: int | None = None,
+    ) -> Tensor:
+        """q [Hq, N, D] over the context and the visible new rows; [Hq, N, D] in q's dtype."""
+        return tree_attention(
+            q,
+            k_cache,
+            v_cache,
+            context_len,
+            visibility,
+            scale,
+            key_bound=key_bound,
+            all_visible=all_visible,
+            window=window,
+        )
+
+    def build_tree(
+        self, draft_logits: Tensor, budget: int, root_token: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """tokens, parents, depth [budget + 1] of the top-budget prefixes (same set as the heap)."""
+        key = (budget, min(budget, draft_logits.shape[1]), draft_logits.device)
+        if key not in self._pairs:
+            self._pairs[key] = candidate_pairs(*key)
+        return build_tree(draft_logits, budget, root_token, self._pairs[key])
+
+    def tree_walk(
+        self,
+        tokens: Tensor,
+        parents: Tensor,
+        logits: Tensor,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """path [N], path_len, bonus: the target's own choices followed down the tree."""
+        return tree_walk(tokens, parents, logits, temperature, generator)
+
+    def compact(
+        self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
+    ) -> None:
+        """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
+        compact(k_cache, v_cache, context_len, path, path_len)
+
+    def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreePlan:
+        """The tree's ancestor structure and conv windows, once for every DeltaNet layer of a pass."""
+        return tree_plan(parents, depth, kernel)
+
+    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> GdnStaging:
+        """Stacked buffers for `layers` DeltaNet layers of an `nodes`-node verify pass."""
+        device = spec.conv_weight.device
+
+        def buf(*shape: int, kind: torch.dtype = torch.float32) -> Tensor:
+            return torch.empty(layers, *shape, device=device, dtype=kind)
+
+        return GdnStaging(
+            k=buf(nodes, spec.n_k, spec.dk, kind=dtype),
+            x=buf(nodes, spec.conv_dim, kind=dtype),
+            d=buf(spec.n_v, nodes, spec.dv),
+            gsum=buf(spec.n_v, nodes),
+        )
+
+    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
+        """A committed chain: one token through the fused step, more through fla's chunked kernel."""
+        t = proj.shape[0]
+        q, k, v, g, beta = gdn_inputs(
+            proj, conv_state, spec.conv_weight, spec.a_log, spec.dt_bias, spec.heads, update_conv=t == 1
+        )
+        if t == 1:
+            return gdn_step(q, k, v, g, beta, state, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+        hist = torch.cat([conv_state, proj[:, : spec.conv_dim]])  # the conv reads the old rows first
+        conv_state.copy_(hist[-(spec.kernel - 1) :])
+        o, final = chunk_gated_delta_rule(
+            q[None],
+            k[None],
+            v[None],
+            g[None],
+            beta[None],
+            scale=1.0,
+            initial_state=state[None],
+            output_final_state=True,
+        )
+        state.copy_(final[0])
+        return gated_rms_norm(o[0], proj, spec.conv_dim, spec.norm_weight, spec.eps)
+
+    def gdn_tree(
+        self,
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_state: Tensor,
+        state: Tensor,
+        plan: TreePlan,
+        staging: GdnStaging,
+        slot: int,
+    ) -> Tensor:
+        """A tree through a DeltaNet layer along each node's root path; stages k, x, d and G."""
+        q, k, v, g, beta = gdn_inputs(
+            proj,
+            conv_state,
+            spec.conv_weight,
+            spec.a_log,
+            spec.dt_bias,
+            spec.heads,
+            windows=plan.windows,
+            k_out=staging.k[slot],
+            x_out=staging.x[slot],
+        )
+        o, _, _ = gdn_tree(q, k, v, g, beta, state, plan, d_out=staging.d[slot], gsum_out=staging.gsum[slot])
+        return gated_rms_norm(o, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+
+    def gdn_commit(
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        staging: GdnStaging,
+        plan: TreePlan,
+        path: Tensor,
+        path_len: Tensor,
+    ) -> None:
+        """Every DeltaNet layer's states along the accepted path: two launches for the model."""
+        gdn_commit(
+            states, conv_states, staging.k, staging.d, staging.gsum, staging.x, plan.windows, path, path_len
+        )
