@@ -1,6 +1,6 @@
 """DFlash training throughput for the story's pair, on one GPU, and the hours it implies.
 
-Builds a Qwen3.6-27B-shaped hybrid target (the shapes of `hybrid_verify_bench.py`: 64 layers, 48
+Builds a Qwen3.6-27B-shaped hybrid target (`roofline.py`'s `qwen3.6-27b` shapes: 64 layers, 48
 Gated DeltaNet + 16 gated full attention, hidden 5120, vocab 248320, bf16) and the drafter a new run
 lays out for it (z-lab's Qwen3.6-27B drafter: 5 layers, block 16, [S, S, S, S, F] with a 2048
 window, 32/8 heads of 128; fp32 master weights, bf16 autocast), both with random weights drawn on
@@ -33,8 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.hybrid_verify_bench import QWEN36_27B, SMALL
-
+from benchmarks.roofline import QWEN36_27B, SMALL
 from ddtree_runtime.config import DFlashConfig, Qwen3_5Config
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
@@ -61,7 +60,7 @@ def random_weights(model: torch.nn.Module) -> None:
 
 
 def build(tiny: bool, device: torch.device) -> tuple[Qwen3_5, DFlashDrafter]:
-    raw = {**SMALL, "num_hidden_layers": 8} if tiny else QWEN36_27B
+    raw = {**QWEN36_27B, **SMALL["qwen3.6-27b"][0], "num_hidden_layers": 8} if tiny else QWEN36_27B
     cfg = Qwen3_5Config.from_dict(raw, Path("<qwen3.6-27b-shaped>"))
     layout = Layout(layers=2, heads=4, kv_heads=2, head_dim=32, block_size=8) if tiny else Layout()
     draft_raw = drafter_config(cfg, layout.resolve(cfg), cfg.vocab_size - 1 if tiny else MASK)

@@ -18,6 +18,8 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels import (
+    fp8_gemm,
+    fp8_skinny,
     gated_rms_norm,
     gdn_commit,
     gdn_inputs,
@@ -835,6 +837,125 @@ def hybrid_layer_specs(cc: int) -> list[Spec]:
     return found
 
 
+# --- the FP8 target's linears (ddtree_kernels/fp8_skinny.py, ddtree_kernels/fp8_gemm.py) ----------------
+
+FP8_BLOCK = (128, 128)  # Qwen's weight_block_size; per-channel checkpoints are (1, K)
+PROJECTIONS = ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER))  # o, gate_up, down of Qwen3-8B
+
+
+def fp8_specs(cc: int) -> list[Spec]:
+    """The skinny kernel on the three projection shapes (block scales) and on the widest K with
+    per-channel scales; the activation quantization and the GEMM at 257 rows, both formats."""
+    e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    found = []
+    for (n, k), block in [*((shape, FP8_BLOCK) for shape in PROJECTIONS), ((HIDDEN, INTER), (1, INTER))]:
+        cfg = fp8_skinny.default_config(n, k, block[1], SMS[cc])
+        per_row = block[1] >= k
+        w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))
+        xs, out = _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
+        part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+        found.append(
+            Spec(
+                "fp8_skinny",
+                f"N={n} K={k} {'per-channel' if per_row else 'block 128'} {cfg.block_n}x{cfg.block_k} "
+                f"split {cfg.split_k}",
+                cc,
+                fp8_skinny._fp8_skinny_kernel,
+                dict(
+                    X=xs,
+                    W=w,
+                    W_SCALE=scale,
+                    OUT=out,
+                    PART=part,
+                    stride_xt=k,
+                    stride_wn=k,
+                    stride_ws=scale.stride(0),
+                    stride_ot=n,
+                    n_rows=1,
+                    n_cols=n,
+                    k_total=k,
+                    k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+                    block_n=block[0],
+                ),
+                dict(
+                    BLOCK_N=cfg.block_n,
+                    BLOCK_K=cfg.block_k,
+                    PER_ROW=per_row,
+                    SPLIT=cfg.split_k > 1,
+                    PRECISION=0,
+                ),
+                cfg.num_warps,
+                cfg.num_stages,
+            )
+        )
+    rows, n, k = 257, 2 * INTER, HIDDEN
+    for block in (FP8_BLOCK, (1, k)):
+        per_row = block[1] >= k
+        group = k if per_row else block[1]
+        width = min(group, k)
+        quant_block = min(fp8_gemm.QUANT_BLOCK, next_pow2(width))
+        x, a = _empty(rows, k, dtype=bf16), _empty(rows, k, dtype=e4m3)
+        a_scale = _empty(rows, cdiv(k, group))
+        fmt = "per-channel" if per_row else "block 128"
+        found.append(
+            Spec(
+                "fp8_gemm.act_quant",
+                f"T={rows} K={k} {fmt}",
+                cc,
+                fp8_gemm._act_quant_kernel,
+                dict(
+                    X=x,
+                    Q=a,
+                    S=a_scale,
+                    stride_x=k,
+                    stride_q=k,
+                    stride_s=a_scale.stride(0),
+                    n_cols=k,
+                    group=width,
+                ),
+                dict(BLOCK=quant_block, STEPS=cdiv(width, quant_block)),
+                4,
+            )
+        )
+        cfg = fp8_gemm.gemm_config(rows, (cc // 10, cc % 10))
+        w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))
+        out = _empty(rows, n, dtype=bf16)
+        found.append(
+            Spec(
+                "fp8_gemm",
+                f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
+                cc,
+                fp8_gemm._fp8_gemm_kernel,
+                dict(
+                    A=a,
+                    A_SCALE=a_scale,
+                    W=w,
+                    W_SCALE=scale,
+                    OUT=out,
+                    stride_am=k,
+                    stride_as=a_scale.stride(0),
+                    stride_wn=k,
+                    stride_ws=scale.stride(0),
+                    stride_om=n,
+                    n_rows=rows,
+                    n_cols=n,
+                    k_total=k,
+                    block_n=block[0],
+                ),
+                dict(
+                    BLOCK_M=cfg.block_m,
+                    BLOCK_N=cfg.block_n,
+                    BLOCK_K=128 if per_row else block[1],
+                    PER_ROW=per_row,
+                    PRECISION=0,
+                ),
+                cfg.num_warps,
+                cfg.num_stages,
+            )
+        )
+    return found
+
+
 @cache
 def specs() -> dict[str, Spec]:
     """Every spec by key: each arch row's attention choices on its targets, the rest on TARGETS."""
@@ -856,5 +977,6 @@ def specs() -> dict[str, Spec]:
             *layer_specs(cc),
             *gdn_specs(cc),
             *hybrid_layer_specs(cc),
+            *fp8_specs(cc),
         ]
     return {spec.key: spec for spec in found}

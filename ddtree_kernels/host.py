@@ -1,4 +1,4 @@
-"""Host-side helpers for the launch wrappers: integer maths and the device's SM count.
+"""Host-side helpers for the launch wrappers: integer maths and the device's SM count and FP8 support.
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions: called from Python each
 costs ~3.5 µs, and a wrapper that plans its grid calls them dozens of times (the attention
@@ -28,3 +28,12 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
+
+
+@lru_cache(maxsize=16)
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """Whether a CUDA device multiplies e4m3 in its tensor cores (sm_89 and newer); the CPU
+    interpreter emulates them."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return True

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ddtree_runtime import gated_delta
+from ddtree_runtime.fp8 import fp8_linear_reference
 from ddtree_runtime.gated_delta import GdnSpec, Staged, TreeAncestry
 
 Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
@@ -38,6 +39,8 @@ class Backend(Protocol[Vis, Plan, Staging]):
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
+
+    def fp8_linear(self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor: ...
 
     def rms_norm(
         self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
@@ -135,6 +138,8 @@ class TorchBackend:
     def linear(x: Tensor, weight: Tensor) -> Tensor:
         """x @ weight.T (the skinny matmul's reference)."""
         return F.linear(x, weight)
+
+    fp8_linear = staticmethod(fp8_linear_reference)  # dequantizes: W8A8 maths in fp32
 
     @staticmethod
     def rms_norm(

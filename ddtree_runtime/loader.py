@@ -29,6 +29,7 @@ from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.models.target import Target
+from ddtree_runtime.quant import fp8_scheme, install_fp8, stored_dtype
 
 
 def default_device() -> str:
@@ -66,9 +67,14 @@ def weight_files(directory: Path) -> list[Path]:
 
 
 def read_state_dict(
-    directory: Path, rename: Callable[[str], str | None], device: torch.device, dtype: torch.dtype
+    directory: Path,
+    rename: Callable[[str], str | None],
+    device: torch.device,
+    dtype: torch.dtype,
+    keep: Callable[[str, torch.dtype], torch.dtype | None] = lambda name, stored: None,
 ) -> dict[str, torch.Tensor]:
-    """Every tensor `rename` keeps (None drops it), memory-mapped, then cast on the device."""
+    """Every tensor `rename` keeps (None drops it), memory-mapped, then cast on the device to `dtype`,
+    or to what `keep(name, stored dtype)` says (FP8 weights and their scales: `quant.stored_dtype`)."""
     state = {}
     for file in weight_files(directory):
         try:
@@ -76,7 +82,8 @@ def read_state_dict(
                 for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     name = rename(key)
                     if name is not None:
-                        state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+                        tensor = f.get_tensor(key)
+                        state[name] = tensor.to(device=device, dtype=keep(name, tensor.dtype) or dtype)
         except SafetensorError as e:
             raise ConfigError(
                 f"{file}: not a readable safetensors file ({' '.join(str(e).split())[:200]}) "
@@ -103,11 +110,12 @@ def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Pat
 
 def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype) -> Target:
     """A Qwen3 or Qwen3.5 target; HF names lose their `model.` (or `model.language_model.`) prefix,
-    vision and `mtp.*` tensors are skipped, a tied head shares the embedding, and the QKV and
-    gate/up projections are fused for inference."""
+    vision and `mtp.*` tensors are skipped, a tied head shares the embedding, FP8 linears become
+    `quant.Fp8Linear`, and the QKV and gate/up projections are fused for inference."""
     directory = Path(directory)
+    path = directory / "config.json"
+    scheme = fp8_scheme(read_json(path), path)
     if target_model_type(directory) == "qwen3_5":
-        path = directory / "config.json"
         cfg: Qwen3Config | Qwen3_5Config = Qwen3_5Config.from_dict(read_json(path), path)
         with torch.device("meta"):
             model: Target = Qwen3_5(cfg)
@@ -121,7 +129,8 @@ def load_target(directory: str | Path, device: torch.device, dtype: torch.dtype)
             return None
         return key.removeprefix("model.").removeprefix("language_model.")
 
-    state = read_state_dict(directory, rename, device, dtype)
+    state = read_state_dict(directory, rename, device, dtype, stored_dtype)
+    install_fp8(model, state, scheme, directory)
     if (cfg.tie_word_embeddings or "lm_head.weight" not in state) and "embed_tokens.weight" in state:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     _load_into(model, state, directory)

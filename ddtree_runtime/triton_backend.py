@@ -19,11 +19,14 @@ import torch.nn.functional as F
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
+from ddtree_kernels.fp8_gemm import fp8_gemm
+from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.gated_rms_norm import gated_rms_norm
 from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_inputs import gdn_inputs
 from ddtree_kernels.gdn_step import gdn_step
 from ddtree_kernels.gdn_tree import TreePlan, gdn_tree, tree_plan
+from ddtree_kernels.host import fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.qk_rope import qk_rope
 from ddtree_kernels.rms_norm import rms_norm
@@ -32,6 +35,7 @@ from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
 from ddtree_kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
 from ddtree_kernels.tree_build import build_tree, candidate_pairs
 from ddtree_kernels.tree_walk import tree_walk
+from ddtree_runtime.fp8 import fp8_linear_reference
 from ddtree_runtime.gated_delta import GdnSpec
 
 
@@ -66,6 +70,16 @@ class TritonBackend:
         if x.shape[0] <= MAX_ROWS and weight.shape[0] <= SKINNY_MAX_N and x.stride(-1) == 1:
             return skinny_matmul(x, weight)
         return F.linear(x, weight)
+
+    @staticmethod
+    def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+        """An FP8 target's linear: the skinny kernel for a few rows, else the block-scaled GEMM; the
+        dequantized reference on GPUs without FP8 tensor cores (sm_80)."""
+        if not fp8_tensor_cores(x.device):
+            return fp8_linear_reference(x, weight, scale, block)
+        if x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
+            return fp8_skinny(x, weight, scale, block)
+        return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)
     silu_mul = staticmethod(silu_mul)

@@ -37,6 +37,7 @@ CODES: dict[str, tuple[str, str]] = {
     "DFL043": (WARNING, "rope_theta or rope_scaling differs from the target's"),
     "DFL044": (WARNING, "rms_norm_eps differs from the target's"),
     "DFL045": (WARNING, "max_position_embeddings below the target's"),
+    "DFL046": (WARNING, "the target's quantization_config is not one the DDTree runtime serves"),
     "DFL050": (ERROR, "block_size missing or < 2"),
     "DFL051": (ERROR, "deployment num_speculative_tokens != block_size - 1"),
     "DFL060": (WARNING, "config dtype disagrees with the stored weights"),

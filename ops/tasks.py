@@ -30,6 +30,7 @@ from ops.bench.progress import BenchProgress
 from ops.bench.report import make_report
 from ops.bench.store import find_results
 from ops.errors import SpecopsError
+from ops.gpu.facts import fp8_support
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
 from ops.results import (
@@ -200,6 +201,7 @@ def facts_table(result: RunResult, title: str) -> Table:
         "python",
         "systemd",
         "gpus",
+        "fp8",
         *(["driver", "CUDA", "torch", "triton", "vllm", "systems"] if stacks else []),
         "venv",
         "release",
@@ -223,6 +225,7 @@ def facts_table(result: RunResult, title: str) -> Table:
             f["python"]["version"] or "none",
             "usable" if f["systemd"]["usable"] else "no",
             gpus,
+            fp8_support([g["compute_cap"] for g in f["gpus"]]) or "-",
             *(
                 stack.get(key) or "-"
                 for key in ("driver", "cuda", "torch", "triton", "vllm", "systems")

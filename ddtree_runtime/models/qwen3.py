@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
 from ddtree_runtime.models.target import TreeInputs
+from ddtree_runtime.quant import Fp8Linear
 
 
 class RMSNorm(nn.Module):
@@ -61,7 +62,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.gate_up_proj: nn.Linear | None = None
+        self.gate_up_proj: nn.Linear | Fp8Linear | None = None
 
     def fuse(self) -> None:
         self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
@@ -76,14 +77,20 @@ class MLP(nn.Module):
         return linear(self.down_proj, backend.silu_mul(gate_up), backend)
 
 
-def linear(layer: nn.Linear, x: Tensor, backend: Backend) -> Tensor:
-    """`layer(x)` through the backend's matmul (a bandwidth-bound kernel for a few rows on CUDA)."""
-    out = backend.linear(x, layer.weight)
+def linear(layer: nn.Linear | Fp8Linear, x: Tensor, backend: Backend) -> Tensor:
+    """`layer(x)` through the backend's matmul (a bandwidth-bound kernel for a few rows on CUDA);
+    an FP8 target's quantized layers through its FP8 matmul."""
+    if isinstance(layer, Fp8Linear):
+        out = backend.fp8_linear(x, layer.weight, layer.scale, layer.block)
+    else:
+        out = backend.linear(x, layer.weight)
     return out if layer.bias is None else out + layer.bias
 
 
-def _fused(*parts: nn.Linear) -> nn.Linear:
+def _fused(*parts: nn.Linear | Fp8Linear) -> nn.Linear | Fp8Linear:
     """One Linear whose output is the parts' outputs side by side (weights concatenated once)."""
+    if isinstance(parts[0], Fp8Linear):
+        return Fp8Linear.fused(parts)
     w = torch.cat([p.weight.detach() for p in parts])
     bias = parts[0].bias is not None
     with torch.device("meta"):  # no throwaway initialisation of a full-size weight
@@ -111,7 +118,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * d, cfg.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.qkv_proj: nn.Linear | None = None
+        self.qkv_proj: nn.Linear | Fp8Linear | None = None
 
     def fuse(self) -> None:
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)

@@ -146,12 +146,18 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.n_v))
         self.norm = GatedRMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(value_dim, cfg.hidden_size, bias=False)
-        self.in_proj: nn.Linear | None = None
+        self.in_proj: nn.Module | None = None
+        self.in_proj_gates: nn.Module | None = None
         self.fused_spec: GdnSpec | None = None
 
     def fuse(self) -> None:
-        """One projection `[mixed | z | b | a]` (the layout every backend reads), the spec kept."""
-        self.in_proj = _fused(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        """One projection `[mixed | z | b | a]` (the layout every backend reads), the spec kept. An
+        FP8 export keeps b and a in bf16: then they are a second, small projection beside it."""
+        parts = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        if all(type(p) is type(parts[0]) for p in parts):
+            self.in_proj = _fused(*parts)
+        else:
+            self.in_proj, self.in_proj_gates = _fused(*parts[:2]), _fused(*parts[2:])
         del self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a
         self.fused_spec = self.spec
 
@@ -175,7 +181,10 @@ class GatedDeltaNet(nn.Module):
     def project(self, x: Tensor, backend: Backend[Any, Any, Any]) -> Tensor:
         """x [T, hidden] -> [T, C + Hv Dv + 2 Hv]: mixed q|k|v, z, b, a."""
         if self.in_proj is not None:
-            return linear(self.in_proj, x, backend)
+            out = linear(self.in_proj, x, backend)
+            if self.in_proj_gates is None:
+                return out
+            return torch.cat([out, linear(self.in_proj_gates, x, backend)], dim=-1)
         return torch.cat(
             [self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)], dim=-1
         )

@@ -5,7 +5,26 @@ Each module exposes ``check(ctx: LintContext) -> list[Finding]`` and reads nothi
 
 from __future__ import annotations
 
-from drafter_config.rules import block, identity, layer_ids, layer_types, mask, shapes, spec, weights
+from drafter_config.rules import (
+    block,
+    identity,
+    layer_ids,
+    layer_types,
+    mask,
+    quantization,
+    shapes,
+    spec,
+    weights,
+)
 
 IDENTITY = identity.check
-RULES = (mask.check, layer_ids.check, layer_types.check, shapes.check, block.check, weights.check, spec.check)
+RULES = (
+    mask.check,
+    layer_ids.check,
+    layer_types.check,
+    shapes.check,
+    quantization.check,
+    block.check,
+    weights.check,
+    spec.check,
+)

@@ -95,6 +95,18 @@ def parse_gpu_query(text: str) -> list[dict[str, Any]]:
     return gpus
 
 
+FP8_CAPABILITY = (8, 9)  # e4m3 tensor cores: Ada, Hopper (sm_90), Blackwell (sm_100, sm_120) and newer
+
+
+def fp8_support(compute_caps: list[str]) -> str | None:
+    """Whether the GPUs multiply FP8 (e4m3) in their tensor cores, as `fab facts` shows it: FP8
+    checkpoints are served at full speed only there (elsewhere the runtime dequantizes them)."""
+    if not compute_caps:
+        return None
+    have = {tuple(int(p) for p in cap.split(".")) >= FP8_CAPABILITY for cap in compute_caps}
+    return "e4m3" if have == {True} else "no" if have == {False} else "mixed"
+
+
 def parse_cuda_version(text: str) -> str | None:
     """The CUDA version the driver supports, from `nvidia-smi --version` or plain `nvidia-smi`."""
     match = re.search(r"CUDA Version\s*:\s*(\d+\.\d+)", text)
@@ -227,7 +239,7 @@ def servable(host: dict[str, Any], env: dict[str, Any] | None, systems: dict[str
 def summary(
     host: dict[str, Any], env: dict[str, Any] | None, systems: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The row `fab facts` shows: GPU, capability, driver, CUDA, torch, triton, vllm, and which
+    """The row `fab facts` shows: GPU, capability, FP8 support, driver, CUDA, torch, triton, vllm, and which
     serving systems the host has (``systems``: the probe facts of each system's own venv)."""
     nvidia = host["nvidia"]
     gpus = nvidia["gpus"]
@@ -241,6 +253,7 @@ def summary(
     return {
         "gpu": f"{len(gpus)}x {', '.join(names)}" if gpus else None,
         "capability": ", ".join(sorted({f"sm_{g['compute_cap'].replace('.', '')}" for g in gpus})) or None,
+        "fp8": fp8_support([g["compute_cap"] for g in gpus]),
         "driver": nvidia["driver"],
         "cuda": nvidia["cuda"],
         "torch": version("torch"),

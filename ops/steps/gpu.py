@@ -182,6 +182,8 @@ def smoke_script(test: str) -> str:
             for f in resources.files("ddtree_kernels").iterdir()
             if f.name.endswith(".py")
         }
+        # the FP8 kernels' PyTorch reference is the runtime's (triton-free) CPU path: it travels too
+        sources["fp8_reference.py"] = resources.files("ddtree_runtime").joinpath("fp8.py").read_text()
         script = f"SOURCES = {dict(sorted(sources.items()))!r}\n{script}"
     return script
 

@@ -51,6 +51,11 @@ CASES = [
     ("rope-theta", {"drafter": mutated(Q36, rope_theta=1000000)}, "DFL043"),
     ("rms-eps", {"drafter": mutated(Q36, rms_norm_eps=1e-5)}, "DFL044"),
     ("max-position", {"drafter": mutated(Q36, max_position_embeddings=40960)}, "DFL045"),
+    (
+        "target-fp8-e5m2",
+        {"target": mutated(T35, quantization_config={"quant_method": "fp8", "fmt": "e5m2"})},
+        "DFL046",
+    ),
     ("block-missing", {"drafter": mutated(Q36, block_size=DELETE)}, "DFL050"),
     (
         "serve-tokens",

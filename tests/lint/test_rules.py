@@ -112,6 +112,12 @@ CASES = [
     ),
     ("rms-eps", {"drafter": mutated(Q3, rms_norm_eps=1e-5)}, "DFL044", "warning"),
     ("max-position", {"drafter": mutated(Q3, max_position_embeddings=4096)}, "DFL045", "warning"),
+    (
+        "target-awq",
+        {"target": mutated(corpus.qwen3_target(), quantization_config={"quant_method": "awq", "bits": 4})},
+        "DFL046",
+        "warning",
+    ),
     ("block-missing", {"drafter": mutated(Q3, block_size=DELETE)}, "DFL050", "error"),
     ("block-one", {"drafter": mutated(Q3, block_size=1)}, "DFL050", "error"),
     (

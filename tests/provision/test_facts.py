@@ -33,6 +33,13 @@ def test_gpu_query_blackwell_and_eight_gpus() -> None:
     assert [g["index"] for g in b200] == list(range(8)) and {g["compute_cap"] for g in b200} == {"10.0"}
 
 
+def test_fp8_support_by_compute_capability() -> None:
+    assert facts.fp8_support(["9.0"]) == facts.fp8_support(["12.0", "12.0"]) == "e4m3"
+    assert facts.fp8_support(["8.9", "10.0"]) == "e4m3"  # Ada and B200
+    assert facts.fp8_support(["8.0"]) == "no" and facts.fp8_support(["8.0", "9.0"]) == "mixed"
+    assert facts.fp8_support([]) is None
+
+
 @pytest.mark.parametrize(
     "text", ["NVIDIA H200, 9.0, 580.159.04", "NVIDIA H200, nine, 580.1, 1", "X, 9.0, abc, 1"]
 )
@@ -91,6 +98,7 @@ def test_python_probe_of_the_h200_and_the_facts_row() -> None:
     assert row == {
         "gpu": "1x NVIDIA H200",
         "capability": "sm_90",
+        "fp8": "e4m3",
         "driver": "580.159.04",
         "cuda": "13.0",
         "torch": "2.11.0",

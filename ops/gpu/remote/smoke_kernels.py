@@ -6,7 +6,8 @@ they are written to a temporary package first (``@triton.jit`` reads its functio
 Small shapes, but the attention cases reach every tile choice of the device's row in
 ``ddtree_kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
 ``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
-row and one entry per kernel: name, config, max error and tolerance, or the error.
+row and one entry per kernel: name, config, max error and tolerance, or the error. The FP8 cases
+run where the GPU has FP8 tensor cores (sm_89 and newer).
 """
 
 import json
@@ -186,6 +187,32 @@ def run_gdn_step(entry, k, torch, device):
     entry["max_error"], entry["tolerance"] = float((out.float() - want).abs().max()), 1e-3
 
 
+# (name, rows, per-channel?): the skinny kernel (<= 16 rows) and the GEMM, on both FP8 formats
+FP8_CASES = [
+    ("fp8 skinny block", 4, False),
+    ("fp8 skinny per-channel", 4, True),
+    ("fp8 gemm block", 40, False),
+    ("fp8 gemm per-channel", 40, True),
+]
+
+
+def run_fp8(entry, k, torch, device, rows, per_channel):
+    """An FP8 target's linear against the dequantized reference (128 x 128 blocks, or per channel)."""
+    g, ref = k["fp8_gemm"], k["fp8_reference"]
+    gen = torch.Generator().manual_seed(rows)
+    n, cols = 384, 512
+    block = (1, cols) if per_channel else (128, 128)
+    weight, scale = ref.quantize_weight(torch.randn(n, cols, generator=gen) * cols**-0.5, block)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x = torch.randn(rows, cols, generator=gen).to(dtype)
+    run = k["fp8_skinny"].fp8_skinny if rows <= 16 else g.fp8_gemm
+    entry["config"] = f"{rows} x {cols} by {n}, block {block[0]}x{block[1]}"
+    out = run(x.to(device), weight.to(device), scale.to(device), block)
+    want = ref.fp8_linear_reference(x.float(), weight, scale, block)
+    err = float(((out.float().cpu() - want).norm() / want.norm()).item())
+    entry["max_error"], entry["tolerance"] = err, 2e-2 if dtype == torch.bfloat16 else 1e-5
+
+
 def main():
     result = {"torch": None, "triton": None}
     try:
@@ -244,6 +271,9 @@ def import_kernels(tmp):
             "gdn_tree",
             "gdn_commit",
             "gdn_step",
+            "fp8_gemm",
+            "fp8_skinny",
+            "fp8_reference",
         )
     }
 
@@ -269,6 +299,11 @@ def run_kernels(k, torch, device):
             ("gdn_step", run_gdn_step),
         )
     ]
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9):  # FP8 tensor cores
+        cases += [
+            (name, lambda e, r=rows, c=per_channel: run_fp8(e, k, torch, device, r, c))
+            for name, rows, per_channel in FP8_CASES
+        ]
     kernels = []
     for name, run in cases:
         entry = {"name": name}

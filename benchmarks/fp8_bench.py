@@ -1,0 +1,214 @@
+"""FP8 targets on the GPU: the two FP8 kernels against bf16 and cuBLAS, and a Qwen3-8B-shaped FP8
+target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23's goals).
+
+1. Kernels, on Qwen3-8B's projection shapes (`skinny_matmul_bench.SHAPES`), each timed as a CUDA graph:
+   at T = 1 and 16 rows `fp8_skinny` (block 128 x 128 and per-channel scales) beside the bf16
+   `skinny_matmul`, cuBLAS bf16 (`F.linear`) and `torch._scaled_mm` (e4m3, row-wise scales, x already
+   quantized); at T = 65 and 257 `fp8_gemm` (its activation quantization included) beside cuBLAS bf16
+   and `torch._scaled_mm`. Each time is also given as a fraction of the FP8 weight-read floor
+   (N x K bytes at the measured copy bandwidth).
+2. The model: `roofline.random_pair` (Qwen3-8B target, 5-layer DFlash drafter, random weights), the
+   target's decoder projections quantized (`--fmt`), the embeddings, LM head and drafter in bf16.
+   At `--context` it times the `ar` step, `dflash` and `ddtree` B=64 rounds (`roofline.measure_context`,
+   whose `floor_ms` is the bf16 one) and the verify pass over 257 nodes, each against its FP8 floor:
+   matmul weights at 1 byte, LM head, KV cache and drafter at 2; FLOPs at the measured FP8
+   (`torch._scaled_mm`) and bf16 matmul rates.
+
+    python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
+        [--skip-kernels] [--skip-model]
+
+`--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
+minutes of GPU time in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.roofline import SHAPES as MODEL_SHAPES
+from benchmarks.roofline import Clock, measure_context, random_pair, verify_pass_ms
+from benchmarks.skinny_matmul_bench import SHAPES, graphed_ms
+from ddtree_kernels.fp8_gemm import act_quant, fp8_gemm
+from ddtree_kernels.fp8_skinny import fp8_skinny
+from ddtree_kernels.skinny_matmul import skinny_matmul
+from ddtree_runtime.engine import Engine
+from ddtree_runtime.fp8 import quantize_weight
+from ddtree_runtime.quant import Fp8Linear
+from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, pass_cost, round_floor_s
+
+BLOCKS = {"block": (128, 128), "channel": None}  # None: per-channel, (1, K)
+LEFT_IN_BF16 = ("in_proj_a", "in_proj_b")  # the hybrid's small DeltaNet projections, as exports keep them
+
+
+def quantize_linears(model: nn.Module, fmt: str) -> int:
+    """Every linear of the decoder layers (fused or not) as an Fp8Linear in `fmt`, in place; the
+    embeddings, LM head and what FP8 exports leave in bf16 stay. Returns the count."""
+    done = 0
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not name.startswith("layers.") or name.endswith(LEFT_IN_BF16):
+            continue
+        block = BLOCKS[fmt] or (1, module.in_features)
+        weight, scale = quantize_weight(module.weight.detach(), block)
+        with torch.device("meta"):
+            fp8 = Fp8Linear(module.in_features, module.out_features, block, module.bias is not None)
+        fp8.weight = nn.Parameter(weight, requires_grad=False)
+        fp8.scale = nn.Parameter(scale, requires_grad=False)
+        if module.bias is not None:
+            fp8.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        model.get_submodule(parent).register_module(child, fp8)
+        done += 1
+    torch.cuda.empty_cache()
+    return done
+
+
+def fp8_matmul_rate(device: torch.device) -> float:
+    """FLOP/s of an 8192^3 e4m3 `torch._scaled_mm` (row-wise scales), the FP8 compute ceiling."""
+    n = 8192
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.ones(n, 1, device=device), torch.ones(1, n, device=device)
+    ms = do_bench(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16), return_mode="median")
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def scaled_mm(x8: torch.Tensor, xs: torch.Tensor, w8: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    return torch._scaled_mm(x8, w8.t(), xs, ws.t().contiguous(), out_dtype=torch.bfloat16)
+
+
+def kernel_rows(ceil: Ceilings) -> list[dict]:
+    """Every kernel on every projection shape and row count, in µs and as a fraction of the floor."""
+    dev, rows = torch.device("cuda"), []
+    for name, (n, k) in SHAPES.items():
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        quant = {fmt: [quantize_weight(w, block or (1, k)) for w in w16] for fmt, block in BLOCKS.items()}
+        for t in (1, 16, 65, 257):
+            x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+            times = {"cublas_bf16": graphed_ms(F.linear, x, w16)}
+            if t <= 16:
+                times["skinny_bf16"] = graphed_ms(skinny_matmul, x, w16)
+            for fmt, block in BLOCKS.items():
+                kernel = fp8_skinny if t <= 16 else fp8_gemm
+                pairs = quant[fmt]
+                times[f"fp8_{fmt}"] = graphed_ms(
+                    lambda x, i, kernel=kernel, pairs=pairs, b=block or (1, k): kernel(x, *pairs[i], b),
+                    x,
+                    list(range(4)),
+                )
+            padded = F.pad(x, (0, 0, 0, -t % 16))  # cuBLAS's FP8 GEMM wants rows in multiples of 16
+            x8, xs = act_quant(padded, k)
+            channel = quant["channel"]
+            try:
+                times["scaled_mm"] = graphed_ms(
+                    lambda x8, i, xs=xs, channel=channel: scaled_mm(x8, xs, *channel[i]), x8, list(range(4))
+                )
+            except RuntimeError as exc:
+                times["scaled_mm"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+            floor_ms = n * k / ceil.copy_bytes_per_s * 1e3
+            row = {"shape": name, "N": n, "K": k, "T": t, "fp8_floor_us": round(floor_ms * 1e3, 1)}
+            for key, ms in times.items():
+                if isinstance(ms, str):
+                    row[f"{key}_us"] = ms
+                else:
+                    row[f"{key}_us"], row[f"{key}_x_floor"] = round(ms * 1e3, 1), round(ms / floor_ms, 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) -> float:
+    """One target pass over `rows` new rows (`roofline.pass_cost`, dense or hybrid) with its decoder
+    matmul weights at 1 byte and their FLOPs at the FP8 rate; LM head, embeddings, KV cache and
+    recurrent states as in bf16."""
+    nbytes, flops = pass_cost(cfg, rows, context, rows)
+    matmul = matmul_params(cfg)
+    nbytes -= matmul  # 1 byte per FP8 weight instead of 2
+    compute = (flops - 2 * rows * matmul) / ceil.matmul_flops_per_s + 2 * rows * matmul / fp8_rate
+    return 1e3 * max(nbytes / ceil.copy_bytes_per_s, compute)
+
+
+def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: int, new_tokens: int) -> dict:
+    device = torch.device("cuda")
+    target, drafter = random_pair(shape, device, torch.bfloat16, small=False)
+    count = quantize_linears(target, fmt)
+    weights = sum(t.numel() * t.element_size() for t in target.parameters())
+    engine = Engine(target, drafter, context + 1024)
+    engine.warmup(["ar", "dflash", "ddtree"], [64], max_prompt=64)
+    tcfg = target.config
+    rows = measure_context(engine, ceil, context, [64], new_tokens)
+    for row in rows:  # the FP8 floors: the target pass over the verified rows, plus the bf16 drafter
+        verified = {"ar": 1, "dflash": drafter.config.block_size, "ddtree": (row["budget"] or 0) + 1}
+        floor = fp8_floor_ms(ceil, fp8_rate, tcfg, verified[row["mode"]], context)
+        if row["mode"] != "ar":
+            floor += (
+                1e3
+                * round_floor_s(ceil, tcfg, drafter.config, row["mode"], row["budget"] or 1, context)[
+                    "drafter"
+                ]
+            )
+        row["fp8_floor_ms"], row["x_fp8_floor"] = round(floor, 3), round(row["round_ms"] / floor, 2)
+    verify_ms = verify_pass_ms(engine, Clock(device), context, 257)
+    verify_floor = fp8_floor_ms(ceil, fp8_rate, tcfg, 257, context)
+    ar = next(r for r in rows if r["mode"] == "ar")
+    ddtree = next(r for r in rows if r["mode"] == "ddtree")
+    summary = {
+        "fmt": fmt,
+        "shape": shape,
+        "fp8_linears": count,
+        "target_weight_gib": round(weights / 2**30, 2),
+        "context": context,
+        "ar_step_ms": ar["round_ms"],
+        "ar_x_fp8_floor": ar["x_fp8_floor"],
+        "goal_ar": "<= 1.3",
+        "verify_257_ms": round(verify_ms, 3),
+        "verify_257_fp8_floor_ms": round(verify_floor, 3),
+        "verify_257_x_fp8_floor": round(verify_ms / verify_floor, 2),
+        "goal_verify": "<= 1.5",
+        "ddtree64_round_ms": ddtree["round_ms"],
+        "ddtree64_x_ar_step": round(ddtree["round_ms"] / ar["round_ms"], 2),
+        "goal_ddtree64": "<= 1.3 x ar",
+        "rows": rows,
+    }
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--fmt", choices=list(BLOCKS), default="block")
+    p.add_argument("--shape", choices=sorted(MODEL_SHAPES), default="qwen3-8b")
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--skip-kernels", action="store_true")
+    p.add_argument("--skip-model", action="store_true")
+    p.add_argument("--json", help="write everything here")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    ceil = measure_ceilings(device)
+    fp8_rate = fp8_matmul_rate(device)
+    print(
+        f"{torch.cuda.get_device_name(device)}: copy {ceil.copy_bytes_per_s / 1e12:.2f} TB/s, bf16 matmul "
+        f"{ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, fp8 matmul {fp8_rate / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
+    if not args.skip_kernels:
+        out["kernels"] = kernel_rows(ceil)
+    if not args.skip_model:
+        out["model"] = model_rows(ceil, fp8_rate, args.fmt, args.shape, args.context, args.new_tokens)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

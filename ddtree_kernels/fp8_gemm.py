@@ -1,0 +1,228 @@
+"""Block-scaled FP8 GEMM: ``x @ W.T`` for the rows of a verify pass or a prefill, on FP8 tensor cores.
+
+The FP8 linear of the checkpoints we serve (fine-grained quantization, DeepSeek-V3, arXiv 2412.19437,
+as Qwen's FP8 releases and llm-compressor's FP8_DYNAMIC store it): the weight ``W [N, K]`` is e4m3
+with one fp32 scale per ``(block_n, block_k)`` block, ``W = W8 * S_w[n // block_n, k // block_k]``;
+activations are quantized on the fly, per row and per group of ``block_k`` columns (one group per
+row when the weight has per-channel scales, ``block_k >= K``):
+
+    s_x[t, g] = max(|x[t, group g]|, 1e-10) / 448,    x8 = e4m3(x / s_x)   (round to nearest even)
+    out[t, n] = sum_g s_x[t, g] * S_w[n // block_n, g] * sum_{k in g} x8[t, k] * W8[n, k]
+
+The inner sums are exact products of e4m3 values accumulated in fp32 by the tensor cores; the
+scales are applied once per group. ``_act_quant_kernel`` writes x8 and s_x (one program per row and
+group); ``_fp8_gemm_kernel`` then tiles ``[BLOCK_M, BLOCK_N]`` of the output and walks K in
+``BLOCK_K = block_k`` steps (groups are tiles), or, with per-row groups, accumulates the whole row
+unscaled and scales once at the end. ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the
+same function for <= 16 rows without the separate quantization pass.
+
+The e4m3 rounding is done in fp32 arithmetic (``_round_e4m3``), so the final cast is exact on every
+backend: Triton's CPU interpreter rounds fp32 -> e4m3 wrongly where the mantissa carries into the
+next binade (7.77 becomes 4, not 8). The PyTorch reference is ``ddtree_runtime/fp8.py`` (the
+runtime's CPU path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ddtree_kernels.host import cdiv, next_pow2
+from ddtree_kernels.precision import dot, dot_precision
+
+QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _round_e4m3(x, scale):
+    """e4m3(x / scale) with round-to-nearest-even and saturation at 448, done exactly in fp32."""
+    v = tl.math.div_rn(x, scale)
+    a = tl.minimum(tl.abs(v), 448.0)
+    exponent = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # subnormals: 2^-6
+    quantum = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
+    inverse = ((127 + 3 - exponent) << 23).to(tl.float32, bitcast=True)
+    rounded = ((a * inverse + 12582912.0) - 12582912.0) * quantum  # 1.5 * 2^23: rint, ties to even
+    return tl.where(v < 0, -rounded, rounded).to(tl.float8e4nv)
+
+
+@triton.jit
+def _group_scale(amax):
+    return tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
+
+
+@triton.jit
+def _act_quant_kernel(
+    X, Q, S, stride_x, stride_q, stride_s, n_cols, group, BLOCK: tl.constexpr, STEPS: tl.constexpr
+):
+    row = tl.program_id(0)
+    g = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    start = g * group
+    end = tl.minimum(start + group, n_cols)
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for step in tl.static_range(STEPS):
+        cols = start + step * BLOCK + offs
+        x = tl.load(X + row * stride_x + cols, mask=cols < end, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = _group_scale(tl.max(amax, axis=0))
+    for step in tl.static_range(STEPS):
+        cols = start + step * BLOCK + offs
+        ok = cols < end
+        x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Q + row * stride_q + cols, _round_e4m3(x, scale), mask=ok)
+    tl.store(S + row * stride_s + g, scale)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    A,
+    A_SCALE,
+    W,
+    W_SCALE,
+    OUT,
+    stride_am,
+    stride_as,
+    stride_wn,
+    stride_ws,
+    stride_om,
+    n_rows,
+    n_cols,
+    k_total,
+    block_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PER_ROW: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # programs walk M fastest: the row tiles that share a weight tile run together, so W is read
+    # from memory about once
+    num_m = tl.cdiv(n_rows, BLOCK_M)
+    pid_m = tl.program_id(0) % num_m
+    pid_n = tl.program_id(0) // num_m
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, k_total, BLOCK_K):
+        kk = k + offs_k
+        k_ok = kk < k_total
+        a = tl.load(
+            A + rows[:, None] * stride_am + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        w = tl.load(
+            W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        if PER_ROW:
+            acc = dot(a, tl.trans(w), PRECISION, acc)
+        else:
+            g = k // BLOCK_K
+            a_s = tl.load(A_SCALE + rows * stride_as + g, mask=row_ok, other=0.0)
+            w_s = tl.load(w_scale_row + g, mask=col_ok, other=0.0)
+            acc += dot(a, tl.trans(w), PRECISION) * a_s[:, None] * w_s[None, :]
+    if PER_ROW:
+        a_s = tl.load(A_SCALE + rows * stride_as, mask=row_ok, other=0.0)
+        w_s = tl.load(w_scale_row, mask=col_ok, other=0.0)
+        acc = acc * a_s[:, None] * w_s[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    tl.store(OUT + rows[:, None] * stride_om + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+def check_fp8_operands(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> None:
+    """The layout both FP8 kernels read; a RuntimeError with the actual shapes otherwise."""
+    n, k = weight.shape
+    bn, bk = block
+    want_scale = (cdiv(n, bn), cdiv(k, bk))
+    if (
+        x.dim() != 2
+        or x.shape[1] != k
+        or weight.dtype != torch.float8_e4m3fn
+        or scale.dtype != torch.float32
+        or tuple(scale.shape) != want_scale
+        or (bk < k and bk not in (32, 64, 128, 256))
+        or weight.stride(1) != 1
+        or scale.stride(1) != 1
+    ):
+        raise RuntimeError(
+            f"FP8 matmul wants x [T, K], an e4m3 weight [N, K] and fp32 scales [ceil(N / block_n), "
+            f"ceil(K / block_k)] with block_k 32..256 or >= K; got x {tuple(x.shape)}, weight "
+            f"{tuple(weight.shape)} {weight.dtype}, scale {tuple(scale.shape)} {scale.dtype}, block {block}"
+        )
+
+
+def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """x [T, K] -> (x8 e4m3 [T, K], s_x fp32 [T, ceil(K / group)]), per row and group of columns."""
+    t, k = x.shape
+    x = x.contiguous()
+    groups = cdiv(k, group)
+    width = min(group, k)
+    block = min(QUANT_BLOCK, max(16, next_pow2(width)))
+    q = torch.empty(t, k, device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty(t, groups, device=x.device, dtype=torch.float32)
+    _act_quant_kernel[(t, groups)](
+        x, q, s, x.stride(0), q.stride(0), s.stride(0), k, width, BLOCK=block, STEPS=cdiv(width, block)
+    )
+    return q, s
+
+
+def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
+    """Tiles by architecture: 128 x 128 on sm_90/sm_100 (232 KB of shared memory), 64 x 128 on
+    sm_120 and elsewhere (99 KB; 8 warps: with 4 the block-scaled tile spills on sm_120, see
+    ARCH.md); 64-row tiles while a 128-row tile would be mostly padding."""
+    big = capability is not None and capability[0] in (9, 10)
+    if big and rows > 64:
+        return GemmConfig(128, 128, 8, 4)
+    return GemmConfig(64, 128, 4, 4) if big else GemmConfig(64, 128, 8, 3)
+
+
+def fp8_gemm(
+    x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int], config: GemmConfig | None = None
+) -> Tensor:
+    """x [T, K] (bf16/fp16/fp32) times the FP8 weight [N, K] transposed: [T, N] in x's dtype."""
+    check_fp8_operands(x, weight, scale, block)
+    t, k = x.shape
+    n = weight.shape[0]
+    per_row = block[1] >= k
+    a, a_scale = act_quant(x, k if per_row else block[1])
+    cap = torch.cuda.get_device_capability(x.device) if x.device.type == "cuda" else None
+    cfg = config or gemm_config(t, cap)
+    out = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n),)](
+        a,
+        a_scale,
+        weight,
+        scale,
+        out,
+        a.stride(0),
+        a_scale.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        out.stride(0),
+        t,
+        n,
+        k,
+        block[0],
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=128 if per_row else block[1],
+        PER_ROW=per_row,
+        PRECISION=dot_precision(torch.float8_e4m3fn),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out

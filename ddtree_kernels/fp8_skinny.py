@@ -1,0 +1,153 @@
+"""Skinny FP8 matmul: the FP8 linear of ``ddtree_kernels/fp8_gemm.py`` for a few rows, at bandwidth.
+
+Decode, a chain's verify and the rows of a small tree are matrix-vector products in disguise: the
+whole e4m3 weight ``W8 [N, K]`` (half the bytes of bf16) streams through once and almost no
+arithmetic happens per byte. cuBLAS's FP8 GEMM (``torch._scaled_mm``) is no faster than the bf16
+matmul there (benchmarks/RESULTS.md), so this kernel streams the weight itself, as
+``ddtree_kernels/skinny_matmul.py`` does for bf16: one program owns ``BLOCK_N`` output columns and
+walks K in ``BLOCK_K`` steps, each step loading a ``[BLOCK_N, BLOCK_K]`` tile of W8 and the
+``[16, BLOCK_K]`` tile of x (rows past T masked to zero). The activations are quantized in
+registers, per row and per ``block_k`` group (one group = one step) or, with per-channel weight
+scales, per row over the whole of K (a first pass over x finds each row's amax). The fp8 tile
+product accumulates in fp32 and is scaled by the row's and the block's scales once per group, so
+the result is the GEMM's. When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
+whose fp32 partials ``skinny_matmul``'s second kernel sums. Its reference is
+``fp8_gemm.fp8_linear_reference``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ddtree_kernels.fp8_gemm import _group_scale, _round_e4m3, check_fp8_operands
+from ddtree_kernels.host import cdiv, num_sms
+from ddtree_kernels.precision import dot, dot_precision
+from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, _sum_splits_kernel
+from ddtree_kernels.skinny_matmul import default_config as bf16_config
+
+
+@triton.jit
+def _fp8_skinny_kernel(
+    X,
+    W,
+    W_SCALE,
+    OUT,
+    PART,
+    stride_xt,
+    stride_wn,
+    stride_ws,
+    stride_ot,
+    n_rows,
+    n_cols,
+    k_total,
+    k_per_split,
+    block_n,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PER_ROW: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = tl.arange(0, 16)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = rows < n_rows
+    col_ok = cols < n_cols
+    w_scale_row = W_SCALE + (cols // block_n) * stride_ws
+    x_scale = tl.zeros([16], dtype=tl.float32)
+    if PER_ROW:  # each row's scale covers all of K: its amax first (x is a few KB, from L2)
+        amax = tl.zeros([16], dtype=tl.float32)
+        for k in range(0, k_total, BLOCK_K):
+            kk = k + offs_k
+            x = tl.load(
+                X + rows[:, None] * stride_xt + kk[None, :],
+                mask=row_ok[:, None] & (kk < k_total)[None, :],
+                other=0.0,
+            )
+            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
+        x_scale = _group_scale(amax)
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    k0 = split * k_per_split
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
+        kk = k + offs_k
+        k_ok = kk < k_total
+        x = tl.load(
+            X + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        ).to(tl.float32)
+        w = tl.load(
+            W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        if PER_ROW:
+            acc = dot(_round_e4m3(x, x_scale[:, None]), tl.trans(w), PRECISION, acc)
+        else:  # one step is one group of block_k columns
+            x_scale = _group_scale(tl.max(tl.abs(x), axis=1))
+            w_s = tl.load(w_scale_row + k // BLOCK_K, mask=col_ok, other=0.0)
+            part = dot(_round_e4m3(x, x_scale[:, None]), tl.trans(w), PRECISION)
+            acc += part * x_scale[:, None] * w_s[None, :]
+    if PER_ROW:
+        acc = acc * x_scale[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT:
+        tl.store(PART + split * 16 * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
+    else:
+        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+
+
+def default_config(n: int, k: int, block_k: int, sms: int) -> SkinnyConfig:
+    """The bf16 kernel's grid (columns, then K splits) with K steps of one activation group
+    (``block_k``, or 128 with per-row groups), so that no split cuts a group."""
+    cfg = bf16_config(n, k, sms)
+    return replace(cfg, block_k=block_k if block_k < k else 128)
+
+
+def fp8_skinny(
+    x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int], config: SkinnyConfig | None = None
+) -> Tensor:
+    """x [T, K] (T <= 16) times the FP8 weight [N, K] transposed: [T, N] in x's dtype."""
+    check_fp8_operands(x, weight, scale, block)
+    t, k = x.shape
+    n = weight.shape[0]
+    if t > MAX_ROWS or x.stride(1) != 1:
+        raise RuntimeError(f"fp8_skinny wants x [T <= {MAX_ROWS}, K] with a unit last stride, got {x.shape}")
+    per_row = block[1] >= k
+    cfg = config or default_config(n, k, block[1], num_sms(x.device))
+    if not per_row and cfg.block_k != block[1]:
+        raise RuntimeError(f"fp8_skinny steps one group at a time: block_k {cfg.block_k} != {block[1]}")
+    out = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
+        x,
+        weight,
+        scale,
+        out,
+        part,
+        x.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        out.stride(0),
+        t,
+        n,
+        k,
+        k_per_split,
+        block[0],
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        PER_ROW=per_row,
+        SPLIT=cfg.split_k > 1,
+        PRECISION=dot_precision(torch.float8_e4m3fn),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        _sum_splits_kernel[(t, cdiv(n, 1024))](
+            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
+        )
+    return out

@@ -1,0 +1,55 @@
+"""FP8 (e4m3, block-scaled) linears in PyTorch: the CPU path of FP8 targets, the reference of the
+FP8 kernels (``ddtree_kernels/fp8_gemm.py``, ``fp8_skinny.py``: the maths is in their docstring),
+and the quantization that writes checkpoints. No Triton: an FP8 target runs on any machine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+E4M3_MAX = 448.0
+SCALE_FLOOR = 1e-10  # an all-zero group gets this amax: its scale stays finite and x8 = 0
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def act_quant_reference(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    """What ``act_quant`` computes: (x8 e4m3 [T, K], s_x fp32 [T, ceil(K / group)])."""
+    t, k = x.shape
+    groups = cdiv(k, group)
+    padded = F.pad(x.float(), (0, groups * group - k)).view(t, groups, group)
+    scale = padded.abs().amax(dim=-1).clamp(min=SCALE_FLOOR) / E4M3_MAX  # [T, G]
+    q = (padded / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(t, groups * group)[:, :k], scale
+
+
+def dequantize_weight(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """The fp32 weight [N, K] an FP8 weight and its block scales stand for."""
+    n, k = weight.shape
+    rows = scale.repeat_interleave(block[0], dim=0)[:n]
+    return weight.float() * rows.repeat_interleave(min(block[1], k), dim=1)[:, :k]
+
+
+def fp8_linear_reference(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
+    """The FP8 linear of any number of rows, dequantized and multiplied in fp32: [T, N] in x's dtype."""
+    k = weight.shape[1]
+    group = min(block[1], k)
+    q, s = act_quant_reference(x.reshape(-1, k), group)
+    xs = q.float() * s.repeat_interleave(group, dim=1)[:, :k]
+    out = F.linear(xs, dequantize_weight(weight, scale, block))
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def quantize_weight(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """A weight [N, K] as e4m3 with one fp32 scale per block (amax / 448): how checkpoints are made."""
+    n, k = weight.shape
+    bn, bk = block[0], min(block[1], k)
+    gn, gk = cdiv(n, bn), cdiv(k, bk)
+    padded = F.pad(weight.float(), (0, gk * bk - k, 0, gn * bn - n)).view(gn, bn, gk, bk)
+    scale = padded.abs().amax(dim=(1, 3)).clamp(min=SCALE_FLOOR) / E4M3_MAX  # [gn, gk]
+    q = (padded / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.view(gn * bn, gk * bk)[:n, :k].contiguous(), scale
