@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
 from ops.runner import run_playbook
@@ -51,6 +53,7 @@ def fab_play(playbook: Path, inventory: Path, results: Path) -> subprocess.Popen
     )
 
 
+@pytest.mark.slow
 def test_a_frozen_host_fails_alone_and_the_run_ends_with_its_summary(sshd_hosts, make_inventory, tmp_path):
     h1, h2 = sshd_hosts(2)  # connect_timeout 3: keepalives every 3 s, answered within 6 s
     book = tmp_path / "stuck.yaml"

@@ -59,6 +59,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_half_open_connections_never_keep_health_from_answering(
     guarded_server: Server, main_server: Server
 ) -> None:
