@@ -852,7 +852,8 @@ def fp8_specs(cc: int) -> list[Spec]:
         cfg = fp8_skinny.default_config(n, k, block[1], SMS[cc])
         per_row = block[1] >= k
         w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))
-        xs, out = _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
+        xs, out = _empty(16, k, dtype=e4m3), _empty(16, n, dtype=bf16)
+        x_scale = _empty(16, 1 if per_row else cdiv(k, block[1]))
         part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
         found.append(
             Spec(
@@ -862,12 +863,14 @@ def fp8_specs(cc: int) -> list[Spec]:
                 cc,
                 fp8_skinny._fp8_skinny_kernel,
                 dict(
-                    X=xs,
+                    X8=xs,
+                    X_SCALE=x_scale,
                     W=w,
                     W_SCALE=scale,
                     OUT=out,
                     PART=part,
                     stride_xt=k,
+                    stride_xs=x_scale.stride(0),
                     stride_wn=k,
                     stride_ws=scale.stride(0),
                     stride_ot=n,

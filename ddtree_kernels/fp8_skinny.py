@@ -6,13 +6,14 @@ arithmetic happens per byte. cuBLAS's FP8 GEMM (``torch._scaled_mm``) is no fast
 matmul there (benchmarks/RESULTS.md), so this kernel streams the weight itself, as
 ``ddtree_kernels/skinny_matmul.py`` does for bf16: one program owns ``BLOCK_N`` output columns and
 walks K in ``BLOCK_K`` steps, each step loading a ``[BLOCK_N, BLOCK_K]`` tile of W8 and the
-``[16, BLOCK_K]`` tile of x (rows past T masked to zero). The activations are quantized in
-registers, per row and per ``block_k`` group (one group = one step) or, with per-channel weight
-scales, per row over the whole of K (a first pass over x finds each row's amax). The fp8 tile
+``[16, BLOCK_K]`` tile of x8 (rows past T masked to zero). The activations are quantized once
+before it (``fp8_gemm.act_quant``: per row and ``block_k`` group, one group = one step, or per row
+over the whole of K with per-channel weight scales), not in every program: quantizing x in
+registers in each of the ~300 programs cost 5-20x the weight stream on the H200. The fp8 tile
 product accumulates in fp32 and is scaled by the row's and the block's scales once per group, so
 the result is the GEMM's. When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
 whose fp32 partials ``skinny_matmul``'s second kernel sums. Its reference is
-``fp8_gemm.fp8_linear_reference``.
+``ddtree_runtime/fp8.py``'s ``fp8_linear_reference``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.fp8_gemm import _group_scale, _round_e4m3, check_fp8_operands
+from ddtree_kernels.fp8_gemm import act_quant, check_fp8_operands
 from ddtree_kernels.host import cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, _sum_splits_kernel
@@ -33,12 +34,14 @@ from ddtree_kernels.skinny_matmul import default_config as bf16_config
 
 @triton.jit
 def _fp8_skinny_kernel(
-    X,
+    X8,
+    X_SCALE,
     W,
     W_SCALE,
     OUT,
     PART,
     stride_xt,
+    stride_xs,
     stride_wn,
     stride_ws,
     stride_ot,
@@ -61,38 +64,26 @@ def _fp8_skinny_kernel(
     row_ok = rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws
-    x_scale = tl.zeros([16], dtype=tl.float32)
-    if PER_ROW:  # each row's scale covers all of K: its amax first (x is a few KB, from L2)
-        amax = tl.zeros([16], dtype=tl.float32)
-        for k in range(0, k_total, BLOCK_K):
-            kk = k + offs_k
-            x = tl.load(
-                X + rows[:, None] * stride_xt + kk[None, :],
-                mask=row_ok[:, None] & (kk < k_total)[None, :],
-                other=0.0,
-            )
-            amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-        x_scale = _group_scale(amax)
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < k_total
-        x = tl.load(
-            X + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
-        ).to(tl.float32)
+        x8 = tl.load(
+            X8 + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
         w = tl.load(
             W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
         )
         if PER_ROW:
-            acc = dot(_round_e4m3(x, x_scale[:, None]), tl.trans(w), PRECISION, acc)
+            acc = dot(x8, tl.trans(w), PRECISION, acc)
         else:  # one step is one group of block_k columns
-            x_scale = _group_scale(tl.max(tl.abs(x), axis=1))
+            x_s = tl.load(X_SCALE + rows * stride_xs + k // BLOCK_K, mask=row_ok, other=0.0)
             w_s = tl.load(w_scale_row + k // BLOCK_K, mask=col_ok, other=0.0)
-            part = dot(_round_e4m3(x, x_scale[:, None]), tl.trans(w), PRECISION)
-            acc += part * x_scale[:, None] * w_s[None, :]
+            acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
     if PER_ROW:
-        acc = acc * x_scale[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
+        x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
+        acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
         tl.store(PART + split * 16 * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
@@ -120,16 +111,19 @@ def fp8_skinny(
     cfg = config or default_config(n, k, block[1], num_sms(x.device))
     if not per_row and cfg.block_k != block[1]:
         raise RuntimeError(f"fp8_skinny steps one group at a time: block_k {cfg.block_k} != {block[1]}")
+    x8, x_scale = act_quant(x, k if per_row else block[1])  # once, not in every program
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
-        x,
+        x8,
+        x_scale,
         weight,
         scale,
         out,
         part,
-        x.stride(0),
+        x8.stride(0),
+        x_scale.stride(0),
         weight.stride(0),
         scale.stride(0),
         out.stride(0),
