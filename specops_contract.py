@@ -81,6 +81,22 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),
     "served_model_name": ServeOption(str, "model id clients send (default: --target as given)"),
+    "api_key": ServeOption(
+        str,
+        "bearer token clients must send on /v1/* (as vLLM's; put SPECOPS_SERVE_API_KEY in the env file "
+        "instead: a flag is visible in the process list)",
+    ),
+    "api_key_routes": ServeOption(
+        str,
+        "v1: the API key guards /v1/* only, /health and /metrics stay open; all",
+        "v1",
+        choices=("v1", "all"),
+    ),
+    "header_timeout": ServeOption(float, "seconds a connection may take to send its request headers", 10.0),
+    "max_connections": ServeOption(
+        int,
+        "open connections kept; past it the longest idle is closed (default: what the open-file limit allows)",
+    ),
 }
 # What `fab deploy` assumes when the inventory's `serve` mapping leaves a key out.
 SERVE_DEFAULTS: dict[str, Any] = {

@@ -7,9 +7,13 @@ live under `dflash_config` with top-level keys as the fallback (as the reference
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from drafter_config.bounds import LAYERS, out_of_range
+from drafter_config.source import MAX_JSON_BYTES
 
 
 class ConfigError(ValueError):
@@ -17,15 +21,27 @@ class ConfigError(ValueError):
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """Parse a JSON file, naming the file and line on failure."""
+    """Parse a JSON object file, naming the file and line on failure. Checkpoint files come from
+    the internet: only a regular file of at most MAX_JSON_BYTES is read (not a link to /dev/zero)."""
     try:
-        return json.loads(path.read_text())
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
+            raise ConfigError(
+                f"{path}: not a regular file of at most {MAX_JSON_BYTES} bytes (fix: point at the real file)"
+            )
+        data = json.loads(path.read_bytes().decode("utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(
             f"{path}: missing (fix: point at a checkpoint directory with a config.json)"
         ) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else "not UTF-8"
+        raise ConfigError(f"{path}: invalid JSON: {why} (fix: re-download the file)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a JSON {type(data).__name__}, not an object (fix: re-download the file)")
+    return data
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
@@ -44,6 +60,18 @@ def _require(raw: dict[str, Any], key: str, path: Path) -> Any:
     if key not in raw:
         raise ConfigError(f"{path}: missing field {key!r} (fix: add it; it is part of the HF config)")
     return raw[key]
+
+
+def _size(raw: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
+    """A size from the config (else ``default``; none: the field is required), within the range
+    every checkpoint must keep (``drafter_config/bounds.py``), checked before anything is built."""
+    value = raw.get(key)
+    if value is None:
+        value = _require(raw, key, path) if default is None else default
+    why = out_of_range(key, value)
+    if why is not None:
+        raise ConfigError(f"{path}: {why} (fix: correct {key}; this checkpoint cannot be served)")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -79,9 +107,9 @@ class Qwen3Config:
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"{path}: hidden_act {act!r} is not supported (fix: Qwen3 uses 'silu')")
-        heads = int(_require(raw, "num_attention_heads", path))
-        hidden = int(_require(raw, "hidden_size", path))
-        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        heads = _size(raw, "num_attention_heads", path)
+        hidden = _size(raw, "hidden_size", path)
+        kv_heads = _size(raw, "num_key_value_heads", path, heads)
         if heads % kv_heads:
             raise ConfigError(
                 f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
@@ -89,16 +117,16 @@ class Qwen3Config:
         eos = raw.get("eos_token_id")
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         return cls(
-            vocab_size=int(_require(raw, "vocab_size", path)),
+            vocab_size=_size(raw, "vocab_size", path),
             hidden_size=hidden,
-            intermediate_size=int(_require(raw, "intermediate_size", path)),
-            num_hidden_layers=int(_require(raw, "num_hidden_layers", path)),
+            intermediate_size=_size(raw, "intermediate_size", path),
+            num_hidden_layers=_size(raw, "num_hidden_layers", path),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=_size(raw, "head_dim", path, max(1, hidden // heads)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(raw, path),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+            max_position_embeddings=_size(raw, "max_position_embeddings", path, 32768),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)),
             eos_token_ids=eos_ids,
@@ -166,10 +194,10 @@ class Qwen3_5Config:
             raise ConfigError(f"{path}: hidden_act {act!r} is not supported (fix: Qwen3.5 uses 'silu')")
         # mrope sections only matter for images: a text position is the same on all three axes.
         params = text.get("rope_parameters") or {}
-        layers = int(_require(text, "num_hidden_layers", path))
+        layers = _size(text, "num_hidden_layers", path)
         types = text.get("layer_types")
         if types is None:
-            interval = int(text.get("full_attention_interval", 4))
+            interval = _size(text, "full_attention_interval", path, 4)
             types = [
                 "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
             ]
@@ -178,9 +206,10 @@ class Qwen3_5Config:
                 f"{path}: layer_types must list {layers} entries of {' or '.join(LAYER_KINDS)} "
                 f"(fix: one kind per layer), got {types}"
             )
-        heads = int(_require(text, "num_attention_heads", path))
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        lin_k, lin_v = int(text.get("linear_num_key_heads", 16)), int(text.get("linear_num_value_heads", 32))
+        heads = _size(text, "num_attention_heads", path)
+        kv_heads = _size(text, "num_key_value_heads", path, heads)
+        lin_k = _size(text, "linear_num_key_heads", path, 16)
+        lin_v = _size(text, "linear_num_value_heads", path, 32)
         for a, b, what in (
             (heads, kv_heads, "num_attention_heads/num_key_value_heads"),
             (lin_v, lin_k, "linear_num_value_heads/linear_num_key_heads"),
@@ -190,25 +219,25 @@ class Qwen3_5Config:
         eos = text.get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
         return cls(
-            vocab_size=int(_require(text, "vocab_size", path)),
-            hidden_size=int(_require(text, "hidden_size", path)),
-            intermediate_size=int(_require(text, "intermediate_size", path)),
+            vocab_size=_size(text, "vocab_size", path),
+            hidden_size=_size(text, "hidden_size", path),
+            intermediate_size=_size(text, "intermediate_size", path),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=int(text.get("head_dim", 256)),
+            head_dim=_size(text, "head_dim", path, 256),
             layer_types=tuple(types),
             linear_num_key_heads=lin_k,
             linear_num_value_heads=lin_v,
-            linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
-            linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
-            linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+            linear_key_head_dim=_size(text, "linear_key_head_dim", path, 128),
+            linear_value_head_dim=_size(text, "linear_value_head_dim", path, 128),
+            linear_conv_kernel_dim=_size(text, "linear_conv_kernel_dim", path, 4),
             partial_rotary_factor=float(
                 params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
             ),
             rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(text, path),
-            max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+            max_position_embeddings=_size(text, "max_position_embeddings", path, 32768),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             attention_bias=bool(text.get("attention_bias", False)),
             eos_token_ids=eos_ids,
@@ -260,7 +289,11 @@ class DFlashConfig:
 
         layers = Qwen3Config.from_dict({**raw, "model_type": "qwen3"}, path)
         n_layers = layers.num_hidden_layers
-        num_target = int(value("num_target_layers", 0))
+
+        def size(name: str, default: int | None = None) -> int:
+            return _size({name: value(name)}, name, path, default)
+
+        num_target = 0 if value("num_target_layers") is None else size("num_target_layers")
         ids = value("target_layer_ids")
         if ids is None:
             if not num_target:
@@ -286,8 +319,9 @@ class DFlashConfig:
             )
         # transformers (and so the reference drafter) drops the window unless use_sliding_window is
         # set; sliding layers without one are then plain causal layers.
-        window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
-        block = int(value("block_size", 16))
+        sliding = raw.get("use_sliding_window") and raw.get("sliding_window") is not None
+        window = _size(raw, "sliding_window", path) if sliding else None
+        block = size("block_size", 16)
         if block < 2:
             raise ConfigError(f"{path}: block_size {block} leaves no draft positions (fix: block_size >= 2)")
         causal = raw.get("is_causal")
@@ -295,11 +329,11 @@ class DFlashConfig:
         return cls(
             layers=layers,
             block_size=block,
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in ids),
+            mask_token_id=_token_id(mask, layers.vocab_size, path),
+            target_layer_ids=tuple(_token_id(i, num_target or LAYERS, path, "target_layer_ids") for i in ids),
             num_target_layers=num_target,
             layer_types=types,
-            sliding_window=int(window) if window else None,
+            sliding_window=window,
             is_causal=None if causal is None else bool(causal),
             input_embedding_scale=float(value("input_embedding_scale", 1.0)),
             output_multiplier=float(value("output_multiplier", 1.0)),
@@ -310,6 +344,15 @@ class DFlashConfig:
     def from_dir(cls, directory: str | Path) -> DFlashConfig:
         path = Path(directory) / "config.json"
         return cls.from_dict(read_json(path), path)
+
+
+def _token_id(value: Any, limit: int, path: Path, key: str = "dflash_config.mask_token_id") -> int:
+    """An index below ``limit`` (a token id, a layer id)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise ConfigError(
+            f"{path}: {key} holds {value!r}, not a whole number in 0..{limit - 1} (fix: correct it)"
+        )
+    return value
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

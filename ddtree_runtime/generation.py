@@ -76,6 +76,42 @@ class PhaseClock:
         self.t = now
 
 
+class IncrementalText:
+    """The text of a growing list of token ids, decoding only a small window per step.
+
+    Decoding every id after every new one is quadratic: a 32K-token output spent about a minute in
+    its stop-string check. Here each step decodes the ids since the last stable point, with the ids
+    before it as context (a tokenizer may drop a word's leading space at the start of a decode), and
+    hands out what that added once it is stable: it extends the window's earlier text and does not
+    end in a partial UTF-8 character (U+FFFD). What it has handed out, joined, is always a prefix of
+    ``decode(ids)``; callers keep only the part they need.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self._context = 0  # ids[_context:_read] decode to the end of what was handed out
+        self._read = 0  # ids before this are handed out
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Append ``ids``; returns the text this adds (maybe "" for now)."""
+        self.ids.extend(ids)
+        before = self.decode(self.ids[self._context : self._read])
+        after = self.decode(self.ids[self._context :])
+        if len(after) <= len(before) or not after.startswith(before) or after.endswith("\ufffd"):
+            return ""
+        self._context, self._read = self._read, len(self.ids)
+        return after[len(before) :]
+
+
+def first_stop(text: str, added: int, stop: Sequence[str]) -> int | None:
+    """Where the first of ``stop`` begins in ``text``, given that it was absent before the last
+    ``added`` characters arrived: only that tail (and a stop's length before it) is searched."""
+    start = max(0, len(text) - added - max((len(s) for s in stop), default=0) + 1)
+    hits = [i for s in stop if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None
+
+
 class Output:
     """Emitted tokens with the stopping rules: EOS, max_new_tokens, stop strings."""
 
@@ -92,6 +128,8 @@ class Output:
         self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
         self.on_tokens, self.cancel = on_tokens, cancel
         self.reason: str | None = None
+        self.seen = IncrementalText(decode) if decode is not None and self.stop else None
+        self.recent = ""  # the end of the text so far, one character shorter than the longest stop
 
     def emit(self, tokens: list[int]) -> bool:
         """Append tokens one by one until a rule fires, then hand the round's tokens to
@@ -101,7 +139,7 @@ class Output:
             self.ids.append(t)
             if t in self.eos:
                 self.reason = "eos"
-            elif self.stop and self.decode is not None and any(s in self.decode(self.ids) for s in self.stop):
+            elif self.seen is not None and self._stopped(t):
                 self.reason = "stop"
             elif len(self.ids) >= self.max_new:
                 self.reason = "length"
@@ -110,6 +148,15 @@ class Output:
         if self.on_tokens is not None:
             self.on_tokens(self.ids[first:])
         return self.cancelled() or self.reason is not None
+
+    def _stopped(self, token: int) -> bool:
+        """Whether a stop string appears once ``token`` is decoded (only the new text is searched)."""
+        assert self.seen is not None
+        added = self.seen.push([token])
+        window = self.recent + added
+        keep = max(len(s) for s in self.stop) - 1
+        self.recent = window[max(0, len(window) - keep) :]
+        return first_stop(window, len(added), self.stop) is not None
 
     def cancelled(self) -> bool:
         """True once `cancel` is set (from any thread) before another rule ended the generation."""
@@ -121,5 +168,5 @@ class Output:
         if self.decode is None:
             return None
         text = self.decode(self.ids)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        return text[: min(cuts)] if cuts else text
+        cut = first_stop(text, len(text), self.stop)
+        return text if cut is None else text[:cut]

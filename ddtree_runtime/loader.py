@@ -3,16 +3,17 @@
 Weights are memory-mapped with `safetensors.safe_open` (one file, or the shards an
 `model.safetensors.index.json` names) and cast to the requested dtype as they move to the device;
 modules are built on the meta device first so that no random initialisation is ever paid for.
+A file that lies (a header whose shapes or dtypes do not fit its bytes, a tensor of another shape
+than the config says, an index that is not one) is a ConfigError naming the file: one line.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ddtree_runtime.config import (
@@ -51,7 +52,10 @@ def weight_files(directory: Path) -> list[Path]:
     """The safetensors files of a checkpoint: the index's shards, else `*.safetensors`."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConfigError(f"{index}: no weight_map of tensor names to files (fix: re-download it)")
+        shards = sorted(set(weight_map.values()))
         missing = [s for s in shards if not (directory / s).exists()]
         if missing:
             raise ConfigError(f"{index}: shards {missing} are missing (fix: download the whole checkpoint)")
@@ -73,17 +77,30 @@ def read_state_dict(
     or to what `keep(name, stored dtype)` says (FP8 weights and their scales: `quant.stored_dtype`)."""
     state = {}
     for file in weight_files(directory):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                name = rename(key)
-                if name is not None:
-                    tensor = f.get_tensor(key)
-                    state[name] = tensor.to(device=device, dtype=keep(name, tensor.dtype) or dtype)
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    name = rename(key)
+                    if name is not None:
+                        tensor = f.get_tensor(key)
+                        state[name] = tensor.to(device=device, dtype=keep(name, tensor.dtype) or dtype)
+        except SafetensorError as e:
+            raise ConfigError(
+                f"{file}: not a readable safetensors file ({' '.join(str(e).split())[:200]}) "
+                "(fix: re-download or re-export the checkpoint)"
+            ) from None
     return state
 
 
 def _load_into(module: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
-    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as e:  # a tensor of another shape than the config implies
+        detail = next((line.strip() for line in str(e).splitlines() if "size mismatch" in line), str(e))
+        raise ConfigError(
+            f"{directory}: weights do not match the config: {detail[:300]} (fix: check config.json "
+            "against the checkpoint)"
+        ) from None
     if missing or unexpected:
         raise ConfigError(
             f"{directory}: weights do not match the config: missing {sorted(missing)[:5]}, "

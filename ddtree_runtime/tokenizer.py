@@ -7,6 +7,7 @@ training format without importing transformers on the GPU host.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from ddtree_runtime.config import ConfigError, read_json
+from drafter_config.source import MAX_JSON_BYTES
 
 
 def _raise(message: str) -> None:
@@ -29,7 +31,18 @@ class Tokenizer:
             raise ConfigError(
                 f"{path}: missing (fix: copy the model's tokenizer.json next to its config.json)"
             )
-        self.tok = HFTokenizer.from_file(str(path))
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_JSON_BYTES:
+            raise ConfigError(
+                f"{path}: not a regular file of at most {MAX_JSON_BYTES} bytes (fix: point at the real file)"
+            )
+        try:
+            self.tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust library's errors: a file downloaded from the internet
+            raise ConfigError(
+                f"{path}: not a tokenizer the tokenizers library can read ({' '.join(str(e).split())[:200]}) "
+                "(fix: copy the model's own tokenizer.json)"
+            ) from None
         cfg_path = directory / "tokenizer_config.json"
         cfg = read_json(cfg_path) if cfg_path.exists() else {}
         template = cfg.get("chat_template")
@@ -46,17 +59,38 @@ class Tokenizer:
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self.tok.token_to_id(text)
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids; ``add_special_tokens`` adds what the tokenizer's post-processor adds (a BOS)."""
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt text for a conversation, ending with the assistant's turn opened."""
+    @property
+    def renders_tool_calls(self) -> bool:
+        """Whether the chat template shows an assistant message's ``tool_calls`` at all."""
+        return self.chat_template is not None and "tool_calls" in self.chat_template
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """The prompt text for a conversation: by default ending with the assistant's turn opened;
+        ``continue_final_message`` ends it inside the last message instead, so the model goes on
+        writing it (transformers' rule: the text up to the end of that message's content)."""
         if self._template is None:
             raise ConfigError("this tokenizer has no chat template (fix: send a plain prompt)")
-        return self._template.render(messages=messages, add_generation_prompt=True, **self.special)
+        open_turn = add_generation_prompt and not continue_final_message
+        text = self._template.render(messages=messages, add_generation_prompt=open_turn, **self.special)
+        if not continue_final_message:
+            return text
+        final = str(messages[-1].get("content") or "").strip()
+        end = text.rfind(final) if final else -1
+        if end < 0:
+            raise ConfigError("continue_final_message: the last message's text is empty or not in the prompt")
+        return text[: end + len(final)]
 
     def prompt_ids(self, text: str) -> list[int]:
         """Token ids for a user prompt: through the chat template when the model has one."""

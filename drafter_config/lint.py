@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drafter_config.bounds import check_sizes
 from drafter_config.context import LintContext
 from drafter_config.drafter import DrafterConfig
 from drafter_config.findings import LintReport, make_finding
@@ -42,7 +43,9 @@ def load_inputs(store: Store, drafter_path: str, target_path: str | None = None)
     tokenizer_dir = checkpoint.directory
     if target_path is not None:
         target_checkpoint = locate_checkpoint(store, target_path, "target")
-        target = load_target(target_checkpoint.config_path, read_json(store, target_checkpoint.config_path))
+        target_doc = read_json(store, target_checkpoint.config_path)
+        check_sizes(target_doc, target_checkpoint.config_path)  # before layer_types are derived
+        target = load_target(target_checkpoint.config_path, target_doc)
         tokenizer_dir = target_checkpoint.directory or tokenizer_dir
     if tokenizer_dir is not None:
         tokenizer = read_tokenizer(store, tokenizer_dir)
@@ -56,8 +59,11 @@ def run_rules(
     serve: ServeSetting | None = None,
     drafter: DrafterConfig | None = None,
 ) -> LintReport:
-    """Run every rule group; ``drafter`` replaces the loaded config (patch re-lints its edit)."""
-    ctx = LintContext(drafter or inputs.drafter, inputs.target, inputs.tokenizer, inputs.weights, spec, serve)
+    """Run every rule group; ``drafter`` replaces the loaded config (patch re-lints its edit).
+    A size out of range (``bounds.py``) raises LintInputError before any rule enumerates layers."""
+    config = drafter or inputs.drafter
+    check_sizes(config.doc, config.file)
+    ctx = LintContext(config, inputs.target, inputs.tokenizer, inputs.weights, spec, serve)
     report = LintReport(IDENTITY(ctx))
     if report.errors:
         return report

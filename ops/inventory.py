@@ -27,6 +27,7 @@ resolved model (`Host`, `SecretRef`, `Inventory`) and says how secrets are resol
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ _HOST_FIELDS = (
 _TOP_KEYS = ("defaults", "groups", "hosts")
 _GROUP_KEYS = ("hosts", *_HOST_FIELDS)
 _RESERVED_VARS = frozenset(_HOST_FIELDS) | {"name", "groups"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Used when no inventory.yaml exists (an installed package): the same local demo host we ship.
 EMBEDDED_INVENTORY = """\
@@ -136,8 +138,12 @@ class _Parser:
                 raise self.error(m.key_lines[key], f"unknown key '{key}' in {what}", hint + extra_hint)
 
     def name(self, name: str, line: int, what: str) -> None:
-        if not name or any(c in name for c in ", \t/"):
-            raise self.error(line, f"{what} name '{name}' must be non-empty without commas, spaces or '/'")
+        # control characters: a line break in a name would add lines to the env file's header
+        if not name or any(c in name for c in ", \t/") or not name.isprintable():
+            raise self.error(
+                line,
+                f"{what} name {name!r} must be non-empty without commas, spaces, '/' or control characters",
+            )
 
     def inventory(self, data: Any) -> Inventory:
         top = self.mapping(data, 1, "the inventory")
@@ -269,6 +275,13 @@ class _Parser:
                     f"secret '{name}' in {where} must be {{env: VAR}} or {{file: PATH}}",
                     "secret values never go in the inventory; reference an environment "
                     "variable or a 0600 file on the controller",
+                )
+            if not _ENV_NAME.fullmatch(name):
+                raise self.error(
+                    sline,
+                    f"secret name {name!r} in {where} is not an identifier: it becomes a KEY= line of the "
+                    "host's env file",
+                    "use letters, digits and _ (not starting with a digit), e.g. HF_TOKEN",
                 )
             kind, ref = next(iter(spec.items()))
             if not isinstance(ref, str) or not ref:

@@ -66,13 +66,22 @@ class HostLayout:
         return f"{self.run}/{self.service}.env"
 
     @property
+    def proven(self) -> str:
+        """Copies of the env file each release last answered with (``ops/service/proven.py``)."""
+        return f"{self.run}/{self.service}.proven"
+
+    def proven_env(self, release_id: str) -> str:
+        return f"{self.proven}/{release_id}.env"
+
+    @property
     def tuned(self) -> str:
         """What ``fab tune`` chose, read back by the ``tuned_settings`` step."""
         return f"{self.run}/{self.service}.tuned.json"
 
     @property
-    def hf_env(self) -> str:
-        return f"{self.run}/hf.env"
+    def hf_token(self) -> str:
+        """The Hugging Face token alone (``hf`` reads it through ``HF_TOKEN_PATH``), mode 0600."""
+        return f"{self.run}/hf.token"
 
     @property
     def deploy_lock(self) -> str:

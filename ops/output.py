@@ -2,13 +2,15 @@
 
 Every text goes through the run's Redactor first, and every line also goes to ``run.log`` (with
 diffs, which the terminal shows only in check mode). Worker threads call in concurrently, so all
-state sits behind one lock.
+state sits behind one lock. A results disk that fills up stops ``run.log`` (the terminal says so
+once), never the run.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -49,6 +51,8 @@ class Reporter:
             self.console.width = 160
         self.live_enabled = self.console.is_terminal if live is None else live
         self.log: IO[str] = open(log_path, "a", encoding="utf-8")  # noqa: SIM115  closed in __exit__
+        self.log_path = log_path
+        self.log_failed = False
         self.log_console = Console(
             file=self.log, width=160, color_system=None, highlight=False, soft_wrap=True
         )
@@ -73,17 +77,28 @@ class Reporter:
         if self.live is not None:
             self.live.stop()
             self.live = None
-        self.log.close()
+        self._logged(self.log.close)
+
+    def _logged(self, write: Callable[[], object]) -> None:
+        """One write to run.log (caller holds the lock); the first failure ends logging to it."""
+        if self.log_failed:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self.log_failed = True
+            self.console.print(
+                Text(f"warning: cannot write {self.log_path} ({exc.strerror or exc}); going on without it")
+            )
 
     # ------------------------------------------------------------------ lines
     def _emit(self, text: str, style: str | None = None, *, terminal: bool = True) -> None:
         """One (multi-line) text to the terminal and the log; callers hold no lock."""
         text = self.redactor.redact(text)
         stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+        lines = "".join(f"{stamp} {line}\n" for line in text.splitlines() or [""])
         with self.lock:
-            for line in text.splitlines() or [""]:
-                self.log.write(f"{stamp} {line}\n")
-            self.log.flush()
+            self._logged(lambda: (self.log.write(lines), self.log.flush()))
             if terminal:
                 self.console.print(Text(text, style=style or ""))
 
@@ -167,9 +182,9 @@ class Reporter:
                 f"{host.duration:.1f}s",
             )
         with self.lock:
-            for console in (self.console, self.log_console):
-                console.print()
-                console.print(table)
+            self.console.print()
+            self.console.print(table)
+            self._logged(lambda: (self.log_console.print(), self.log_console.print(table), self.log.flush()))
         failures = [
             (name, step) for name, host in run.hosts.items() for step in host.steps if step.status == "failed"
         ]
@@ -179,10 +194,10 @@ class Reporter:
                 lines.append(f"  command: {step.command}")
             lines += [f"  stderr: {line}" for line in _tail(step.stderr)]
             self._emit("\n".join(lines), STYLES["failed"])
-        self._emit(
-            f"{len(run.hosts)} host(s): {run.changed} {verb}, {run.failed} failed; "
-            f"summary {run.run_dir / 'summary.json'}"
+        where = (
+            f"error: {run.record_error}" if run.record_error else f"summary {run.run_dir / 'summary.json'}"
         )
+        self._emit(f"{len(run.hosts)} host(s): {run.changed} {verb}, {run.failed} failed; {where}")
 
 
 def _tail(text: str) -> list[str]:

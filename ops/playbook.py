@@ -22,7 +22,7 @@ from ops.errors import InputFileError, did_you_mean
 from ops.steps import REGISTRY, get_step
 from ops.yamlfile import line_of, load_yaml, read_source
 
-STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors")
+STEP_KEYS = ("name", "step", "args", "when", "tags", "register", "retries", "ignore_errors", "timeout")
 TOP_KEYS = ("name", "steps", "lock")
 _WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\{\{|\}\}).)*)\}\}\s*$", re.S)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -50,6 +50,7 @@ class StepSpec:
     retries: int = 0
     ignore_errors: bool = False
     line: int = 0
+    timeout: float | None = None  # seconds for each of the step's commands that sets none itself
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
     ignore_errors = raw.get("ignore_errors", False)
     if not isinstance(ignore_errors, bool):
         raise fail("ignore_errors", f"'ignore_errors' must be true or false, got {ignore_errors!r}")
+    timeout = raw.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
+        raise fail("timeout", f"'timeout' must be a positive number of seconds, got {timeout!r}")
     return StepSpec(
         index=index,
         name=label,
@@ -146,6 +152,7 @@ def _load_step(path: Path, index: int, raw: Any, line: int) -> StepSpec:
         retries=retries,
         ignore_errors=ignore_errors,
         line=line,
+        timeout=None if timeout is None else float(timeout),
     )
 
 

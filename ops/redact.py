@@ -3,12 +3,18 @@
 The inventory resolves secrets on the controller and registers every value here; connections pass
 every command, stdout and stderr string they return or log through `Redactor.redact`. Values
 shorter than `MIN_LENGTH` characters are refused by `add` (redacting "a" would mangle every line and
-such a value protects nothing); a multi-line secret (a key file) is also redacted line by line.
+such a value protects nothing). A secret is also redacted in the forms its parts take on the way to
+what we show: line by line (a key file), shell-quoted (a command line built by ``ops.shell``, where
+a quote inside the value splits it), JSON-escaped and URL-encoded.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import urllib.parse
+
+from ops.shell import quote
 
 MASK = "********"
 MIN_LENGTH = 4
@@ -29,7 +35,13 @@ class Redactor:
             raise TypeError(f"secret values are str, got {type(value).__name__}")
         if len(value.strip()) < MIN_LENGTH:
             raise ValueError(f"a secret must have at least {MIN_LENGTH} characters")
-        parts = {value, value.strip()}
+        parts = {
+            value,
+            value.strip(),
+            quote(value),
+            json.dumps(value)[1:-1],
+            urllib.parse.quote(value, safe=""),
+        }
         parts.update(line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_LENGTH)
         with self._lock:
             # Longest first, so a secret that contains another is masked whole.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets as _random
+import shutil
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -102,6 +103,7 @@ class RunResult:
     hosts: dict[str, HostResult]
     run_dir: Path
     interrupted: bool = False
+    record_error: str | None = None  # why summary.json could not be written (a full results disk)
 
     @property
     def changed(self) -> int:
@@ -113,7 +115,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0 and not self.interrupted
+        return self.failed == 0 and not self.interrupted and self.record_error is None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -148,6 +150,25 @@ def make_run_dir(run_dir: Path) -> Path:
     return run_dir
 
 
+def resume_dir(results_root: Path, run_id: str) -> Path:
+    """The run folder ``run_id`` (or ``latest``) names: a folder right under ``results_root``,
+    never a path elsewhere (``../x``, ``/etc``, or a ``latest`` link pointing out), which a resumed
+    run would write into."""
+    root = results_root.resolve()
+    run_dir = (results_root / run_id).resolve()
+    if "/" in run_id or run_dir.parent != root:
+        raise SpecopsError(
+            f"--resume {run_id}: not a run of {results_root} (fix: pass a run id, a folder name from "
+            f"{results_root}, or latest)"
+        )
+    if not run_dir.is_dir():
+        raise SpecopsError(
+            f"--resume {run_id}: no run directory {results_root / run_id} (fix: pass a run id from "
+            f"{results_root}, or leave --resume out to start a new run)"
+        )
+    return run_dir
+
+
 def point_latest(results_root: Path, run_id: str) -> None:
     """Swap ``results/latest`` to ``run_id`` atomically (a new symlink renamed over the old)."""
     tmp = results_root / f".latest-{run_id}"
@@ -171,6 +192,37 @@ def interrupted_message(result: RunResult) -> str:
         f"(playbook {result.playbook.name}): steps already done change nothing."
     )
     return "\n".join(lines)
+
+
+def record_run(result: RunResult, redactor: Redactor, root: Path) -> str | None:
+    """Write summary.json and point ``results/latest`` at the run; the one-line reason when the
+    controller's disk refuses (the run is over either way: the hosts' work is done)."""
+    try:
+        write_summary(result, redactor)
+        point_latest(root, result.run_id)
+    except OSError as exc:
+        return _refused(result.run_dir / "summary.json", root, exc)
+    return None
+
+
+def publish_summary(result: RunResult, run_dir: Path) -> str | None:
+    """Copy a recorded summary into ``run_dir`` (a benchmark run's own folder) and point latest at
+    it; the one-line reason when that fails (as :func:`record_run`)."""
+    if result.record_error is not None:
+        return result.record_error
+    try:
+        shutil.copyfile(result.run_dir / "summary.json", run_dir / "summary.json")
+        point_latest(run_dir.parent, run_dir.name)
+    except OSError as exc:
+        return _refused(run_dir / "summary.json", run_dir.parent, exc)
+    return None
+
+
+def _refused(path: Path, root: Path, exc: OSError) -> str:
+    return (
+        f"cannot write {path}: {exc.strerror or exc} (fix: free space in {root}, or pass --results "
+        "a folder with room)"
+    )
 
 
 def write_summary(result: RunResult, redactor: Redactor) -> None:

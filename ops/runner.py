@@ -8,9 +8,15 @@ is one per-host map (`ops.results.RunResult`), written to ``results/<run-id>/sum
 passes through one Redactor that knows every resolved secret of the run.
 
 A playbook with ``lock: true`` holds each host's lock (``ops/hostlock.py``) while it runs there.
-Ctrl-C (SIGINT) never cuts a step short: every host finishes the step in progress, skips the
-rest, and the summary says ``"interrupted": true``; `ops.results.interrupted_message` says where
-each host stopped and how to continue.
+A first Ctrl-C (SIGINT) never cuts a step short: every host finishes the step in progress, skips
+the rest, and the summary says ``"interrupted": true``; `ops.results.interrupted_message` says
+where each host stopped and how to continue. A second Ctrl-C abandons the hosts still busy: their
+connections are closed, their step fails as abandoned, and the summary is written all the same.
+
+Nothing a host does may hold the run forever: every command without its own timeout gets the
+step's (``timeout:`` in the playbook, else DEFAULT_COMMAND_TIMEOUT_S), and an SSH host that stops
+answering is dropped by its connection's keepalive (``ops/connection/ssh.py``). Hosts run on
+daemon threads, so a host stuck past all of that cannot keep the process from exiting.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +50,7 @@ from ops.results import (
     StepResult,
     make_run_dir,
     new_run_id,
-    point_latest,
-    write_summary,
+    record_run,
 )
 from ops.steps import get_step
 from ops.steps.base import Step
@@ -56,6 +60,9 @@ TEMPLATES_DIR = REPO_ROOT / "templates"
 DEFAULT_RESULTS = REPO_ROOT / "results"
 DEFAULT_FORKS = 8
 RETRY_DELAY = 1.0
+DEFAULT_COMMAND_TIMEOUT_S = 3600.0  # a command of a step without its own timeout (playbook `timeout:`)
+ABANDON_GRACE_S = 5.0  # after a second Ctrl-C, how long hosts get to report before they are left
+ABANDONED = "abandoned: a second Ctrl-C stopped waiting for this host"
 
 
 def check_key_files(hosts: list[Host]) -> None:
@@ -81,6 +88,14 @@ class RunWide:
     results_dir: Path
     progress: Progress | None
     stop: threading.Event = field(default_factory=threading.Event)  # set by Ctrl-C
+    abandon: threading.Event = field(default_factory=threading.Event)  # set by a second Ctrl-C
+    connections: dict[str, Any] = field(default_factory=dict)  # host -> its open Connection
+
+    def abandon_hosts(self) -> None:
+        """A second Ctrl-C: end what every host runs now; its step fails as abandoned."""
+        self.abandon.set()
+        for conn in list(self.connections.values()):
+            conn.abandon(ABANDONED)
 
     def context(self, host: Host, variables: dict[str, Any]) -> StepContext:
         return StepContext(
@@ -136,34 +151,71 @@ def run_playbook(
             + (" [check mode: nothing will be written]" if check else "")
         )
         run = RunWide(run_id, playbook, check, tags, redactor, reporter, results_dir or run_dir, progress)
-        pool = ThreadPoolExecutor(max_workers=min(forks, len(hosts)), thread_name_prefix="host")
-        with hostlock.active(run_id), _interruptible(run.stop), pool:
-            futures = {h.name: pool.submit(_run_host, h, run) for h in hosts}
-            for name, future in futures.items():
-                result.hosts[name] = future.result()
+        with hostlock.active(run_id), _interruptible(run):
+            result.hosts.update(_run_hosts(hosts, run, forks))
         result.interrupted = run.stop.is_set()
-        write_summary(result, redactor)
-        point_latest(root, run_id)
+        result.record_error = record_run(result, redactor, root)
         reporter.close(result)
     return result
 
 
+def _run_hosts(hosts: list[Host], run: RunWide, forks: int) -> dict[str, HostResult]:
+    """Every host on its own daemon thread, at most ``forks`` at once; in inventory order.
+
+    After a second Ctrl-C, a host that has not reported within ABANDON_GRACE_S is recorded as
+    abandoned where it stood, and its thread is left behind (it cannot hold the exit)."""
+    slots = threading.BoundedSemaphore(max(1, min(forks, len(hosts))))
+    outcomes: dict[str, HostResult] = {}
+
+    def work(host: Host) -> None:
+        with slots:
+            outcomes[host.name] = _not_started(host, run) if run.stop.is_set() else _run_host(host, run)
+
+    threads = [threading.Thread(target=work, args=(h,), name=f"host-{h.name}", daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    deadline = None
+    for thread in threads:
+        while thread.is_alive():
+            if run.abandon.is_set():
+                deadline = deadline or time.monotonic() + ABANDON_GRACE_S
+                if time.monotonic() >= deadline:
+                    break
+            thread.join(0.1)
+    left = StepResult("abandoned", "abandoned", "failed", False, ABANDONED)
+    return {h.name: outcomes.get(h.name) or HostResult(h.name, [left], interrupted=True) for h in hosts}
+
+
+def _not_started(host: Host, run: RunWide) -> HostResult:
+    """A host whose turn came after Ctrl-C: every step skipped, nothing connected."""
+    outcome = HostResult(host.name, interrupted=True)
+    for spec in run.playbook.steps:
+        outcome.steps.append(StepResult(spec.name, spec.step, "skipped", False, INTERRUPTED))
+        run.reporter.step_finished(host.name, spec, outcome.steps[-1])
+    run.reporter.host_finished(host.name, outcome)
+    return outcome
+
+
 class _interruptible:
     """While a run is on, the first Ctrl-C asks every host to stop after its current step (a step
-    cut in half could leave a host with no server); later ones only say that it is stopping."""
+    cut in half could leave a host with no server); the second abandons the hosts still busy."""
 
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
+    def __init__(self, run: RunWide) -> None:
+        self.run = run
         self.previous: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
-        again = self.stop.is_set()
-        self.stop.set()
-        os.write(
-            2,
-            b"\ninterrupted: " + (b"still " if again else b"") + b"finishing the step in progress on "
-            b"each host, then stopping (the steps are not cut short)\n",
-        )
+        if not self.run.stop.is_set():
+            self.run.stop.set()
+            os.write(
+                2,
+                b"\ninterrupted: finishing the step in progress on each host, then stopping (the steps "
+                b"are not cut short; Ctrl-C again to abandon the hosts still busy)\n",
+            )
+            return
+        if not self.run.abandon.is_set():
+            os.write(2, b"\ninterrupted again: abandoning the hosts still busy; writing the summary\n")
+            self.run.abandon_hosts()
 
     def __enter__(self) -> _interruptible:
         if threading.current_thread() is threading.main_thread():
@@ -195,7 +247,11 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
             "secrets": secret_values,
             "check": run.check,
         }
-        with connect(host, redactor=run.redactor) as conn, _host_lock(conn, host, run):
+        with (
+            connect(host, redactor=run.redactor) as conn,
+            _tracked(conn, host, run),
+            _host_lock(conn, host, run),
+        ):
             for spec in run.playbook.steps:
                 if outcome.failed:
                     step = StepResult(
@@ -213,7 +269,7 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
                 outcome.steps.append(step)
                 reporter.step_finished(host.name, spec, step)
     except SpecopsError as exc:  # secrets, connection set-up or the lock, before any step could report it
-        what = "lock" if isinstance(exc, hostlock.HostLocked) else stage
+        what = "lock" if isinstance(exc, hostlock.LockError) else stage
         outcome.steps.append(StepResult(what, what, "failed", False, str(exc)))
         reporter.step_finished(host.name, None, outcome.steps[-1])
     except Exception as exc:  # a bug outside any step: this host fails, the run and its summary go on
@@ -234,12 +290,26 @@ def _run_host(host: Host, run: RunWide) -> HostResult:
 
 
 @contextmanager
+def _tracked(conn: Any, host: Host, run: RunWide) -> Iterator[None]:
+    """The host's connection, where a second Ctrl-C can reach it."""
+    run.connections[host.name] = conn
+    if run.abandon.is_set():
+        conn.abandon(ABANDONED)
+    try:
+        yield
+    finally:
+        run.connections.pop(host.name, None)
+
+
+@contextmanager
 def _host_lock(conn: Any, host: Host, run: RunWide) -> Iterator[None]:
     """The host's lock around a changing playbook (never under --check)."""
     if not run.playbook.lock or run.check:
         yield
         return
-    mine = hostlock.acquire(conn, host.name, host.base, run.run_id)
+    mine = hostlock.acquire(
+        conn, host.name, host.base, run.run_id, lambda text: run.reporter.note(f"{host.name} | {text}")
+    )
     try:
         yield
     finally:
@@ -273,6 +343,7 @@ def _run_step(conn: Any, host: Host, spec: StepSpec, variables: dict[str, Any], 
     except (RenderError, ArgError) as exc:
         return finish("failed", False, f"step '{spec.name}' on host '{host.name}': {exc}")
     ctx = run.context(host, variables)
+    conn.default_timeout = spec.timeout or DEFAULT_COMMAND_TIMEOUT_S
     failure: StepResult | None = None
     for attempt in range(spec.retries + 1):
         if attempt:

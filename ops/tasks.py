@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,14 @@ from ops.errors import SpecopsError
 from ops.gpu.facts import fp8_support
 from ops.inventory import load_inventory
 from ops.playbook import load_playbook
-from ops.results import RunResult, interrupted_message, make_run_dir, new_run_id, point_latest
+from ops.results import (
+    RunResult,
+    interrupted_message,
+    make_run_dir,
+    new_run_id,
+    publish_summary,
+    resume_dir,
+)
 from ops.runner import DEFAULT_FORKS, DEFAULT_RESULTS, REPO_ROOT, run_playbook
 
 PLAYBOOKS = REPO_ROOT / "playbooks"
@@ -280,13 +286,7 @@ def bench_dir(book_path: Path, results: str | None, resume: str | None) -> Path:
     """results/<run-id> of a new benchmark run, or of the run ``resume`` names (``latest`` works)."""
     root = Path(results) if results else DEFAULT_RESULTS
     if resume:
-        run_dir = (root / resume).resolve()
-        if not run_dir.is_dir():
-            raise SpecopsError(
-                f"--resume {resume}: no run directory {root / resume} (fix: pass a run id from "
-                f"{root}, or leave --resume out to start a new run)"
-            )
-        return run_dir
+        return resume_dir(root, resume)
     return make_run_dir(root / new_run_id(load_playbook(book_path))).resolve()
 
 
@@ -328,8 +328,7 @@ def run_bench_file(
     except SpecopsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise Exit(code=2) from None
-    shutil.copyfile(result.run_dir / "summary.json", run_dir / "summary.json")
-    point_latest(run_dir.parent, run_dir.name)
+    result.record_error = publish_summary(result, run_dir)
     return result, run_dir
 
 

@@ -12,6 +12,8 @@ set-up (a pyenv init there costs 0.2 s per command, and a session killed while i
 a lock that stalls every later command for a minute). `env` adds variables (e.g. PATH); sshd keeps
 only the first SetEnv line, so they all go on that one line.
 
+`freeze()` stops (SIGSTOP) a daemon and its sessions so the host hangs with TCP up; `thaw()` resumes.
+
 Fixtures:
     sshd_hosts(n, env=None, extra_config=()) -> list[SshdHost]   (h1..hn on 127.0.0.2..)
     make_inventory(hosts, **options) -> Path            (inventory.yaml + a pre-filled known_hosts)
@@ -192,6 +194,20 @@ class SshdHost:
                 os.kill(pid, signal.SIGKILL)
         self._proc.wait()
         self._proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP the daemon and every session it serves: TCP stays up, nothing answers (a stopped
+        sshd, a dead NAT). `thaw` undoes it; teardown's SIGKILL works on stopped processes too."""
+        assert self._proc is not None
+        for pid in [self._proc.pid, *_descendants(self._proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._proc is not None
+        for pid in [self._proc.pid, *_descendants(self._proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def rekey(self) -> None:
         """Give the host a new host key (as a reinstalled or impersonated machine would have)."""

@@ -1,8 +1,8 @@
 """The HTTP app: FastAPI (served by uvicorn) over the shared `State`, wrapped in the request log.
 
 The routes live in `openai_routes` (the OpenAI API) and `aux_routes` (health, version, metrics,
-tokenize); this module assembles them and turns every error, including FastAPI's own 404/405 and a
-handler bug, into OpenAI's error body.
+tokenize); this module assembles them, behind the `--api-key` guard when one is set (`auth`), and
+turns every error, including FastAPI's own 404/405 and a handler bug, into OpenAI's error body.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
+from ddtree_runtime.server.auth import ApiKeyGuard
 from ddtree_runtime.server.aux_routes import add_aux_routes
 from ddtree_runtime.server.openai_routes import add_openai_routes
 from ddtree_runtime.server.openapi import add_schemas
@@ -47,7 +48,9 @@ def build_app(st: State) -> ASGIApp:
     add_aux_routes(app, st)
     add_openai_routes(app, st)
     add_schemas(app)
-    return RequestLog(app, st.log)
+    s = st.settings
+    guarded: ASGIApp = app if s.api_key is None else ApiKeyGuard(app, s.api_key, s.api_key_routes == "all")
+    return RequestLog(guarded, st.log)
 
 
 def _error(e: APIError) -> JSONResponse:

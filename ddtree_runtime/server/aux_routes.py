@@ -14,7 +14,7 @@ from ddtree_runtime.server.metrics import CONTENT_TYPE
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError
 from ddtree_runtime.server.protocol.requests import DetokenizeRequest, TokenizeRequest
-from ddtree_runtime.server.protocol.validation import Limits
+from ddtree_runtime.server.protocol.validation import Limits, chat_text
 from ddtree_runtime.server.state import State
 
 
@@ -45,14 +45,11 @@ def add_aux_routes(app: FastAPI, st: State) -> None:
         _check_model(body.model, limits)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send one of prompt or messages", param="prompt")
-        if body.prompt is not None:
-            text = body.prompt
-        else:
-            messages = [{"role": m.role, "content": m.plain_text()} for m in body.messages or ()]
-            text = tokenizer.apply_chat_template(messages)
+        text = body.prompt if body.prompt is not None else chat_text(body.messages or [], body, tokenizer)
         if len(text) > limits.max_prompt_chars:
             raise APIError(400, f"the text has {len(text)} characters (fix: shorten it)", param="prompt")
-        ids = await off_loop_if_large(request, tokenizer.encode, text)
+        special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
+        ids = await off_loop_if_large(request, tokenizer.encode, text, special)
         return {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids, "token_strs": None}
 
     @app.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))

@@ -35,6 +35,12 @@ from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.server.app import build_app
+from ddtree_runtime.server.connections import (
+    accept_backlog,
+    connection_cap,
+    guarded_protocol,
+    raise_open_file_limit,
+)
 from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol.validation import Limits
@@ -152,7 +158,7 @@ async def drain(st: State, server: _Server, worker: Worker, hurry: asyncio.Event
     st.log.write("stopped", drained=drained)
 
 
-async def serve(st: State, sock: socket.socket) -> int:
+async def serve(st: State, sock: socket.socket, backlog: int, max_connections: int) -> int:
     loop = asyncio.get_running_loop()
     stopping, hurry = asyncio.Event(), asyncio.Event()
 
@@ -166,12 +172,15 @@ async def serve(st: State, sock: socket.socket) -> int:
         log_config=None,
         access_log=False,
         lifespan="off",
-        http="h11",  # uvicorn's httptools protocol frames streams to HTTP/1.0 clients as chunked
+        # h11 (httptools frames streams to HTTP/1.0 clients as chunked), with a deadline for each
+        # request's headers and a cap on open connections (connections.py)
+        http=guarded_protocol(st.settings.header_timeout, max_connections),
+        backlog=backlog,
         timeout_keep_alive=60,
         timeout_graceful_shutdown=5,
         server_header=False,
     )
-    st.log.capture("uvicorn", "uvicorn.error", "uvicorn.access")
+    st.log.capture("uvicorn", "uvicorn.error", "uvicorn.access", "asyncio")
     server = _Server(config)
     http = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -219,8 +228,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     st = State(settings, log, _version())
+    open_files = raise_open_file_limit()  # connections.py: the listen queue and the cap fit in it
+    backlog = accept_backlog(open_files)
     try:
-        sock = socket.create_server((settings.host, settings.port), backlog=1024)
+        sock = socket.create_server((settings.host, settings.port), backlog=backlog)
         # accepted connections inherit it: a response's head and body go out without waiting for
         # the client's delayed ACK (40 ms per keep-alive request otherwise; asyncio only sets it on
         # sockets it created itself)
@@ -233,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     host, port = sock.getsockname()[:2]
+    max_connections = settings.max_connections or connection_cap(open_files)
     # the socket already listens; log that before serving, so no request line can come first
     log.write(
         "listening",
@@ -249,8 +261,15 @@ def run(args: argparse.Namespace) -> int:
         threads=settings.threads,
         max_context=settings.max_context,
         queue_size=settings.queue_size,
+        max_connections=max_connections,
+        header_timeout=settings.header_timeout,
+        api_key=settings.api_key_routes if settings.api_key else None,
     )
     # the engine thread runs Python between torch ops; hand the GIL to the HTTP loop within 1 ms
     # (not Python's 5 ms), or every /health under load waits several switch intervals
     sys.setswitchinterval(SWITCH_S)
-    return asyncio.run(serve(st, sock))
+    code = asyncio.run(serve(st, sock, backlog, max_connections))
+    # load() froze the model's objects out of the collector's sight; frozen at exit, Triton's
+    # bindings report them as leaks (31 non-JSON lines on stderr): hand them back first
+    gc.unfreeze()
+    return code

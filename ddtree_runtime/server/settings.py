@@ -48,6 +48,10 @@ class Settings:
     queue_size: int
     drain_timeout: float
     served_model_name: str | None  # None: --target as given (vLLM's convention)
+    api_key: str | None  # bearer token clients must send on /v1/* (never logged)
+    api_key_routes: str  # v1: /v1/* only, /health and /metrics stay open; all: every route
+    header_timeout: float  # seconds a connection may take to send a request's headers
+    max_connections: int | None  # None: what the open-file limit allows (connections.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +124,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
     v["device"] = v["device"] or default_device()
     v["dtype"] = v["dtype"] or default_dtype(v["device"])
     v["threads"] = max(1, len(os.sched_getaffinity(0)) - 1) if v["threads"] is None else v["threads"]
-    v["modes"], v["budgets"] = _modes(v["modes"], v["mode"]), _budgets(v["budgets"], v["budget"])
+    listed = _budgets(v["budgets"])
+    if "budget" not in given and listed and v["budget"] not in listed:
+        v["budget"] = listed[0]  # the default budget is one of --budgets: the first listed
+    v["modes"], v["budgets"] = _modes(v["modes"], v["mode"]), tuple(sorted(set(listed))) or (v["budget"],)
     s = Settings(**v)
     choices = [(n.replace("_", "-"), o.choices) for n, o in SERVE_OPTIONS.items() if o.choices]
     checks = [
@@ -139,10 +146,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
         (s.threads >= 1, "threads", "at least 1"),
         (s.queue_size >= 1, "queue-size", "at least 1"),
         (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
+        (s.api_key is None or len(s.api_key) >= 8, "api-key", "at least 8 characters"),
+        (s.header_timeout > 0, "header-timeout", "more than 0 seconds"),
+        (s.max_connections is None or s.max_connections >= 8, "max-connections", "at least 8"),
     ]
     for ok, flag, fix in checks:
         if not ok:
-            raise SettingsError(f"--{flag}: {getattr(s, flag.replace('-', '_'))!r} is not valid (fix: {fix})")
+            shown = (
+                "the key" if flag == "api-key" else repr(getattr(s, flag.replace("-", "_")))
+            )  # never a secret
+            raise SettingsError(f"--{flag}: {shown} is not valid (fix: {fix})")
     return s
 
 
@@ -153,11 +166,12 @@ def _modes(raw: str | None, default: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.strip() for m in raw.split(",") if m.strip()))
 
 
-def _budgets(raw: str | None, default: int) -> tuple[int, ...]:
+def _budgets(raw: str | None) -> tuple[int, ...]:
+    """`--budgets 64,16` as given (the first is the default budget when --budget is not set)."""
     if raw is None:
-        return (default,)
+        return ()
     try:
-        budgets = tuple(sorted({int(b) for b in raw.split(",") if b.strip()}))
+        budgets = tuple(int(b) for b in raw.split(",") if b.strip())
     except ValueError:
         budgets = ()
     if not budgets:

@@ -11,17 +11,21 @@ import jinja2
 
 from ops.api.changes import StepFailed
 from ops.api.context import StepContext
+from ops.envfile import FILTERS as ENV_FILE_FILTERS
+from ops.envfile import EnvLineError
 
 
 @functools.lru_cache(maxsize=64)
 def _template_env(*search_path: str) -> jinja2.Environment:
     """One environment per search path, so a template compiles once per run, not once per host."""
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(list(search_path)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters.update(ENV_FILE_FILTERS)  # env_key, env_value, one_line: see ops/envfile.py
+    return env
 
 
 def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) -> bytes:
@@ -36,3 +40,5 @@ def render_template(src: str, extra: dict[str, Any] | None, ctx: StepContext) ->
         ) from None
     except jinja2.TemplateSyntaxError as exc:
         raise StepFailed(f"template {exc.filename or path}:{exc.lineno}: {exc.message}") from None
+    except EnvLineError as exc:
+        raise StepFailed(f"template {path}: {exc}") from None

@@ -43,6 +43,7 @@ from ops.bench.prompts import load_prompts
 from ops.bench.schema import SYSTEMS, BenchResult, Latency, acceptance_from_counters
 from ops.bench.spec_counters import SpecDelta, parse_spec_counters, spec_delta
 from ops.errors import SpecopsError
+from ops.service.remote.apikey import auth_headers
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -55,18 +56,22 @@ class BenchError(RuntimeError):
 @dataclass(frozen=True)
 class Endpoint:
     base: str  # http://HOST:PORT[/prefix]
+    headers: dict[str, str] = field(default_factory=dict)  # the API key, when the server wants one
 
     @classmethod
-    def parse(cls, url: str) -> Endpoint:
+    def parse(cls, url: str, key_file: str | None = None) -> Endpoint:
+        """``key_file``: the server's env file, whose SPECOPS_SERVE_API_KEY every request sends."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise BenchError(f"--url {url!r}: expected http://HOST:PORT (the server on this host)")
-        return cls(url.rstrip("/"))
+        return cls(url.rstrip("/"), auth_headers(key_file))
 
     def client(self, connections: int = 4) -> httpx.AsyncClient:
         """One pooled client for a whole measurement (keep-alive, as vLLM's benchmark uses aiohttp)."""
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        return httpx.AsyncClient(base_url=self.base, timeout=REQUEST_TIMEOUT_S, limits=limits)
+        return httpx.AsyncClient(
+            base_url=self.base, timeout=REQUEST_TIMEOUT_S, limits=limits, headers=self.headers
+        )
 
 
 async def fetch(client: httpx.AsyncClient, path: str, body: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -309,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter")
     p.add_argument("--cell-id")
     p.add_argument("--out", help="also write the result JSON here (atomically)")
+    p.add_argument(
+        "--api-key-env-file", help="the server's env file: its SPECOPS_SERVE_API_KEY goes with every request"
+    )
     return p
 
 
@@ -326,7 +334,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         args.ignore_eos,
         args.seed,
     )
-    measured = asyncio.run(measure(Endpoint.parse(args.url), work))
+    measured = asyncio.run(measure(Endpoint.parse(args.url, args.api_key_env_file), work))
     command = shlex.join(["python", "-m", "ops.bench.client", *argv])
     result = to_result(
         measured,

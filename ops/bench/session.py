@@ -306,6 +306,8 @@ class Session:
                 argv += [flag, str(value)]
         if server.mode != "ar":
             argv += ["--drafter", self.args["drafter"]]
+        if server.system == "ddtree":  # our server: its API key, if any, is in its env file
+            argv += ["--api-key-env-file", self.args["env_file"]]
         return argv
 
     def _fetch_result(self, cell: Cell, remote: str) -> BenchResult:

@@ -7,7 +7,11 @@ behaviour that steps rely on:
 - `run` never raises for a non-zero exit; a transport failure raises `HostUnreachable` (host
   name and cause on one line); a timeout returns exit code 124 (as coreutils `timeout` does):
   locally the process group is killed, over SSH the channel is closed (the remote command then
-  dies on its next write; wrap it in `timeout` on the host when it must die at once).
+  dies on its next write; wrap it in `timeout` on the host when it must die at once). A command
+  given no timeout gets the connection's `default_timeout` (the runner sets the step's).
+- An SSH host that stops answering while TCP stays up is dropped by a keepalive that expects an
+  answer (3 × `connect_timeout` of silence): every blocked call ends with `HostUnreachable`.
+  `abandon(reason)` (a second Ctrl-C, from another thread) ends what runs and refuses the rest.
 - Every command, stdout and stderr string returned or logged goes through the `Redactor`, after
   the host's resolvable secrets were registered with it.
 - ``run(..., sudo=True)`` goes through sudo only when the host says ``sudo: true`` (otherwise the

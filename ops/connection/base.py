@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from ops.errors import SpecopsError
 from ops.hosts import SUDO_PASSWORD, Host
 from ops.redact import Redactor
 from ops.shell import join
@@ -26,6 +27,13 @@ log = logging.getLogger("specops.connection")
 TIMEOUT_EXIT = 124
 CHUNK = 1 << 16
 _NEW_FILE_MODE = 0o644
+
+
+class Abandoned(SpecopsError):
+    """The run gave up on this host (a second Ctrl-C) while it was busy or before its next call."""
+
+    def __init__(self, host: str, reason: str):
+        super().__init__(f"host '{host}': {reason}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,9 @@ class Connection:
         self.host = host
         self.redactor = redactor if redactor is not None else Redactor()
         self._secrets: dict[str, str] | None = None
+        # what a command given no timeout gets: the runner sets it per step, so nothing waits forever
+        self.default_timeout: float | None = None
+        self._abandoned: str | None = None
 
     # -- public API
 
@@ -92,6 +103,9 @@ class Connection:
     ) -> CommandResult:
         """Run a shell command line (a sequence is quoted through ops.shell.join)."""
         line = command if isinstance(command, str) else join(command)
+        timeout = self.default_timeout if timeout is None else timeout
+        if self._abandoned is not None:
+            raise Abandoned(self.host.name, self._abandoned)
         self._load_secrets()
         feed = _as_bytes(stdin)
         wire = line
@@ -142,6 +156,15 @@ class Connection:
         raise NotImplementedError
 
     def close(self) -> None:
+        raise NotImplementedError
+
+    def abandon(self, reason: str) -> None:
+        """From another thread: end what runs now and refuse everything after it with ``reason``
+        (`Abandoned`), so a run can give up on a stuck host (a second Ctrl-C)."""
+        self._abandoned = reason
+        self._interrupt()
+
+    def _interrupt(self) -> None:
         raise NotImplementedError
 
     def __enter__(self) -> Connection:

@@ -15,6 +15,7 @@ from typing import IO
 
 from ops.connection.base import (
     TIMEOUT_EXIT,
+    Abandoned,
     Connection,
     FileStat,
     copy_stream,
@@ -32,6 +33,7 @@ class LocalConnection(Connection):
         entry = pwd.getpwuid(os.getuid())
         self._home = Path(entry.pw_dir)
         self._shell = entry.pw_shell if os.access(entry.pw_shell or "", os.X_OK) else "/bin/sh"
+        self._running: subprocess.Popen[bytes] | None = None
 
     def _path(self, path: str | Path) -> Path:
         p = Path(path)
@@ -47,22 +49,24 @@ class LocalConnection(Connection):
             cwd=self._home,
             start_new_session=True,
         )
+        self._running = proc
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
-            return proc.returncode, out, err
         except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    out, err = proc.communicate(timeout=2)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            else:
-                out, err = b"", b""
+            out, err = _stop(proc)
             assert timeout is not None
             return TIMEOUT_EXIT, out, err + self._timeout_note(timeout)
+        finally:
+            self._running = None
+        if self._abandoned is not None:  # killed by abandon(), not a failure of its own
+            raise Abandoned(self.host.name, self._abandoned)
+        return proc.returncode, out, err
+
+    def _interrupt(self) -> None:
+        proc = self._running
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         self._check_range(offset, length)
@@ -113,3 +117,15 @@ class LocalConnection(Connection):
 
     def close(self) -> None:
         """Nothing to release; present so both backends are used the same way."""
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> tuple[bytes, bytes]:
+    """TERM, then KILL, the command's process group; what it printed until then."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:
+            continue
+    return b"", b""

@@ -2,8 +2,15 @@
 
 The transport opens lazily on first use, with a bounded retry on connect (never on host-key or
 authentication errors). Commands run through Paramiko channels, so stdin is closed once sent and
-stdout/stderr are read together (no deadlock on large stderr). Writes go to a temp file whose size
-and SHA-256 are checked before the rename, so a short copy never replaces the target.
+stdout/stderr are read together (no deadlock on large stderr). Writes go to a temp file, created
+0600 and exclusive, whose size and SHA-256 are checked before the rename, so a short copy never
+replaces the target and a secret is never readable by others, not even its first byte.
+
+A host whose sshd stops answering while TCP stays up (a stopped process, a dead NAT) would leave
+every read waiting forever: Paramiko's own keepalive wants no answer. `_Keepalive` asks for one
+every ``connect_timeout`` seconds; when none comes for KEEPALIVE_MISSES intervals it closes the
+transport, which ends every blocked command and file operation with HostUnreachable naming why,
+and the connection refuses further use for the rest of the run (no reconnect to a frozen host).
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from typing import IO
 
 import fabric
 import paramiko
+from paramiko import sftp_client
 
 from ops.connection.base import (
     CHUNK,
     TIMEOUT_EXIT,
+    Abandoned,
     Connection,
     FileStat,
     copy_stream,
@@ -47,7 +56,8 @@ CONNECT_ATTEMPTS = 3
 OPEN_BUDGET = 3  # connect timeouts one attempt may take in all: TCP connect, banner, key exchange and auth
 _NO_HANDSHAKE = re.compile(r"protocol banner|Indecipherable protocol version|No existing session")
 CONNECT_BACKOFF_S = (0.2, 0.5)
-KEEPALIVE_S = 30
+KEEPALIVE_MISSES = 2  # connect timeouts a keepalive may wait for its answer
+KEEPALIVE_REQUEST = "keepalive@openssh.com"  # sshd answers it (with a refusal, which is an answer)
 SIGNALLED_EXIT = 255  # what ssh(1) reports when the remote command dies without an exit status
 
 
@@ -81,6 +91,8 @@ class SshConnection(Connection):
         self._lock = threading.RLock()
         self._fabric: fabric.Connection | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self._keepalive: _Keepalive | None = None
+        self._dead: str | None = None  # why the host stopped counting: no keepalive answer, abandoned
 
     # -- opening
 
@@ -108,6 +120,10 @@ class SshConnection(Connection):
 
     def _transport(self) -> paramiko.Transport:
         with self._lock:
+            if self._abandoned is not None:
+                raise Abandoned(self.host.name, self._abandoned)
+            if self._dead is not None:
+                raise HostUnreachable(self.host.name, self._dead)
             if self._fabric is not None and self._fabric.is_connected:
                 return self._fabric.transport
             self._drop()
@@ -143,10 +159,11 @@ class SshConnection(Connection):
                     if attempt < CONNECT_ATTEMPTS - 1:
                         time.sleep(CONNECT_BACKOFF_S[min(attempt, len(CONNECT_BACKOFF_S) - 1)])
                     continue
-                conn.transport.set_keepalive(KEEPALIVE_S)  # long quiet commands (pip, builds) over NAT
                 # Without this, Nagle plus delayed ACK add ~45 ms to every short command round trip.
                 conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._fabric = conn
+                self._keepalive = _Keepalive(conn.transport, self.host.connect_timeout, self._frozen)
+                self._keepalive.start()
                 return conn.transport
             raise HostUnreachable(
                 self.host.name,
@@ -179,13 +196,33 @@ class SshConnection(Connection):
         finally:
             watchdog.cancel()
 
-    def _lost(self, what: str, exc: BaseException | None = None) -> HostUnreachable:
+    def _lost(self, what: str, exc: BaseException | None = None) -> SpecopsError:
         self._drop()
+        if self._abandoned is not None:
+            return Abandoned(self.host.name, f"{self._abandoned} (during {what})")
+        if self._dead is not None:
+            return HostUnreachable(self.host.name, f"{self._dead} (during {what})")
         cause = f"connection lost during {what}" + (f": {_describe(exc)}" if exc else "")
         return HostUnreachable(self.host.name, cause)
 
+    def _frozen(self, silent_s: float) -> None:
+        """The keepalive's verdict: the host is gone for this run (the transport is closed next)."""
+        self._dead = (
+            f"no answer from {self.host.address}:{self.host.port} for {silent_s:g}s while the "
+            "connection stayed open (the host or its sshd froze, or the network dropped it)"
+        )
+
+    def _interrupt(self) -> None:
+        """Close the transport without the lock: a frozen host may hold it in a blocked call."""
+        conn = self._fabric
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+
     def _drop(self) -> None:
         with self._lock:
+            if self._keepalive is not None:
+                self._keepalive.stop.set()
+                self._keepalive = None
             if self._sftp is not None:
                 with contextlib.suppress(Exception):
                     self._sftp.close()
@@ -328,7 +365,7 @@ class SshConnection(Connection):
                     mode = default_mode
             try:
                 try:
-                    with sftp.open(tmp, "wb") as fh:
+                    with _create_private(sftp, tmp) as fh:
                         fh.set_pipelined(True)
                         sent = _Counted(fh)
                         write(sent)  # type: ignore[arg-type]
@@ -396,6 +433,45 @@ class SshConnection(Connection):
 
 class _NoHandshake(Exception):
     """The peer accepted TCP but never completed an SSH handshake in time."""
+
+
+def _create_private(sftp: paramiko.SFTPClient, path: str) -> paramiko.SFTPFile:
+    """A new file open for writing, created with mode 0600 by the server's open(2) (Paramiko's
+    ``open`` sends no mode, so the file would be 0644 until chmod) and exclusively (never an
+    existing file or a link someone planted)."""
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = 0o600
+    flags = sftp_client.SFTP_FLAG_WRITE | sftp_client.SFTP_FLAG_CREATE | sftp_client.SFTP_FLAG_EXCL
+    kind, msg = sftp._request(sftp_client.CMD_OPEN, path, flags, attrs)
+    if kind != sftp_client.CMD_HANDLE:
+        raise paramiko.SFTPError("Expected handle")
+    return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+
+
+class _Keepalive(threading.Thread):
+    """Every ``interval`` seconds a keepalive that wants an answer; when none has come after
+    KEEPALIVE_MISSES more intervals, ``frozen`` records why and the transport is closed."""
+
+    def __init__(self, transport: paramiko.Transport, interval: float, frozen: Callable[[float], None]):
+        super().__init__(name="keepalive", daemon=True)
+        self.transport, self.interval, self.frozen = transport, interval, frozen
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        limit = KEEPALIVE_MISSES * self.interval
+        while not self.stop.wait(self.interval) and self.transport.is_active():
+            answered = threading.Event()
+            threading.Thread(target=self._ask, args=(answered,), name="keepalive-ask", daemon=True).start()
+            if not answered.wait(limit) and not self.stop.is_set():
+                self.frozen(self.interval + limit)
+                self.transport.close()
+                return
+
+    def _ask(self, answered: threading.Event) -> None:
+        """Blocks until the answer (or the transport's end): hence its own thread."""
+        with contextlib.suppress(Exception):
+            self.transport.global_request(KEEPALIVE_REQUEST, wait=True)
+        answered.set()
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -85,9 +85,10 @@ def port_check(port: int, pid: int | None) -> PortCheck:
     )
 
 
-def wait(url: str, timeout: float, prompt: str, on: dict[str, Any]) -> Wait:
-    """A Wait on ``url``; ``on`` says how the script finds the pid (a pidfile, or the unit)."""
-    spec = {"url": url, "timeout": timeout, "prompt": prompt, "max_tokens": 4, **on}
+def wait(url: str, timeout: float, prompt: str, on: dict[str, Any], env_file: str | None = None) -> Wait:
+    """A Wait on ``url``; ``on`` says how the script finds the pid (a pidfile, or the unit), and
+    ``env_file`` holds the server's API key, if it has one."""
+    spec = {"url": url, "timeout": timeout, "prompt": prompt, "max_tokens": 4, **on, "env_file": env_file}
     return Wait(
         run_script("wait", spec), timeout=timeout + 60, why=f"/health and one completion within {timeout:g}s"
     )

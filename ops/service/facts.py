@@ -7,7 +7,8 @@ unit_sha), ``state`` (the release record: what the last deploy started), ``accep
 gate it passed), ``pins`` (versions of the system's packages in its venv), ``env_sha``,
 ``supervisor_sha``, ``health``
 (the status code of ``/health``, or None), ``metrics`` (``/metrics`` text when asked) and
-``log_size`` (where this start's log begins).
+``log_size`` (where this start's log begins) and ``proven_env`` (release -> sha of the env file copy
+its last proven start left, ``proven.py``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def parse_json_line(what: str) -> Callable[[CommandResult], Any]:
     return parse
 
 
-INCLUDES = {"wait": ("sockets",), "port": ("sockets",)}  # helpers a script's text is prefixed with
+INCLUDES = {  # helpers a script's text is prefixed with
+    "wait": ("sockets", "apikey"),
+    "port": ("sockets",),
+    "probe": ("apikey",),
+    "accept": ("apikey",),
+}
 
 
 def run_script(name: str, spec: Any) -> str:
@@ -66,6 +72,8 @@ def service_fact(args: dict[str, Any], *, metrics: bool = False) -> Fact[dict[st
         "state": layout.state(),
         "log": layout.log(),
         "env_file": args.get("env_file") or "",
+        "proven": layout.proven,
+        "auth_env": args.get("env_file") or layout.env_file,  # its API key, for /health and /metrics
         "supervisor": layout.supervisor,
         "health": url + "/health",
         "metrics": url + "/metrics" if metrics else "",

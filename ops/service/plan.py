@@ -19,6 +19,7 @@ from ops.layout import HostLayout
 from ops.service.acceptance import Probe, probe
 from ops.service.backends import Preflight, Supervisor, Systemd, backends, installed, port_check, wait
 from ops.service.command import serve_argv, served_id, system_of
+from ops.service.proven import keep_env, proven_records, proven_settings, restore_env
 from ops.service.releases import switch_commands
 from ops.service.settings import serve_url
 from ops.shell import join
@@ -105,12 +106,13 @@ def _definition(
     svc: dict[str, Any],
     spec: dict[str, Any],
     wanted: str,
+    env_sha: str | None,
 ) -> tuple[list[Run | Write], dict[str, Any]]:
     """The backend's install changes and the restart fingerprint (launch, env file, backend, unit,
     and the installed versions of the system's packages: a re-provisioned venv restarts it)."""
     fingerprint: dict[str, Any] = {
         "launch": spec,
-        "env_sha": svc["env_sha"],
+        "env_sha": env_sha,
         "backend": backend.name,
         "pins": svc.get("pins") or {},
     }
@@ -152,22 +154,28 @@ def plan_service(
     previous: Any = _UNSET,
     preflight: bool = True,
     rollback: bool = False,
+    proven: bool = False,
 ) -> Plan:
     """Pure. ``previous`` overrides where ``<base>/previous`` ends up; ``rollback`` is the automatic
     one: a restart even where the state file still matches (the failed server runs the new command
     line), no start check and no acceptance gate (it goes back to settings that answered before);
-    ``preflight`` False skips the start check alone (the bench)."""
+    ``preflight`` False skips the start check alone (the bench); ``proven`` runs the release with
+    the settings it last answered with, its env file included (both rollbacks, ``proven.py``)."""
     layout, svc = facts["layout"], facts["service"]
-    system = system_of(args)
     wanted = wanted_release(layout, args, ctx)
+    settings = proven_settings(svc, wanted) if proven else None
+    if settings is not None:
+        args = {**settings["args"], "release": wanted}
+    env_sha = svc["env_sha"] if settings is None else settings["env_sha"]
+    system = system_of(args)
     current = layout["current"]
     if previous is _UNSET:
         previous = current if current != wanted else layout["previous"]
     backend, other = backends(HostLayout(args["base"], args["name"]), svc, args["backend"])
     spec = launch(args, ctx, wanted)
-    if not svc["env_sha"] and not ctx.check:  # under --check the template step only planned it
+    if not env_sha and not ctx.check:  # under --check the template step only planned it
         raise StepFailed(f"environment file {args['env_file']} is missing (fix: render it before this step)")
-    definition, fingerprint = _definition(backend, args, ctx, svc, spec, wanted)
+    definition, fingerprint = _definition(backend, args, ctx, svc, spec, wanted, env_sha)
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
     process = backend.process(svc)
     reasons = restart_reasons(current, wanted, process, svc, digest, system.follows_release)
@@ -204,16 +212,20 @@ def plan_service(
         if not system.follows_release:  # before anything stops: vLLM/SGLang is in its venv
             changes.append(installed(spec["argv"][0], system.name))
     first_disruptive = len(changes)
+    if settings is not None and settings["restore"]:
+        changes.append(restore_env(args, wanted))
     if current != wanted or layout["previous"] != previous:
         changes += switch_commands(args["base"], wanted, previous)
     changes += other.hand_over(svc, args["stop_timeout"]) + backend.start(spec, args["stop_timeout"])
     ready = {**backend.wait_on, "ready_on": system.ready_on, "model": served_id(args)}
-    changes.append(wait(data["url"], args["timeout"], args["prompt"], ready))
+    changes.append(wait(data["url"], args["timeout"], args["prompt"], ready, args["env_file"]))
     if not rollback:
         changes += _gate(args, ctx, data["url"])
-    changes.append(
-        _state_write(args, wanted, digest, backend.name, {"argv": spec["argv"], "pins": svc.get("pins")})
-    )
+    if env_sha is not None:  # proven: the env file this start answered with, for the rollbacks
+        changes.append(keep_env(args, wanted))
+    records = proven_records(svc["state"], layout["releases"], wanted, args, env_sha)
+    launched = {"argv": spec["argv"], "pins": svc.get("pins"), "proven": records}
+    changes.append(_state_write(args, wanted, digest, backend.name, launched))
     data.update(
         stop=backend.stop(args["stop_timeout"]).command,
         first_disruptive=first_disruptive,
@@ -262,8 +274,8 @@ def _state_write(
     args: dict[str, Any], wanted: str, digest: str, backend: str, launched: dict[str, Any]
 ) -> Write:
     """The state file, the release record: which release and system run, the exact command line,
-    the installed versions of the system's packages, the fingerprint and the arguments (the
-    rollback reads them)."""
+    the installed versions of the system's packages, the fingerprint and the arguments, and what
+    each release last answered with (the rollbacks read them)."""
     record = {
         "release": wanted,
         "system": system_of(args).name,

@@ -106,11 +106,14 @@ def roll_back(conn: Connection, plan: Plan, ctx: StepContext, failure: StepFaile
             + ("; it was stopped" if stopped else ""),
             stderr=tail,
         )
+    # with the settings it answered with: its proven record (proven=True), else the state's arguments
     args = {**(data.get("rollback_args") or data["args"]), "release": old}
     if ctx.reporter is not None:  # a rollback restarts a model: say so while it loads
         ctx.reporter.note(f"{ctx.host.name} | release {bad} {why} ({failure}); rolling back to {old}")
     try:
-        back = plan_service(gather(conn, args), args, ctx, previous=data["previous_before"], rollback=True)
+        back = plan_service(
+            gather(conn, args), args, ctx, previous=data["previous_before"], rollback=True, proven=True
+        )
         answer = execute_plan(conn, back) if back.will_change else {"pid": back.data.get("pid")}
     except StepFailed as again:
         raise StepFailed(

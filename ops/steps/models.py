@@ -2,17 +2,17 @@
 
 A checkpoint is complete when ``config.json`` and every file named by its safetensors index (or,
 without an index, at least one ``*.safetensors``) are present; complete checkpoints are left alone,
-so a re-run downloads nothing. The Hugging Face token comes from the inventory secret (or the
-controller's environment variable) named by ``token_env``, written to a 0600 env file on the host;
-else from that file if the host already has one. The download command sources the file, so the
-token is never on argv, in a diff or in a log.
+so a re-run downloads nothing. The Hugging Face token comes only from the inventory secret named by
+``token_env`` (never from an undeclared variable of the controller's environment), written alone to
+a 0600 token file on the host; else from that file if the host already has one. ``hf`` reads it
+through ``HF_TOKEN_PATH``: no shell ever evaluates the token (a value holding ``$(...)`` stays text),
+and it is never on argv, in a diff or in a log.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import re
 from typing import Any
@@ -93,17 +93,18 @@ def probe_checkpoint(conn: Any, directory: str) -> dict[str, Any]:
     return {"files": sorted(files) + nested, "index": index}
 
 
-def token_line(token: str) -> bytes:
-    return f"HF_TOKEN={token}\n".encode()
+def token_text(token: str) -> bytes:
+    """The token file as huggingface_hub reads it from ``HF_TOKEN_PATH``: the token, nothing else."""
+    return f"{token}\n".encode()
 
 
 def download_command(hf: str, model: dict[str, Any], directory: str, token_file: str | None) -> str:
-    """``hf download`` into the model's directory; the token only ever arrives through the env file."""
+    """``hf download`` into the model's directory; the token only ever arrives through its file."""
     argv = [hf, "download", model["repo"], "--revision", model["revision"], "--local-dir", directory]
     for pattern in model["include"]:
         argv += ["--include", pattern]
-    source = f"set -a && . {quote(token_file)} && set +a && " if token_file else ""
-    return f"{source}HF_HUB_DISABLE_PROGRESS_BARS=1 {join(argv)}"
+    token = f"HF_TOKEN_PATH={quote(token_file)} " if token_file else ""
+    return f"{token}HF_HUB_DISABLE_PROGRESS_BARS=1 {join(argv)}"
 
 
 @register
@@ -114,14 +115,14 @@ class Models(Step):
         models=Arg(models_arg, default=[], help="[{name, repo, revision?, size_gb?, include?}]"),
         hf=Arg(str, help="hf CLI on the host (default: <venv>/bin/hf, else hf on PATH)"),
         venv=Arg(str, help="venv directory on the host (default <base>/venv)"),
-        token_env=Arg(str, default="HF_TOKEN", help="inventory secret or controller env var with the token"),
-        token_file=Arg(str, help="0600 env file on the host (default <base>/run/hf.env)"),
+        token_env=Arg(str, default="HF_TOKEN", help="the inventory secret holding the token"),
+        token_file=Arg(str, help="0600 token file on the host (default <base>/run/hf.token)"),
     )
 
     def probe(self, conn, args, ctx):
         layout = HostLayout(ctx.host.base)
         checkpoints = {m["name"]: probe_checkpoint(conn, layout.model(m["name"])) for m in args["models"]}
-        token_file = args["token_file"] or layout.hf_env
+        token_file = args["token_file"] or layout.hf_token
         token_stat = conn.stat(token_file)
         token = None
         if token_stat is not None:
@@ -156,13 +157,13 @@ class Models(Step):
                 f"{len(args['models'])} checkpoint(s) complete: "
                 + ", ".join(m["name"] for m in args["models"])
             )
-        token_file = args["token_file"] or layout.hf_env
+        token_file = args["token_file"] or layout.hf_token
         changes: list[Write | Run] = []
-        token = ctx.vars.get("secrets", {}).get(args["token_env"]) or os.environ.get(args["token_env"])
+        token = ctx.vars.get("secrets", {}).get(args["token_env"])  # declared secrets only
         have = facts["token_file"]
         source = None
         if token:
-            wanted = token_line(token)
+            wanted = token_text(token)
             if have is None or have["sha256"] != hashlib.sha256(wanted).hexdigest() or have["mode"] != "0600":
                 if not facts["token_dir_exists"]:
                     changes.append(
@@ -177,7 +178,7 @@ class Models(Step):
                         wanted,
                         mode="0600",
                         why="token for hf download",
-                        diff=f"--- {token_file}\n+++ {token_file}\n+HF_TOKEN=********\n",
+                        diff=f"--- {token_file}\n+++ {token_file}\n+********\n",
                     )
                 )
             source = token_file

@@ -259,8 +259,10 @@ class ReleasePrune(Step):
         doomed = releases_to_prune(facts, args["keep"])
         if not doomed:
             return Plan.noop(f"{len(facts['releases'])} release(s), keeping up to {args['keep']}")
+        layout = HostLayout(args["base"])
         changes = [
-            Run(join(["rm", "-rf", "--", HostLayout(args["base"]).release(r)]), why="old release")
+            # the release, and the env file its last proven start read (ops/service/proven.py)
+            Run(join(["rm", "-rf", "--", layout.release(r), layout.proven_env(r)]), why="old release")
             for r in doomed
         ]
         return Plan.of(changes, f"remove {len(doomed)} old release(s): {', '.join(doomed)}", removed=doomed)

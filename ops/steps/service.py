@@ -9,7 +9,9 @@ Before it stops a running release for a new one, the new one must pass a start c
 serving. If R starts but does not answer within the timeout, the step switches back to the
 release that ran before, restarts it, confirms it answers, and fails with R's log tail; the same
 happens when R answers but fails its acceptance gate (tau under ``min_tau``, ``ops/service/acceptance.py``).
-``release: previous`` is ``fab rollback``. One GPU holds one model, so a restart is a short gap
+``release: previous`` is ``fab rollback``, which (as the automatic rollback) restores the settings
+that release last answered with, its env file included (``ops/service/proven.py``); the next
+``fab deploy`` renders them from the inventory again. One GPU holds one model, so a restart is a short gap
 in service; there is no second copy running side by side.
 
 The lifecycle lives in ``ops/service/``: the probe (``facts``), the two backends, systemd and the
@@ -46,7 +48,8 @@ class Service(Step):
         return gather(conn, args)
 
     def plan(self, facts, args, ctx):
-        return plan_service(facts, args, ctx)
+        # fab rollback: the previous release with the settings it last answered with
+        return plan_service(facts, args, ctx, proven=args["release"] == "previous")
 
     def apply(self, conn, plan, ctx):
         return apply_service(conn, plan, ctx)

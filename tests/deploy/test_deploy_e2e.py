@@ -79,10 +79,16 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     logs = [*results.rglob("*.log"), *results.rglob("*.json"), *(base / "logs").iterdir(), h1.log_path]
     assert logs and not [p for p in logs if token in p.read_text(errors="replace")]
 
-    # A new commit: a new release, a new process running it, answering.
+    # A new commit, with new settings: a new release, a new process running it, answering.
+    env_a = env_file.read_text()
     checkout.commit(
         "a new commit",
         {"ddtree_runtime/__init__.py": checkout.read("ddtree_runtime/__init__.py") + "# release B\n"},
+    )
+    inventory = make_inventory(
+        [h1],
+        host_vars={"h1": host_vars(tiny_pair, checkout, port, serve_env={"SPECOPS_SERVE_TEMPERATURE": 0.5})},
+        host_fields={"h1": {"secrets": {"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}}}},
     )
     third = deploy(inventory, results)
     assert third.ok, third.summary()
@@ -113,10 +119,13 @@ def test_deploy_redeploy_new_commit_broken_release_and_rollback(
     assert link(base, "current") == release_b and link(base, "previous") == release_a
     assert running_release(server_pid(base)) == release_b and complete(port)["choices"]
 
-    # fab rollback: back one release on purpose; fab status reports it.
+    # fab rollback: back one release on purpose, with the settings it answered with (its env file
+    # without the newer SPECOPS_SERVE_TEMPERATURE); fab status reports it.
+    assert "SPECOPS_SERVE_TEMPERATURE=0.5\n" in env_file.read_text()
     back = deploy(inventory, results, "rollback.yaml")
     assert back.ok, back.summary()
     assert link(base, "current") == release_a and link(base, "previous") == release_b
+    assert env_file.read_text() == env_a
     pid_a = server_pid(base)
     assert running_release(pid_a) == release_a and complete(port)["choices"]
     status = deploy(inventory, results, "status.yaml")  # fab status

@@ -153,14 +153,17 @@ def test_systemd_deploy_writes_the_unit_switches_restarts_waits_then_changes_not
     )
     assert lines[5].endswith("mv -T /opt/specops/.current.tmp /opt/specops/current")
     assert lines[6] == "run: systemctl restart specops-ddtree.service"
-    assert (
-        lines[7].startswith("wait: python3 -c ")
-        and lines[8] == "write: /opt/specops/run/specops-ddtree.state 0644"
+    assert lines[7].startswith("wait: python3 -c ")
+    assert lines[8].startswith(  # the env file this start answered with, kept for the rollbacks
+        "run: umask 077 && mkdir -p /opt/specops/run/specops-ddtree.proven && cp -- "
+        "/opt/specops/run/specops-ddtree.env /opt/specops/run/specops-ddtree.proven/0.1.0+gbbbbbbb.env.tmp"
     )
+    assert lines[9] == "write: /opt/specops/run/specops-ddtree.state 0644"
     unit = first.changes[0].data.decode()
     assert "WorkingDirectory=/opt/specops/releases/0.1.0+gbbbbbbb\n" in unit
     assert 'Environment="PYTHONPATH=/opt/specops/releases/0.1.0+gbbbbbbb/site"' in unit
     assert "EnvironmentFile=/opt/specops/run/specops-ddtree.env\n" in unit
+    assert "LimitNOFILE=65536\n" in unit  # a thousand client connections need more than 1024 files
     assert "--device cuda --env-file /opt/specops/run/specops-ddtree.env" in unit  # the host picks the dtype
     assert (
         "WantedBy=multi-user.target" in unit
@@ -228,6 +231,47 @@ def test_rollback_swaps_current_and_previous_and_needs_a_previous_release():
     assert step.plan(facts(), service_args(release="0.1.0+gddddddd"), ctx).will_change
 
 
+def test_rollbacks_restore_the_settings_and_env_file_a_release_answered_with():
+    """Issue 27, item 1: `fab rollback` and the automatic rollback run a release with what it last
+    answered with (args from the state, the env file from its kept copy), not the newer settings."""
+    step, ctx = get_step("service")(), context(profile="cpu")
+    old_env = "a" * 64
+    answered = service_args(release=A, serve={"port": 8022})
+    before = facts(current=B, previous=A)
+    before["service"]["state"] = {
+        "release": B,
+        "fingerprint": "f" * 64,
+        "args": service_args(),
+        "proven": {
+            A: {"args": answered, "env_sha": old_env},
+            B: {"args": service_args(), "env_sha": ENV_SHA},
+        },
+    }
+    before["service"]["proven_env"] = {A: old_env, B: ENV_SHA}
+    plan = step.plan(before, service_args(release="previous"), ctx)
+    lines = describe(plan)
+    restore = next(i for i, line in enumerate(lines) if "specops-ddtree.env.specops-restore" in line)
+    assert lines[restore] == (
+        "run: umask 077 && cp -- /opt/specops/run/specops-ddtree.proven/0.1.0+gaaaaaaa.env "
+        "/opt/specops/run/specops-ddtree.env.specops-restore && mv -f -- "
+        "/opt/specops/run/specops-ddtree.env.specops-restore /opt/specops/run/specops-ddtree.env"
+    )
+    assert restore == plan.data["first_disruptive"]  # after the checks, before the switch
+    assert "--port 8022 " in next(line for line in lines if " start --pidfile" in line)
+    state = json.loads(plan.changes[-1].data)
+    assert state["args"]["serve"] == {"port": 8022} and set(state["proven"]) == {A, B}
+    assert state["proven"][A]["env_sha"] == old_env
+
+    before["service"]["proven_env"] = {}  # no kept copy: the args still go back, the env file stays
+    assert not any(
+        "specops-restore" in line
+        for line in describe(step.plan(before, service_args(release="previous"), ctx))
+    )
+    deploy = step.plan(before, service_args(release=A), ctx)  # a deploy uses what it is given
+    assert not any("specops-restore" in line for line in describe(deploy))
+    assert "--port 8011 " in next(line for line in describe(deploy) if " start --pidfile" in line)
+
+
 def test_systemd_asked_for_where_it_is_not_usable_is_refused():
     with pytest.raises(StepFailed, match="set service_backend: supervisor"):
         get_step("service")().plan(facts(), service_args(backend="systemd"), context())
@@ -282,7 +326,9 @@ def test_prune_keeps_the_newest_and_always_current_and_previous():
     assert releases_to_prune(layout, 1) == ["r8", "r7", "r6", "r5", "r4", "r3"]
     step = get_step("release_prune")()
     args = step.check_args({"base": BASE, "keep": "3"})
-    assert describe(step.plan(layout, args, context()))[0] == f"run: rm -rf -- {BASE}/releases/r7"
+    assert describe(step.plan(layout, args, context()))[0] == (  # and the env file it answered with
+        f"run: rm -rf -- {BASE}/releases/r7 {BASE}/run/specops-ddtree.proven/r7.env"
+    )
     assert not step.plan({**layout, "releases": {"r1": 1, "r2": 2}}, args, context()).will_change
     with pytest.raises(ArgError, match="whole number >= 1"):
         step.check_args({"base": BASE, "keep": 0})

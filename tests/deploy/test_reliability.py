@@ -15,10 +15,12 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,8 +28,19 @@ from pathlib import Path
 import pytest
 
 from ops.wheel import REPO_ROOT
-from tests.deploy.helpers import complete, deploy, free_port, healthy, host_vars, is_running, server_pid
+from tests.deploy.helpers import (
+    complete,
+    deploy,
+    free_port,
+    healthy,
+    host_vars,
+    is_running,
+    server_pid,
+    step,
+)
 from tests.deploy.test_wheel_and_supervisor import SUPERVISOR, supervise
+
+API_KEY = "sk-specops-deploy-test-0123456789"
 
 
 class Impostor(BaseHTTPRequestHandler):
@@ -135,18 +148,23 @@ def test_supervisor_restarts_a_crashed_server_then_reports_a_crash_loop(tmp_path
 
 @pytest.mark.slow
 def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_one(
-    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, impostor
+    sshd_hosts, make_inventory, tiny_pair, checkout, servers, tmp_path, impostor, monkeypatch
 ):
     (h1,) = sshd_hosts(1)
     base = servers(h1.base)
     results = tmp_path / "results"
 
-    def inventory(port: int, **serve) -> Path:
+    def inventory(port: int, serve_env: dict | None = None, secrets: dict | None = None, **serve) -> Path:
         return make_inventory(
             [h1],
             host_vars={
-                "h1": {**host_vars(tiny_pair, checkout, port), "serve": {"port": port, "budget": 8, **serve}}
+                "h1": {
+                    **host_vars(tiny_pair, checkout, port),
+                    "serve": {"port": port, "budget": 8, **serve},
+                    "serve_env": serve_env or {},
+                }
             },
+            host_fields={"h1": {"secrets": secrets}} if secrets else None,
         )
 
     # An impostor answers on the port: our server dies on bind, and the deploy fails saying so.
@@ -171,6 +189,16 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     assert not broken.ok and "rolled back to" in failure(broken)
     assert healthy(port) and complete(port)["choices"] and server_pid(base) != pid
 
+    # A change of serve_env alone, to a value the server refuses: the template step rewrote the env
+    # file first, so the rollback restores the one the old server answered with (issue 27, item 1).
+    env_file = base / "run" / "specops-ddtree.env"
+    answered = env_file.read_bytes()
+    refused_env = deploy(inventory(port, serve_env={"SPECOPS_SERVE_QUEUE_SIZE": 0}), results)
+    assert not refused_env.ok and "rolled back to" in failure(refused_env), failure(refused_env)
+    assert "--queue-size: 0 is not valid" in step(refused_env, "h1", "service").stderr
+    assert env_file.read_bytes() == answered and stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert healthy(port) and complete(port)["choices"]
+
     # Killed (SIGKILL): the supervisor restarts it; stopped: fab status fails for the host.
     killed = server_pid(base)
     os.kill(killed, signal.SIGKILL)
@@ -188,6 +216,21 @@ def test_deploy_proves_its_own_server_answers_and_never_leaves_the_host_without_
     )
     down = deploy(inventory(port), results, "status.yaml")
     assert not down.ok and "not running" in failure(down, "service_status")
+
+    # An API key from an inventory secret (issue 27, item 6), guarding every route here: the deploy's
+    # health wait and fab status send it; a client without it gets 401.
+    monkeypatch.setenv("SPECOPS_TEST_API_KEY", API_KEY)
+    keyed = inventory(
+        port,
+        serve_env={"SPECOPS_SERVE_API_KEY_ROUTES": "all"},
+        secrets={"SPECOPS_SERVE_API_KEY": {"env": "SPECOPS_TEST_API_KEY"}},
+    )
+    assert deploy(keyed, results).ok
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        complete(port)
+    assert not healthy(port)
+    status = deploy(keyed, results, "status.yaml")
+    assert status.ok and "/health 200" in status.hosts["h1"].registered["service_status"]["message"]
 
 
 @pytest.mark.slow

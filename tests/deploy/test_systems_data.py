@@ -256,7 +256,7 @@ def test_tune_sweeps_num_speculative_tokens_of_the_deployed_system_with_its_sett
 
 def test_the_probe_sends_the_servers_api_key_from_the_env_file_only(tmp_path):
     from ops.service.acceptance import API_KEYS
-    from ops.service.remote.accept import api_key
+    from ops.service.remote.apikey import api_key  # prepended to accept.py
 
     env = tmp_path / "specops-ddtree.env"
     env.write_text("# comment=x\nHF_TOKEN=hf_abc\nVLLM_API_KEY=sk-a=b\n")

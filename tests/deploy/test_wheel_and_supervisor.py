@@ -4,6 +4,7 @@ supervisor (setsid, pidfile, log, environment file, TERM then KILL) on real proc
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import time
@@ -44,9 +45,20 @@ def test_wheel_is_named_by_commit_cached_and_marks_local_edits(checkout):
     assert build_wheel(checkout.path).version == dirty.version
 
 
-def supervise(*args: str) -> subprocess.CompletedProcess:
+def supervise(*args: str, soft_files: int | None = None) -> subprocess.CompletedProcess:
+    """The supervisor script; ``soft_files`` lowers its soft open-file limit (a login's 1024, say)."""
+
+    def limit() -> None:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (soft_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+        )
+
     return subprocess.run(
-        [sys.executable, str(SUPERVISOR), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, str(SUPERVISOR), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limit if soft_files else None,
     )
 
 
@@ -58,8 +70,9 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
     env_file.chmod(0o600)
     pidfile, log, out = run / "svc.pid", tmp_path / "svc.log", tmp_path / "seen.json"
     child = (
-        "import json, os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "seen = {'env': dict(os.environ), 'cwd': os.getcwd(), 'sid': os.getsid(0)}; "
+        "import json, os, resource, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "seen = {'env': dict(os.environ), 'cwd': os.getcwd(), 'sid': os.getsid(0), "
+        "'files': resource.getrlimit(resource.RLIMIT_NOFILE)}; "
         "json.dump(seen, open(sys.argv[1], 'w')); "
         "print('started', flush=True); time.sleep(600)"
     )
@@ -81,6 +94,7 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
             "-c",
             child,
             str(out),
+            soft_files=256,
         )
         assert started.returncode == 0, started.stderr
         pid = json.loads(started.stdout)["pid"]
@@ -91,6 +105,8 @@ def test_supervisor_starts_detached_with_env_file_and_stops_with_term_then_kill(
         seen = json.loads(out.read_text())
         assert seen["env"]["API_TOKEN"] == "s3cret-value" and seen["env"]["SPECOPS_RELEASE"] == "r1"
         assert seen["cwd"] == str(tmp_path) and seen["sid"] == pid  # its own session
+        soft, hard = seen["files"]
+        assert soft == hard > 256  # issue 27, item 6: the open-file limit raised for the server
         assert b"s3cret-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
         refused = supervise(

@@ -53,3 +53,39 @@ def test_write_on_a_full_disk_fails_and_keeps_the_original(full_host, tmp_path):
     ).read_bytes() == wheel.read_bytes()
     conn.write_bytes(str(disk / "empty"), b"")
     assert (disk / "empty").read_bytes() == b""
+
+
+def test_a_full_disk_never_leaves_a_lock_and_an_empty_lock_is_stale(
+    sshd_hosts, make_inventory, small_fs, tmp_path, capsys
+):
+    """Issue 27, item 5: taking the deploy lock on a full disk fails saying so and leaves no (empty)
+    lock behind; an empty lock, as older runs left it, is taken over and named."""
+    from ops.playbook import load_playbook
+    from ops.runner import run_playbook
+
+    (h1,) = sshd_hosts(1)
+    run_dir = small_fs(h1.base / "run", "64k")
+    book = tmp_path / "locked.yaml"
+    book.write_text("name: locked\nlock: true\nsteps:\n  - step: command\n    args: {cmd: 'true'}\n")
+    hosts = load_inventory(make_inventory([h1])).select(None)
+
+    def run():
+        return run_playbook(load_playbook(book), hosts, results_root=tmp_path / "results", live=False)
+
+    fill(run_dir)
+    refused = run()
+    [step] = refused.hosts["h1"].steps
+    assert step.status == "failed" and step.step == "lock"
+    assert (
+        f"cannot take the lock {run_dir}/deploy.lock: writing it failed (is the disk full?)" in step.message
+    )
+    assert f"(fix: free space on the host (df -h {run_dir})" in step.message
+    assert sorted(p.name for p in run_dir.iterdir()) == ["filler"]  # no lock, no temp file
+
+    (run_dir / "filler").unlink()
+    (run_dir / "deploy.lock").write_text("")  # what a run of an older specops left on a full disk
+    capsys.readouterr()
+    taken = run()
+    assert taken.ok, taken.hosts["h1"].steps
+    assert "took over an empty lock (left by a run that could not write it" in capsys.readouterr().out
+    assert not (run_dir / "deploy.lock").exists()

@@ -3,9 +3,11 @@ that travel on stdin (checked in the live process table), never on argv."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,9 @@ import pytest
 from ops.connection import connect
 from ops.connection.base import sudo_wrap
 from ops.inventory import load_inventory
+from ops.playbook import load_playbook
 from ops.redact import MASK, Redactor
+from ops.runner import run_playbook
 
 TOKEN = "hf_TESTtoken0123456789abcdef"
 PASSWORD = "correct horse battery staple"
@@ -169,3 +173,59 @@ def test_secret_never_appears_in_returned_output_or_logs(
             assert TOKEN not in text
     assert echoed.command == f"echo {MASK}; echo {MASK} >&2" and echoed.stderr == f"{MASK}\n"
     assert TOKEN not in caplog.text and MASK in caplog.text
+
+
+def test_a_secret_is_redacted_in_the_forms_its_parts_take(tmp_path, monkeypatch, capsys):
+    """Issue 27, item 3: a value with quotes, split by the shell quoting of a command line, is still
+    masked in the terminal, run.log and summary.json (as are its JSON and URL forms)."""
+    value = 'it\'s-a-s3cret "key"\\x'
+    monkeypatch.setenv("SPECOPS_TEST_API_KEY", value)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        f"hosts:\n  local:\n    connection: local\n    base: {tmp_path / 'base'}\n"
+        "    secrets: {API_KEY: {env: SPECOPS_TEST_API_KEY}}\n"
+    )
+    book = tmp_path / "leak.yaml"
+    book.write_text(
+        "name: leak\nsteps:\n  - step: command\n"
+        "    args: {cmd: [sh, -c, 'echo \"$0\" >&2; exit 3', '{{ secrets.API_KEY }}']}\n"
+    )
+    result = run_playbook(
+        load_playbook(book), load_inventory(inventory).select(None), results_root=tmp_path / "r", live=False
+    )
+    assert result.hosts["local"].steps[0].status == "failed"
+    shown = capsys.readouterr().out
+    stored = (result.run_dir / "run.log").read_text() + (result.run_dir / "summary.json").read_text()
+    forms = (value, "s3cret", 's3cret \\"key\\"')  # raw, a part between shell quotes, JSON-escaped
+    for form in forms:
+        assert form not in shown and form not in stored, form
+    assert "command: sh -c" in shown and MASK in shown
+    redactor = Redactor([value])
+    assert redactor.redact("q=it%27s-a-s3cret%20%22key%22%5Cx") == f"q={MASK}"
+
+
+def test_temp_files_are_private_from_their_first_byte(sshd_hosts, make_inventory):
+    """Issue 27, item 3: the temp file a write goes through is 0600 (and new) while the bytes arrive,
+    not 0644 until the final chmod."""
+    (h1,) = sshd_hosts(1)
+    conn = connect(load_inventory(make_inventory([h1])).hosts["h1"])
+    modes: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for entry in os.scandir(h1.base):
+                if entry.name.startswith(".secret.env.specops-"):
+                    with contextlib.suppress(FileNotFoundError):
+                        modes.add(entry.stat().st_mode & 0o777)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(3):
+            conn.write_bytes(str(h1.base / "secret.env"), b"HF_TOKEN=hf_x\n" * 600_000, 0o600)
+    finally:
+        done.set()
+        watcher.join()
+        conn.close()
+    assert modes == {0o600}

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from invoke.exceptions import Exit
+
+from ops.tasks import PLAYBOOKS, run_bench_file
+
 REPO = Path(__file__).resolve().parents[2]
 FAB = Path(sys.executable).parent / "fab"
 CONVERGE = "tests/ops/playbooks/converge.yaml"
@@ -115,3 +120,30 @@ def test_fab_facts_status_and_provision_check(sshd_hosts, make_inventory, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert "(check mode)" in done.stdout
     assert sorted(p.name for p in hosts[0].base.iterdir()) == before
+
+
+def test_bench_resume_is_confined_to_the_results_folder(tmp_path: Path, capsys) -> None:
+    """Issue 27, item 8: `fab bench --resume` names a run of the results folder, never another folder
+    (which the resumed run would write into): refused with exit 2 before any host is touched."""
+    results = tmp_path / "results"
+    (results / "20261204-000000-bench-abcd").mkdir(parents=True)
+    outside = tmp_path / "x"
+    outside.mkdir()
+    (results / "latest").symlink_to(outside)  # a latest link that points out
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"hosts:\n  local: {{connection: local, base: {tmp_path / 'base'}}}\n")
+
+    def resume(run_id: str) -> str:
+        with pytest.raises(Exit) as stopped:
+            run_bench_file(
+                PLAYBOOKS / "bench.yaml", inventory=str(inventory), results=str(results), resume=run_id
+            )
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1
+        return err
+
+    for run_id in ("../x", str(outside), "/etc", "latest", "20261204-000000-bench-abcd/.."):
+        assert resume(run_id).startswith(f"error: --resume {run_id}: not a run of {results}")
+    assert "no run directory" in resume("nope")
+    assert not any(outside.iterdir()) and not (tmp_path / "base").exists()

@@ -67,8 +67,9 @@ def write_checkpoint(directory: Path, shards: int = 2, index: bool = True) -> Pa
 
 
 def fake_hf(bin_dir: Path, log: Path) -> Path:
-    """A stand-in `hf` CLI: logs its argv and the HF_TOKEN it got from its environment, then writes a
-    tiny real checkpoint into --local-dir, as `hf download` would."""
+    """A stand-in `hf` CLI: logs its argv and the token it found where huggingface_hub looks (HF_TOKEN,
+    else the file HF_TOKEN_PATH names), then writes a tiny real checkpoint into --local-dir, as
+    `hf download` would."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "hf"
     script.write_text(f"""#!{sys.executable}
@@ -78,7 +79,9 @@ from pathlib import Path
 from tests.provision.helpers import write_checkpoint
 argv = sys.argv[1:]
 with open({str(log)!r}, "a") as f:
-    f.write(json.dumps({{"argv": argv, "token": os.environ.get("HF_TOKEN")}}) + "\\n")
+    path = os.environ.get("HF_TOKEN_PATH")
+    token = os.environ.get("HF_TOKEN") or (Path(path).read_text().strip() if path else None)
+    f.write(json.dumps({{"argv": argv, "token": token, "env": "HF_TOKEN" in os.environ}}) + "\\n")
 print(write_checkpoint(Path(argv[argv.index("--local-dir") + 1])))
 """)
     script.chmod(0o755)

@@ -84,13 +84,13 @@ def test_probe_on_tiny_real_checkpoints(tmp_path: Path) -> None:
         ]
 
 
-def test_download_command_sources_the_token_file_and_quotes_everything() -> None:
+def test_download_command_names_the_token_file_and_quotes_everything() -> None:
     model = models_arg(
         [{"name": "d", "repo": "z-lab/Qwen3-8B-DFlash-b16", "revision": "a b", "include": ["*.json"]}]
     )[0]
-    command = download_command("/v/bin/hf", model, "/opt/specops/models/d", "/opt/specops/run/hf.env")
+    command = download_command("/v/bin/hf", model, "/opt/specops/models/d", "/opt/specops/run/hf.token")
     assert command == (
-        "set -a && . /opt/specops/run/hf.env && set +a && HF_HUB_DISABLE_PROGRESS_BARS=1 "
+        "HF_TOKEN_PATH=/opt/specops/run/hf.token HF_HUB_DISABLE_PROGRESS_BARS=1 "
         "/v/bin/hf download z-lab/Qwen3-8B-DFlash-b16 --revision 'a b' --local-dir "
         "/opt/specops/models/d --include '*.json'"
     )
@@ -139,7 +139,7 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(
 
     checked = run(check=True)
     assert checked.hosts["local"].status == "changed" and not log.exists()
-    assert not (base / "run" / "hf.env").exists()
+    assert not (base / "run" / "hf.token").exists()
 
     first = run()
     [step] = first.hosts["local"].steps
@@ -151,8 +151,8 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(
         ["download", "z-lab/Qwen3-8B-DFlash-b16"],
     ]
     assert all(c["token"] == TOKEN and TOKEN not in " ".join(c["argv"]) for c in calls)
-    env_file = base / "run" / "hf.env"
-    assert env_file.read_text() == f"HF_TOKEN={TOKEN}\n" and stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    env_file = base / "run" / "hf.token"
+    assert env_file.read_text() == f"{TOKEN}\n" and stat.S_IMODE(env_file.stat().st_mode) == 0o600
     for path in results.rglob("*"):
         if path.is_file():
             assert TOKEN not in path.read_text(), f"token leaked into {path}"
@@ -175,3 +175,42 @@ def test_models_step_downloads_once_with_the_token_only_in_hf_environment(
     assert step.status == "failed" and step.message == (
         f"{env_file} has mode 0644; a token file must be private (fix: chmod 600 {env_file})"
     )
+
+
+def test_models_step_never_evaluates_the_token_and_sends_only_declared_secrets(
+    sshd_hosts, make_inventory, tmp_path: Path, monkeypatch
+) -> None:
+    """Issue 27, item 3: a token holding `$(...)` reaches hf as text, never through a shell; the
+    controller's own HF_TOKEN, undeclared, reaches no host."""
+    (h1,) = sshd_hosts(1)
+    marker = tmp_path / "evaluated"
+    hostile = f"hf_Tok$(touch {marker})en_0123456789"
+    log = tmp_path / "hf.log"
+    hf = fake_hf(tmp_path / "bin", log)
+    models = [{"name": "target", "repo": "Qwen/Qwen3-8B"}]
+    playbook = tmp_path / "models.yaml"
+    playbook.write_text(
+        "name: models\nsteps:\n  - step: models\n    args: {models: '{{ models }}', hf: " + str(hf) + "}\n"
+    )
+    monkeypatch.setenv("SPECOPS_TEST_HF_TOKEN", hostile)
+
+    def run(**fields):
+        inventory = make_inventory([h1], host_vars={"h1": {"models": models}}, host_fields={"h1": fields})
+        hosts = load_inventory(inventory).select(None)
+        return run_playbook(load_playbook(playbook), hosts, results_root=tmp_path / "results", live=False)
+
+    declared = run(secrets={"HF_TOKEN": {"env": "SPECOPS_TEST_HF_TOKEN"}})
+    assert declared.ok, declared.hosts["h1"].steps[0].message
+    [call] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert call["token"] == hostile and not call["env"] and not marker.exists()
+    token_file = h1.base / "run" / "hf.token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+
+    token_file.unlink()
+    log.unlink()
+    (h1.base / "models" / "target" / "config.json").unlink()
+    monkeypatch.setenv("HF_TOKEN", "hf_ControllerOwnToken_0123456789")  # set, but declared nowhere
+    anonymous = run()
+    assert anonymous.ok and anonymous.hosts["h1"].steps[0].message == "download target anonymously (no token)"
+    [call] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert call["token"] is None and not token_file.exists()

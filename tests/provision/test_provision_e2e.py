@@ -92,7 +92,7 @@ def test_provision_cpu_profile_check_then_converge_then_nothing(
         assert (h.base / "venv" / "bin" / "python").exists()
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(calls) == 2 and all(c["token"] == TOKEN and TOKEN not in " ".join(c["argv"]) for c in calls)
-    assert (hosts[0].base / "run" / "hf.env").stat().st_mode & 0o777 == 0o600
+    assert (hosts[0].base / "run" / "hf.token").stat().st_mode & 0o777 == 0o600
 
     second = fab("provision", *common, env=env)
     assert second.returncode == 0, second.stdout + second.stderr

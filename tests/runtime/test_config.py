@@ -71,7 +71,8 @@ def test_drafter_reads_dflash_config_with_top_level_fallback() -> None:
     [
         ({"mask_token_id": None}, "mask_token_id is missing"),
         ({"layer_types": ["full_attention"]}, "layer_types has 1 entries for 3 layers"),
-        ({"block_size": 1}, "block_size 1"),
+        ({"block_size": 1}, "block_size 1 leaves no draft positions"),
+        ({"block_size": 10**8}, "block_size is 100000000, more than 256"),
     ],
 )
 def test_drafter_refusals(change: dict, message: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -42,7 +43,12 @@ class Server:
     early_post: tuple[int, dict[str, str], bytes] | None = None  # a completion sent while loading
 
     @classmethod
-    def start(cls, args: list[str], log: Path) -> Server:
+    def start(cls, args: list[str], log: Path, open_files: int | None = None) -> Server:
+        """``open_files``: the process's open-file limit, soft and hard (a login's 1024, say)."""
+
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         port = free_port()
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -51,6 +57,7 @@ class Server:
                 env=child_env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=limit if open_files else None,
             )
         return cls(proc, port, log)
 

@@ -56,6 +56,20 @@ CASES = [
     ("stream_options without stream", C, {**OK, "stream_options": {"include_usage": True}}, 400,
      "stream_options", None),
     ("unknown route", "/v1/embeddings", {"input": "x"}, 404, None, "not_found"),
+    # issue 27: JSON nested past the parser's stack, tool calls the template cannot show, vLLM extras
+    ("deep json", C, b'{"prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", 400, None, None),
+    ("deep json tokenize", "/tokenize", b'{"prompt": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", 400, None, None),
+    ("tool call history", CHAT, {**MSG, "messages": [
+        {"role": "user", "content": "the city"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, 400, "messages[1].tool_calls", None),
+    ("tool call without id", CHAT, {**MSG, "messages": [{"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[0].tool_calls[0].id", None),
+    ("both template flags", CHAT, {**MSG, "add_generation_prompt": True, "continue_final_message": True},
+     400, "continue_final_message", None),
+    ("truncate zero", C, {**OK, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", None),
 ]  # fmt: skip
 
 

@@ -46,6 +46,14 @@ def _log(server: Server) -> list[dict[str, object]]:
         ("guided_json", {"type": "object"}),
         ("tool_choice", "auto"),
         ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        # vLLM's extras (issue 27, item 9): implemented, or refused by name
+        ("use_beam_search", True),
+        ("length_penalty", 0.5),
+        ("bad_words", ["city"]),
+        ("allowed_token_ids", [5, 6]),
+        ("logits_processors", ["my.module:Processor"]),
+        ("chat_template", "{{ messages }}"),
+        ("spaces_between_special_tokens", False),
     ],
 )
 def test_output_changing_fields_are_refused_by_name(main_server: Server, field: str, value: object) -> None:
@@ -121,6 +129,64 @@ def test_generation_config_defaults_apply_and_are_logged(tmp_path: Path, main_se
     # the tiny target's own file has no sampling keys (do_sample: false): nothing applied, and said so
     logged = [e for e in _log(main_server) if e["event"] == "generation_defaults"]
     assert logged == [{**logged[0], "applied": {}, "not_applied": {}, "overridden_by_flag": None}]
+
+
+def test_vllm_prompt_extras_change_the_prompt_as_vllm_does(main_server: Server, launched: Launched) -> None:
+    """Issue 27, item 9: truncate_prompt_tokens, add_generation_prompt and continue_final_message."""
+    tokenizer = Tokenizer(launched.pair.target)
+    ids = tokenizer.encode(PROMPT)
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 0}
+    status, cut = main_server.post(C, {**body, "prompt": PROMPT, "truncate_prompt_tokens": 2})
+    assert status == 200 and cut["usage"]["prompt_tokens"] == 2
+    assert (
+        cut["choices"][0]["text"]
+        == main_server.post(C, {**body, "prompt": ids[-2:]})[1]["choices"][0]["text"]
+    )
+
+    user = [{"role": "user", "content": PROMPT}]
+    closed = main_server.post("/tokenize", {"messages": user, "add_generation_prompt": False})[1]["tokens"]
+    opened = main_server.post("/tokenize", {"messages": user})[1]["tokens"]
+    assert opened[: len(closed)] == closed and len(opened) > len(closed)
+    chat = main_server.post(CHAT, {**body, "messages": user, "add_generation_prompt": False})[1]
+    assert chat["usage"]["prompt_tokens"] == len(closed)
+
+    going_on = [*user, {"role": "assistant", "content": "the city"}]
+    prompt = main_server.post("/tokenize", {"messages": going_on, "continue_final_message": True})[1][
+        "tokens"
+    ]
+    assert prompt[-2:] == tokenizer.encode("the city")  # the turn is left open: no end-of-turn token
+    chat = main_server.post(CHAT, {**body, "messages": going_on, "continue_final_message": True})[1]
+    plain = main_server.post(C, {**body, "prompt": prompt})[1]
+    assert chat["choices"][0]["message"]["content"] == plain["choices"][0]["text"]
+
+
+def test_tool_call_history_reaches_a_template_that_shows_it(launched: Launched, tmp_path: Path) -> None:
+    """Issue 27, item 9: an assistant's tool calls and the tool's answer go through the template (a
+    template without them refuses the request, see test_bad_input)."""
+    folder = tmp_path / "tools-target"
+    folder.mkdir()
+    (folder / "tokenizer.json").symlink_to(launched.pair.target / "tokenizer.json")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}call {{ c.function.name }} {{ c.function.arguments }} {{ c.id }}"
+        "{% endfor %}{% if m.tool_call_id %} for {{ m.tool_call_id }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tokenizer = Tokenizer(folder)
+    limits = Limits(MODEL, 1024, 69, 6, ("ar",), (BUDGET,), "ar", BUDGET, 0.0, 1.0, 10_000)
+    call = {"id": "c1", "type": "function", "function": {"name": "school", "arguments": "city"}}
+    messages = [
+        {"role": "user", "content": "the"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "war"},
+    ]
+    req = parse_request({"messages": messages, "max_tokens": 2}, True, limits, tokenizer)
+    rendered = (
+        "<|im_start|>user\nthe<|im_end|>\n<|im_start|>assistant\ncall school city c1<|im_end|>\n"
+        "<|im_start|>tool\nwar for c1<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert req.prompt_ids == tokenizer.encode(rendered)
 
 
 # ------------------------------------------------------------------------ defect 5: lone surrogates

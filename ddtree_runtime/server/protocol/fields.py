@@ -39,6 +39,14 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "chat_template_kwargs": (None, {}),
+    # vLLM's extras that change the output and are not implemented
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "logits_processors": (None, []),
+    "chat_template": (None,),
+    "spaces_between_special_tokens": (True,),
 }
 NEUTRAL_WHY = {
     "tools": "tool calling is not implemented",
@@ -51,6 +59,12 @@ NEUTRAL_WHY = {
     "guided_choice": "constrained decoding is not implemented",
     "guided_grammar": "constrained decoding is not implemented",
     "structured_outputs": "constrained decoding is not implemented",
+    "use_beam_search": "beam search is not implemented (speculative decoding samples one sequence)",
+    "length_penalty": "it applies to beam search, which is not implemented",
+    "bad_words": "restricting the vocabulary is not implemented",
+    "allowed_token_ids": "restricting the vocabulary is not implemented",
+    "logits_processors": "logits processors are not supported",
+    "chat_template": "a per-request chat template is not supported (the model's own is used)",
 }
 
 

@@ -42,6 +42,9 @@ class Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=1, description="vLLM extra: keep only the last N prompt tokens"
+    )
     mode: str | None = Field(None, description="specops extra: ar | dflash | ddtree, within --modes")
     budget: int | None = Field(None, description="specops extra: ddtree budget, within --budgets")
     ddtree: DDTreeOptions | None = Field(None, description='specops extra: {"mode": ..., "budget": N}')
@@ -51,6 +54,7 @@ class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         description="one prompt: a string or a list of token ids (a one-element list of either is allowed)"
     )
+    add_special_tokens: bool = Field(True, description="vLLM extra: the tokenizer's own special tokens (BOS)")
 
 
 # ------------------------------------------------------------------------- completions and chat
@@ -59,10 +63,25 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON text, as the model wrote them")
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: str = Field(description=" | ".join(CHAT_ROLES))
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(
+        None, description="an assistant's earlier tool calls (needs a chat template that shows them)"
+    )
+    tool_call_id: str | None = Field(None, description="which call a role tool message answers")
 
     @model_validator(mode="after")
     def _known_role(self) -> ChatMessage:
@@ -76,19 +95,33 @@ class ChatMessage(_Strict):
         return "".join(p.text for p in content) if isinstance(content, list) else content or ""
 
 
-class ChatCompletionRequest(Sampling):
+class ChatTemplateOptions(_Strict):
+    """vLLM's chat extras: how the conversation becomes the prompt."""
+
+    add_generation_prompt: bool = Field(True, description="end the prompt with the assistant's turn opened")
+    continue_final_message: bool = Field(
+        False, description="end the prompt inside the last message, to go on with it"
+    )
+
+
+class ChatCompletionRequest(Sampling, ChatTemplateOptions):
     messages: list[ChatMessage] = Field(min_length=1)
+    add_special_tokens: bool = Field(
+        False, description="vLLM extra: the tokenizer's own special tokens (BOS)"
+    )
 
 
 # ------------------------------------------------------------------------ vLLM's auxiliary endpoints
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatTemplateOptions):
     """vLLM's `/tokenize`: a prompt, or chat messages through the chat template."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = False
+    add_special_tokens: bool | None = Field(
+        None, description="default: true for a prompt, false for messages"
+    )
 
 
 class DetokenizeRequest(BaseModel):
@@ -104,6 +137,8 @@ _FIELDS = {
         ChatCompletionRequest,
         ChatMessage,
         TextPart,
+        ToolCall,
+        FunctionCall,
         StreamOptions,
         DDTreeOptions,
     )

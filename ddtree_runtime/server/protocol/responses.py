@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from ddtree_runtime.generation import IncrementalText, first_stop
 from ddtree_runtime.server.protocol.validation import Request
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -121,34 +122,36 @@ class Reply:
 class TextStream:
     """Streamed text that always ends up equal to the engine's final text.
 
-    Each round decodes all tokens so far and releases only what can no longer change: text before
-    the first stop string, minus a tail that could still grow into one, minus a trailing partial
-    UTF-8 character (U+FFFD while a multi-byte token sequence is incomplete).
+    Each round decodes only its new tokens (`IncrementalText`) and releases what can no longer
+    change: text before the first stop string, minus a tail that could still grow into one; a
+    partial UTF-8 character is never released. Only that held tail waits between rounds.
     """
 
     def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]) -> None:
-        self.decode, self.stop = decode, stop
-        self.ids: list[int] = []
-        self.sent = ""
+        self.text, self.stop = IncrementalText(decode), stop
+        self.pending = ""  # decoded, not released yet
+        self.sent = 0  # characters released so far
+        self.stopped = False
 
     def push(self, tokens: list[int]) -> str:
         """New tokens in; the text that is now safe to send out."""
-        self.ids.extend(tokens)
-        text = self.decode(self.ids)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        text = text[: min(cuts)] if cuts else text[: len(text) - self._held(text)]
-        return self._release(text.rstrip("\ufffd"))
+        if self.stopped:
+            return ""
+        added = self.text.push(tokens)
+        self.pending += added
+        cut = first_stop(self.pending, len(added), self.stop)
+        self.stopped = cut is not None
+        end = cut if cut is not None else len(self.pending) - self._held(self.pending)
+        out, self.pending = self.pending[:end], self.pending[end:]
+        self.sent += len(out)
+        return out
 
     def finish(self, final_text: str) -> str:
         """The rest of the engine's final text."""
-        return self._release(final_text)
+        rest = final_text[self.sent :]
+        self.sent = len(final_text)
+        return rest
 
     def _held(self, text: str) -> int:
         """Length of the longest tail of `text` that is a proper prefix of a stop string."""
         return max((k for s in self.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-
-    def _release(self, text: str) -> str:
-        if not text.startswith(self.sent) or len(text) == len(self.sent):
-            return ""
-        delta, self.sent = text[len(self.sent) :], text
-        return delta

@@ -19,6 +19,8 @@ from ddtree_runtime.server.protocol.fields import refuse_unsupported
 from ddtree_runtime.server.protocol.requests import (
     MAX_STOP,
     ChatCompletionRequest,
+    ChatMessage,
+    ChatTemplateOptions,
     CompletionRequest,
     DDTreeOptions,
     Sampling,
@@ -87,6 +89,10 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw.decode("utf-8"), parse_constant=refuse)
     except (UnicodeDecodeError, ValueError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e} (fix: send a JSON object)") from None
+    except RecursionError:  # [[[[...]]]] deeper than the parser's stack: a client error, not a 500
+        raise APIError(
+            400, "the request body nests arrays or objects too deeply (fix: send a flat JSON object)"
+        ) from None
     if not isinstance(body, dict):
         raise APIError(
             400, f"the request body is a JSON {type(body).__name__}, not an object (fix: send {{...}})"
@@ -128,6 +134,8 @@ def parse_request(body: dict[str, Any], chat: bool, limits: Limits, tokenizer: T
     else:
         assert isinstance(req, CompletionRequest)
         prompt_ids = _text_prompt(req, limits, tokenizer)
+    if req.truncate_prompt_tokens is not None:  # vLLM: the last N tokens (left truncation)
+        prompt_ids = prompt_ids[-req.truncate_prompt_tokens :]
     if not prompt_ids:
         param = "messages" if chat else "prompt"
         raise APIError(400, "the prompt is empty (fix: send at least one token of prompt)", param=param)
@@ -203,9 +211,10 @@ def _text_prompt(req: CompletionRequest, limits: Limits, tokenizer: Tokenizer) -
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        if len(prompt) > limits.max_prompt_chars:  # refused before the tokenizer spends seconds on it
+        # refused before the tokenizer spends seconds on it (unless it is to be truncated anyway)
+        if len(prompt) > limits.max_prompt_chars and req.truncate_prompt_tokens is None:
             raise _too_long(len(prompt), limits, "prompt")
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt, req.add_special_tokens)
     if all(isinstance(t, int) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < limits.vocab_size]
         if bad:
@@ -224,12 +233,45 @@ def _text_prompt(req: CompletionRequest, limits: Limits, tokenizer: Tokenizer) -
 
 def _chat_prompt(req: ChatCompletionRequest, limits: Limits, tokenizer: Tokenizer) -> list[int]:
     """`messages` through the model's chat template; content is a string or a list of text parts."""
-    clean = [{"role": m.role, "content": m.plain_text()} for m in req.messages]
-    chars = sum(len(m["content"]) for m in clean)
-    if chars > limits.max_prompt_chars:
+    chars = sum(len(m.plain_text()) for m in req.messages)
+    if chars > limits.max_prompt_chars and req.truncate_prompt_tokens is None:
         raise _too_long(chars, limits, "messages")
+    return tokenizer.encode(chat_text(req.messages, req, tokenizer), req.add_special_tokens)
+
+
+def chat_text(messages: list[ChatMessage], options: ChatTemplateOptions, tokenizer: Tokenizer) -> str:
+    """The prompt text of a conversation (chat completions and `/tokenize`); what the template
+    cannot show is refused (400), never dropped: an assistant's tool calls need a template that
+    renders them."""
+    # vLLM's rule: the model either answers in a new turn or goes on with the last message
+    sent = options.model_fields_set
+    if options.continue_final_message and options.add_generation_prompt and "add_generation_prompt" in sent:
+        raise APIError(
+            400,
+            "add_generation_prompt and continue_final_message cannot both be true (fix: send one)",
+            param="continue_final_message",
+        )
+    clean = []
+    for i, m in enumerate(messages):
+        message: dict[str, Any] = {"role": m.role, "content": m.plain_text()}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.tool_calls:
+            if not tokenizer.renders_tool_calls:
+                raise APIError(
+                    400,
+                    f"messages[{i}].tool_calls: this model's chat template does not show tool calls, so "
+                    "the history would lose them (fix: send the calls as the message's text)",
+                    param=f"messages[{i}].tool_calls",
+                )
+            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+        if m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        clean.append(message)
     try:
-        return tokenizer.encode(tokenizer.apply_chat_template(clean))
+        return tokenizer.apply_chat_template(
+            clean, options.add_generation_prompt, options.continue_final_message
+        )
     except (ConfigError, TemplateError) as e:
         raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from None
 

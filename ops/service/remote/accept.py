@@ -3,7 +3,7 @@
 argv[1]: JSON {url, model (or null: the first /v1/models lists), prompts, max_tokens, modes:
 [{mode, extra}], keep (metric names to keep), timeout, env_file, key_names}. A server that wants an
 API key gets it as a bearer token, read from the 0600 env file (the first of ``key_names`` set
-there: never on a command line). For each mode: scrape, one greedy
+there: never on a command line; ``apikey.py`` is prepended). For each mode: scrape, one greedy
 completion per prompt (``extra`` joins the body: our server's ``mode``), scrape again. Prints one
 JSON object {"modes": {MODE: {"before", "after", "requests", "tokens", "errors"}}} or {"error"};
 ``before``/``after`` hold only the kept metric lines (None when /metrics does not answer 200).
@@ -17,16 +17,6 @@ import urllib.error
 import urllib.request
 
 HEADERS = {"Content-Type": "application/json"}
-
-
-def api_key(env_file, names):
-    """The first of ``names`` set in the env file (KEY=VALUE lines), or None."""
-    try:
-        with open(env_file) as fh:
-            found = dict(line.rstrip("\n").split("=", 1) for line in fh if "=" in line and line[0] != "#")
-    except OSError:
-        return None
-    return next((found[n] for n in names if found.get(n)), None)
 
 
 def call(url, body=None, timeout=60):
@@ -62,7 +52,7 @@ def model_id(url):
 
 
 def main(s):
-    key = api_key(s.get("env_file") or "", s.get("key_names") or [])
+    key = api_key(s.get("env_file") or "", s.get("key_names") or [])  # noqa: F821 (from apikey.py)
     if key:
         HEADERS["Authorization"] = "Bearer " + key
     deadline = time.monotonic() + s["timeout"]

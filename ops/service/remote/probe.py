@@ -1,7 +1,8 @@
 """Service facts, printed as one JSON object; reads only (``--check`` runs it for real).
 
-argv[1]: JSON {name, pidfile, state, acceptance, log, env_file, supervisor, health, metrics,
-venv, packages}.
+argv[1]: JSON {name, pidfile, state, acceptance, log, env_file, proven, auth_env, supervisor,
+health, metrics, venv, packages}. ``apikey.py`` is prepended: /health and /metrics carry the key of
+``auth_env`` when it sets one.
 """
 
 import glob
@@ -43,9 +44,9 @@ def process(pid):
     return {"pid": pid, "uptime_s": round(up - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 1), "cwd": cwd}
 
 
-def get(url, limit):
+def get(url, limit, headers):
     try:
-        with urllib.request.urlopen(url, timeout=3) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=3) as r:
             return r.status, r.read(limit).decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -102,6 +103,15 @@ def read_json(path):
         return None
 
 
+def proven_env(folder):
+    """release -> sha256 of each env file copy a proven start left (``<release>.env``)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    return {n[: -len(".env")]: sha(os.path.join(folder, n)) for n in names if n.endswith(".env")}
+
+
 def pins(venv, packages):
     """Installed versions of ``packages`` (PEP 503 names) in the venv, read from its metadata
     (this python may not be the venv's: nothing is imported)."""
@@ -125,17 +135,19 @@ def main(s):
         "pins": pins(s["venv"], s["packages"]),
         "supervisor_status": read_json(s["pidfile"][:-4] + ".status"),
         "env_sha": sha(s["env_file"]),
+        "proven_env": proven_env(s["proven"]) if s.get("proven") else {},
         "supervisor_sha": sha(s["supervisor"]),
         "health": None,
         "metrics": None,
         "log_size": os.path.getsize(s["log"]) if os.path.exists(s["log"]) else 0,
     }
     if sup or systemd["process"]:
-        facts["health"], error = get(s["health"], 1 << 16)
+        headers = auth_headers(s.get("auth_env"))  # noqa: F821 (from apikey.py)
+        facts["health"], error = get(s["health"], 1 << 16, headers)
         if facts["health"] is None:
             facts["health_error"] = error
         if s["metrics"]:
-            status, text = get(s["metrics"], 1 << 20)
+            status, text = get(s["metrics"], 1 << 20, headers)
             facts["metrics"] = text if status == 200 else None
     print(json.dumps(facts))
 

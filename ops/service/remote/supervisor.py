@@ -6,7 +6,7 @@ This file is copied to ``<base>/bin/specops-supervisor.py`` and run there by the
 - ``start --pidfile P --log L --cwd D [--env-file E] [--setenv K=V ...] -- ARGV...`` starts a
   monitor in its own session, which starts ARGV in another new session (setsid: both outlive the
   SSH session; the server gets its own process group), stdin from /dev/null, stdout and stderr
-  appended to L. The environment file's ``KEY=VALUE`` lines (secrets live there, mode 0600) go into
+  appended to L, its soft open-file limit raised to the hard one. The environment file's ``KEY=VALUE`` lines (secrets live there, mode 0600) go into
   the process environment, never onto a command line. It refuses to start while the pidfile names
   a live process, and prints ``{"pid": N}`` (the server's pid, which the pidfile holds).
 - The monitor restarts the server when it dies with a non-zero status or a signal (SIGKILL, the
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -172,8 +173,18 @@ def launch(args: argparse.Namespace, env: dict[str, str], log) -> subprocess.Pop
     return proc
 
 
+def raise_open_files() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (the server inherits it): a login's soft limit is
+    often 1024, which a thousand client connections use up."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def monitor(args: argparse.Namespace) -> int:
     """Run the server; restart it when it crashes, until a crash loop or a stop."""
+    raise_open_files()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     write_pidfile(companion(args.pidfile, ".monitor.pid"), os.getpid())

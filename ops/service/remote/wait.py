@@ -4,11 +4,13 @@ Ready is ``ready_on``: ``health`` (our server: /health is 200 only once warmed) 
 (vLLM, SGLang: /health is 200 while the engine still loads, so the port must accept and
 /v1/models must list ``model``, the served id).
 
-argv[1]: JSON {url, timeout, prompt, max_tokens, ready_on, model, pidfile | (systemctl, unit)}. Prints one JSON
+argv[1]: JSON {url, timeout, prompt, max_tokens, ready_on, model, pidfile | (systemctl, unit),
+env_file?}. Prints one JSON
 object, ``{"ready": true, "pid", "healthy_after", "text", "elapsed"}`` or ``{"ready": false,
 "error", "elapsed"}``; the controller decides what a failure means (roll back, or report).
 An answer counts only when the socket behind the port belongs to the process we started (or its
-children): ``sockets.py`` is prepended to this script.
+children): ``sockets.py`` is prepended to this script. With an API key in the server's env file
+(``apikey.py``, prepended too) every request carries it.
 """
 
 import json
@@ -49,9 +51,12 @@ def alive(pid):
         return False
 
 
+HEADERS = {"Content-Type": "application/json"}
+
+
 def fetch(url, body=None):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers=HEADERS)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, r.read(1 << 20).decode("utf-8", "replace")
@@ -101,6 +106,7 @@ def complete(s, pid, healthy):
 
 
 def main(s):
+    HEADERS.update(auth_headers(s.get("env_file")))  # noqa: F821 (from apikey.py)
     first = current_pid(s)
     healthy = None
     while True:
