@@ -10,11 +10,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-import torch
-
 from ddtree_runtime.config import ConfigError
+from ddtree_runtime.loader import default_device
 from ddtree_runtime.train.checkpoint import Layout
 from ddtree_runtime.train.curate import CurationError, Filters
+from ddtree_runtime.train.distributed import leave
 from ddtree_runtime.train.extract import ExtractionError
 from ddtree_runtime.train.pipeline import LintFailed, RunSpec, run
 from ddtree_runtime.train.trainer import TrainSpec
@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-prompts", type=int, default=16)
     p.add_argument("--eval-budgets", default="16,64")
     p.add_argument("--eval-tokens", type=int, default=64)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=default_device())
     p.add_argument(
         "--leader",
         action="store_true",
@@ -165,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LintFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    finally:
+        leave()
     if summary:
         print(json.dumps(summary))
     return 0

@@ -71,6 +71,14 @@ def join(device: str, leader_host: bool = False) -> Job:
     return Job(rank, world, local_rank, local_world, leaders[0] if leaders else 0, dev)
 
 
+def leave() -> None:
+    """Leave torchrun's group before the process exits: a gloo group still alive at interpreter exit
+    tears its threads down unjoined, which aborts the process now and then ("terminate called
+    without an active exception") after the run itself succeeded."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def barrier(job: Job) -> None:
     if job.world > 1:
         dist.barrier()

@@ -50,7 +50,6 @@ from ddtree_runtime.train.evaluate import measure_tau
 from ddtree_runtime.train.forward import TargetFeatures
 from ddtree_runtime.train.trainer import BlockLoss, TrainSpec, train
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # where a process runs and what it reports, not what it trains: a change keeps a finished run
 PLACEMENT = ("device", "leader", "estimate", "eval_prompts", "eval_budgets", "eval_tokens")
 
@@ -162,7 +161,7 @@ def run(spec: RunSpec) -> dict[str, Any]:
             return json.loads((out / "cost.json").read_text()) if job.is_leader else {}
         train(job, drafter, target, samples, spec.train, out)
         if job.is_leader:
-            save_drafter(drafter, raw, drafter_dir, DTYPES[spec.save_dtype])
+            save_drafter(drafter, raw, drafter_dir, getattr(torch, spec.save_dtype))
             extract.write_json(done_path, wanted)
 
     def finish() -> dict[str, Any]:
@@ -282,7 +281,7 @@ def prepare(
             drafter.config.target_layer_ids,
             folder,
             spec.shard_size,
-            DTYPES[spec.save_dtype],
+            getattr(torch, spec.save_dtype),
             progress=progress("extract shard"),
             sharing=job.local_world,
         )
@@ -324,7 +323,7 @@ def estimate(
         features_tokens_per_s=features * job.world,
         drafter_tokens_per_s=draft * job.world,
         features_bytes=extract.disk_need(
-            [length] * len(prompts), len(layer_ids), cfg.hidden_size, DTYPES[spec.save_dtype]
+            [length] * len(prompts), len(layer_ids), cfg.hidden_size, getattr(torch, spec.save_dtype)
         ),
         steps=t.steps,
         step_tokens=t.micro_batch * t.grad_accum * job.world * length,
