@@ -478,19 +478,42 @@ def layer_specs(cc: int) -> list[Spec]:
         dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)),
         8,
     )
-    qkv = _empty(257, (HQ + 2 * HKV) * HEAD_DIM, dtype=bf16)
-    cache_ = _empty(HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=bf16)
-    table_ = _empty(CONTEXT + BUDGET + 1, HEAD_DIM)
-    q = _empty(257, HQ, HEAD_DIM, dtype=bf16)
-    rope = Spec(
+    rope = _qk_rope(cc, HQ, HKV, HEAD_DIM, HEAD_DIM, gated=False, w_dtype=bf16)
+    gate_up = _empty(257, 2 * INTER, dtype=bf16)
+    act = _empty(257, INTER, dtype=bf16)
+    swiglu = Spec(
+        "silu_mul",
+        f"I={INTER}",
+        cc,
+        silu_mul._silu_mul_kernel,
+        dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
+        dict(BLOCK=1024),
+        4,
+    )
+    found = [norm, rope, swiglu]
+    for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
+        found.append(_skinny(cc, n, k))
+    return found
+
+
+def _qk_rope(cc: int, hq: int, hkv: int, d: int, rot: int, gated: bool, w_dtype: torch.dtype) -> Spec:
+    """q/k norm + RoPE + cache write of 257 rows: Qwen3's (bf16 weights, all of D rotated) or
+    Qwen3.5's gated attention (a gate after each query head, fp32 (1 + w) scales, rot of D rotated)."""
+    bf16 = torch.bfloat16
+    width = 2 * d if gated else d
+    qkv = _empty(257, hq * width + 2 * hkv * d, dtype=bf16)
+    cache_ = _empty(hkv, CONTEXT + BUDGET + 1, d, dtype=bf16)
+    table_ = _empty(CONTEXT + BUDGET + 1, rot)
+    q = _empty(257, hq, d, dtype=bf16)
+    return Spec(
         "qk_rope",
-        f"{HQ}/{HKV} heads D={HEAD_DIM}",
+        f"{'gated ' if gated else ''}{hq}/{hkv} heads D={d}{f' rotary {rot}' if rot < d else ''}",
         cc,
         qk_rope._qk_rope_kernel,
         dict(
             QKV=qkv,
-            QW=_empty(HEAD_DIM, dtype=bf16),
-            KW=_empty(HEAD_DIM, dtype=bf16),
+            QW=_empty(d, dtype=w_dtype),
+            KW=_empty(d, dtype=w_dtype),
             COS=table_,
             SIN=table_,
             POS=_empty(257, dtype=torch.int64),
@@ -507,31 +530,16 @@ def layer_specs(cc: int) -> list[Spec]:
             eps=1e-6,
         ),
         dict(
-            HQ=HQ,
-            HKV=HKV,
-            HEAD_DIM=HEAD_DIM,
-            Q_WIDTH=HEAD_DIM,
-            ROT=HEAD_DIM,
-            HALF_PAD=HEAD_DIM // 2,
-            REST_PAD=1,
+            HQ=hq,
+            HKV=hkv,
+            HEAD_DIM=d,
+            Q_WIDTH=width,
+            ROT=rot,
+            HALF_PAD=rot // 2,
+            REST_PAD=max(1, next_pow2(d - rot)),
         ),
         1,
     )
-    gate_up = _empty(257, 2 * INTER, dtype=bf16)
-    act = _empty(257, INTER, dtype=bf16)
-    swiglu = Spec(
-        "silu_mul",
-        f"I={INTER}",
-        cc,
-        silu_mul._silu_mul_kernel,
-        dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
-        dict(BLOCK=1024),
-        4,
-    )
-    found = [norm, rope, swiglu]
-    for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
-        found.append(_skinny(cc, n, k))
-    return found
 
 
 def _skinny(cc: int, n: int, k: int) -> Spec:
@@ -783,48 +791,7 @@ def gdn_specs(cc: int) -> list[Spec]:
 
 def hybrid_layer_specs(cc: int) -> list[Spec]:
     """The 27B's gated attention q/k norm + partial RoPE and its projections' skinny matmuls."""
-    bf16 = torch.bfloat16
-    qkv = _empty(257, (2 * HQ27 + 2 * HKV27) * D27, dtype=bf16)
-    cache_ = _empty(HKV27, CONTEXT + BUDGET + 1, D27, dtype=bf16)
-    table_ = _empty(CONTEXT + BUDGET + 1, D27 // 4)
-    q = _empty(257, HQ27, D27, dtype=bf16)
-    found = [
-        Spec(
-            "qk_rope",
-            f"gated {HQ27}/{HKV27} heads D={D27} rotary {D27 // 4}",
-            cc,
-            qk_rope._qk_rope_kernel,
-            dict(
-                QKV=qkv,
-                QW=_empty(D27),
-                KW=_empty(D27),
-                COS=table_,
-                SIN=table_,
-                POS=_empty(257, dtype=torch.int64),
-                K=cache_,
-                V=cache_,
-                Q_OUT=q,
-                CTX=_empty((), dtype=torch.int64),
-                stride_t=qkv.stride(0),
-                stride_ct=table_.stride(0),
-                stride_kh=cache_.stride(0),
-                stride_ks=cache_.stride(1),
-                stride_qt=q.stride(0),
-                stride_qh=q.stride(1),
-                eps=1e-6,
-            ),
-            dict(
-                HQ=HQ27,
-                HKV=HKV27,
-                HEAD_DIM=D27,
-                Q_WIDTH=2 * D27,
-                ROT=D27 // 4,
-                HALF_PAD=D27 // 8,
-                REST_PAD=D27,
-            ),
-            1,
-        )
-    ]
+    found = [_qk_rope(cc, HQ27, HKV27, D27, D27 // 4, gated=True, w_dtype=torch.float32)]
     shapes = (
         (GDN_PROJ, H27),
         ((2 * HQ27 + 2 * HKV27) * D27, H27),
