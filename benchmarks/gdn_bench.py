@@ -89,14 +89,26 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
 
     state = rand(hv, d, d, scale=0.1)
+
+    def inputs(t: int) -> tuple[torch.Tensor, ...]:
+        """q, k [t, Hk, D] (unit rows, q scaled), v [t, Hv, D] in the model dtype; g, beta [t, Hv] fp32."""
+        q = (F.normalize(rand(t, hk, d), dim=-1) * d**-0.5).to(dtype)
+        k = F.normalize(rand(t, hk, d), dim=-1).to(dtype)
+        g, beta = -torch.rand(t, hv, generator=gen).to(device), torch.rand(t, hv, generator=gen).to(device)
+        return q, k, rand(t, hv, d).to(dtype), g, beta
+
+    def fla_us(kernel: Callable[..., object], x: tuple[torch.Tensor, ...]) -> float:
+        """One of fla's gated delta rule kernels over `x` (fla's [B, T, H, D] layout) from `state`."""
+        batched = [t[None] for t in x]
+        return timed_us(
+            lambda: kernel(*batched, scale=1.0, initial_state=state[None], output_final_state=True), device
+        )
+
     for n in (17, 65, 257) if not args.small else (9, 40):
         parents = ddtree_parents(n, 15, gen)
         par = torch.tensor(parents, device=device)
         dep = torch.tensor(depths(parents), device=device)
-        q = (F.normalize(rand(n, hk, d), dim=-1) * d**-0.5).to(dtype)
-        k = F.normalize(rand(n, hk, d), dim=-1).to(dtype)
-        v = rand(n, hv, d).to(dtype)
-        g, beta = -torch.rand(n, hv, generator=gen).to(device), torch.rand(n, hv, generator=gen).to(device)
+        x = q, k, v, g, beta = inputs(n)
         row(f"plan {n}", timed_us(lambda par=par, dep=dep: tree_plan(par, dep, 4), device))
         configs = [(None, 64, 4)]
         if args.sweep:
@@ -117,7 +129,7 @@ def main() -> None:
                     )
                 )
                 continue
-            row(f"tree {n}", us, config=[plan.block, block_v or min(64, d), warps])
+            row(f"tree {n}", us, config=[plan.block, block_v, warps])
         chain = tree_plan(torch.arange(-1, n - 1, device=device), torch.arange(n, device=device), 4)
         row(
             f"tree-kernel chain {n}",
@@ -128,57 +140,20 @@ def main() -> None:
         if device.type == "cuda":
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-            row(
-                f"fla chunk {n}",
-                timed_us(
-                    lambda q=q, k=k, v=v, g=g, beta=beta: chunk_gated_delta_rule(
-                        q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                        initial_state=state[None], output_final_state=True,
-                    ),
-                    device,
-                ),
-            )  # fmt: skip
+            row(f"fla chunk {n}", fla_us(chunk_gated_delta_rule, x))
     if device.type == "cuda":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
         for t in (2048, 4096):
-            q = (F.normalize(rand(t, hk, d), dim=-1) * d**-0.5).to(dtype)
-            k = F.normalize(rand(t, hk, d), dim=-1).to(dtype)
-            v = rand(t, hv, d).to(dtype)
-            g, beta = (
-                -torch.rand(t, hv, generator=gen).to(device),
-                torch.rand(t, hv, generator=gen).to(device),
-            )
-            row(
-                f"fla chunk {t}",
-                timed_us(
-                    lambda q=q, k=k, v=v, g=g, beta=beta: chunk_gated_delta_rule(
-                        q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                        initial_state=state[None], output_final_state=True,
-                    ),
-                    device,
-                ),
-            )  # fmt: skip
+            row(f"fla chunk {t}", fla_us(chunk_gated_delta_rule, inputs(t)))
     # one token: our fused step (recurrence + output norm) against fla's fused recurrent kernel
-    q = (F.normalize(rand(1, hk, d), dim=-1) * d**-0.5).to(dtype)
-    k = F.normalize(rand(1, hk, d), dim=-1).to(dtype)
-    v = rand(1, hv, d).to(dtype)
-    g, beta = -torch.rand(1, hv, generator=gen).to(device), torch.rand(1, hv, generator=gen).to(device)
+    x = q, k, v, g, beta = inputs(1)
     proj = rand(1, hv * d, scale=1.0).to(dtype)
     norm_w = torch.ones(d, device=device, dtype=dtype)
     step_state = state.clone()
     row("step", timed_us(lambda: gdn_step(q, k, v, g, beta, step_state, proj, 0, norm_w, 1e-6), device))
     if device.type == "cuda":
-        row(
-            "fla recurrent",
-            timed_us(
-                lambda: fused_recurrent_gated_delta_rule(
-                    q[None], k[None], v[None], g[None], beta[None], scale=1.0,
-                    initial_state=state[None], output_final_state=True,
-                ),
-                device,
-            ),
-        )  # fmt: skip
+        row("fla recurrent", fla_us(fused_recurrent_gated_delta_rule, x))
     # the commit after a 257-node verify (a 16-node accepted path), every layer in one launch pair
     n = 257 if not args.small else 40
     parents = ddtree_parents(n, 15, gen)

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels.gdn_inputs import hist_row
 from ddtree_kernels.host import cdiv, next_pow2
 from ddtree_kernels.precision import dot, dot_precision
 
@@ -93,13 +94,9 @@ def _commit_conv_kernel(
     # that reads a conv row j reads it before row j is written (row j is written by tap j + 1)
     for j in tl.static_range(KERNEL - 1):
         row = tl.load(WINDOWS + last * KERNEL + 1 + j) + tl.zeros_like(chans)  # as a block: masks need one
-        in_conv = row < KERNEL - 1
-        xs = tl.load(CONV + tl.minimum(row, KERNEL - 2) * channels + chans, mask=ok & in_conv, other=0.0)
-        xp = tl.load(
-            X + tl.maximum(row - (KERNEL - 1), 0) * channels + chans, mask=ok & (row >= KERNEL - 1), other=0.0
-        )
+        value = hist_row(CONV, X, row, chans, ok, channels, channels, KERNEL)
         tl.debug_barrier()
-        tl.store(CONV + j * channels + chans, tl.where(in_conv, xs, xp), mask=ok)
+        tl.store(CONV + j * channels + chans, value, mask=ok)
 
 
 def gdn_commit(

@@ -40,6 +40,16 @@ def _window_row(WINDOWS, t, j, stride_wt, KERNEL: tl.constexpr, CHAIN: tl.conste
 
 
 @triton.jit
+def hist_row(CONV_STATE, X, row, chans, ok, stride_cs, stride_x, KERNEL: tl.constexpr):
+    """Channels ``chans`` of row ``row`` (a block, one value per channel) of cat(conv_state [K-1], x):
+    the cached conv inputs first, then the tokens'."""
+    in_state = row < KERNEL - 1
+    xs = tl.load(CONV_STATE + tl.minimum(row, KERNEL - 2) * stride_cs + chans, mask=ok & in_state, other=0.0)
+    xp = tl.load(X + tl.maximum(row - (KERNEL - 1), 0) * stride_x + chans, mask=ok & ~in_state, other=0.0)
+    return tl.where(in_state, xs, xp)
+
+
+@triton.jit
 def _conv_silu(
     PROJ,
     CONV_STATE,
@@ -60,17 +70,9 @@ def _conv_silu(
         row = _window_row(WINDOWS, t, j, stride_wt, KERNEL, CHAIN) + tl.zeros_like(
             chans
         )  # a block: masks need one
-        in_state = row < KERNEL - 1
-        xs = tl.load(
-            CONV_STATE + tl.minimum(row, KERNEL - 2) * stride_cs + chans, mask=ok & in_state, other=0.0
-        )
-        xp = tl.load(
-            PROJ + tl.maximum(row - (KERNEL - 1), 0) * stride_pt + chans,
-            mask=ok & (row >= KERNEL - 1),
-            other=0.0,
-        )
+        x = hist_row(CONV_STATE, PROJ, row, chans, ok, stride_cs, stride_pt, KERNEL)
         w = tl.load(CONV_W + chans * KERNEL + j, mask=ok, other=0.0)
-        acc += tl.where(in_state, xs.to(tl.float32), xp.to(tl.float32)) * w.to(tl.float32)
+        acc += x.to(tl.float32) * w.to(tl.float32)
     return acc / (1.0 + tl.exp(-acc))
 
 

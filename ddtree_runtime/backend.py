@@ -350,8 +350,7 @@ class TorchBackend:
         windows = gated_delta.conv_windows(gated_delta.chain_parents(t, proj.device), spec.kernel)
         q, k, v, g, beta = gated_delta.inputs(proj, conv_state, spec, windows)
         o, new_state = gated_delta.chain(q, k, v, g, beta, state)
-        hist = torch.cat([conv_state, proj[:, : spec.conv_dim].to(conv_state.dtype)])
-        conv_state.copy_(hist[-(spec.kernel - 1) :])
+        gated_delta.advance_conv(conv_state, proj, spec)
         state.copy_(new_state)
         return gated_delta.gated_norm(o, proj, spec)
 

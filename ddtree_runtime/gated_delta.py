@@ -122,6 +122,13 @@ def inputs(proj: Tensor, conv_state: Tensor, spec: GdnSpec, windows: Tensor) -> 
     return q, k, v, g, beta
 
 
+def advance_conv(conv_state: Tensor, proj: Tensor, spec: GdnSpec) -> None:
+    """A committed chain's conv state: the last K-1 conv inputs of cat(conv_state, mixed), in place
+    (call after the chain's conv has read the old rows)."""
+    hist = torch.cat([conv_state, proj[:, : spec.conv_dim].to(conv_state.dtype)])
+    conv_state.copy_(hist[-(spec.kernel - 1) :])
+
+
 def gated_norm(o: Tensor, proj: Tensor, spec: GdnSpec) -> Tensor:
     """o [Hv, N, Dv] (fp32) -> RMSNorm per head, times silu(z): [N, Hv Dv] in proj's dtype."""
     n, dtype = proj.shape[0], proj.dtype

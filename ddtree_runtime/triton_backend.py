@@ -36,7 +36,7 @@ from ddtree_kernels.tree_attention import TreeVisibility, tree_attention, tree_v
 from ddtree_kernels.tree_build import build_tree, candidate_pairs
 from ddtree_kernels.tree_walk import tree_walk
 from ddtree_runtime.fp8 import fp8_linear_reference
-from ddtree_runtime.gated_delta import GdnSpec
+from ddtree_runtime.gated_delta import GdnSpec, advance_conv
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,7 @@ class TritonBackend:
         )
         if t == 1:
             return gdn_step(q, k, v, g, beta, state, proj, spec.conv_dim, spec.norm_weight, spec.eps)
-        hist = torch.cat([conv_state, proj[:, : spec.conv_dim]])  # the conv reads the old rows first
-        conv_state.copy_(hist[-(spec.kernel - 1) :])
+        advance_conv(conv_state, proj, spec)  # gdn_inputs above read the old rows
         o, final = chunk_gated_delta_rule(
             q[None],
             k[None],
