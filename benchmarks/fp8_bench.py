@@ -16,6 +16,7 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
 
     python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
         [--skip-kernels] [--skip-model]
+    python benchmarks/fp8_bench.py --sweep    # fp8_gemm's tile grid at 32-257 rows, best configs
 
 `--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
 minutes of GPU time in all.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.roofline import SHAPES as MODEL_SHAPES
 from benchmarks.roofline import Clock, measure_context, random_pair, verify_pass_ms
 from benchmarks.skinny_matmul_bench import SHAPES, graphed_ms
-from ddtree_kernels.fp8_gemm import act_quant, fp8_gemm
+from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm, gemm_config
 from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.skinny_matmul import skinny_matmul
 from ddtree_runtime.engine import Engine
@@ -126,6 +127,51 @@ def kernel_rows(ceil: Ceilings) -> list[dict]:
     return rows
 
 
+def sweep_rows() -> list[dict]:
+    """`fp8_gemm`'s tile grid at the verify row counts (block 128 x 128, activation quantization
+    included): the best configs per shape and T beside today's choice and cuBLAS bf16."""
+    dev, rows = torch.device("cuda"), []
+    cap = torch.cuda.get_device_capability(dev)
+    grid = [
+        GemmConfig(m, n, w, s)
+        for m in (32, 64, 128)
+        for n in (32, 64, 128, 256)
+        for w in (4, 8)
+        for s in (3, 4, 5)
+        if m * n <= 128 * 128 and not (m == 32 and w == 8)
+    ]
+    for name, (n, k) in SHAPES.items():
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+        for t in (32, 65, 129, 257):
+            x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+            timed = []
+            for cfg in grid:
+                try:
+                    ms = graphed_ms(
+                        lambda x, i, cfg=cfg, pairs=pairs: fp8_gemm(x, *pairs[i], (128, 128), cfg),
+                        x,
+                        list(range(4)),
+                    )
+                except Exception as exc:  # a tile the shared memory cannot hold
+                    print(f"  {cfg}: {type(exc).__name__}", flush=True)
+                    continue
+                timed.append((ms, cfg))
+            timed.sort(key=lambda p: p[0])
+            default = gemm_config(t, cap)
+            row = {
+                "shape": name, "N": n, "K": k, "T": t,
+                "cublas_bf16_us": round(1e3 * graphed_ms(F.linear, x, w16), 1),
+                "act_quant_us": round(1e3 * graphed_ms(lambda x, i: act_quant(x, 128), x, list(range(4))), 1),
+                "default": [default.block_m, default.block_n, default.num_warps, default.num_stages],
+                "default_us": round(1e3 * next(ms for ms, c in timed if c == default), 1),
+                "best": [[c.block_m, c.block_n, c.num_warps, c.num_stages, round(1e3 * ms, 1)] for ms, c in timed[:5]],
+            }  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) -> float:
     """One target pass over `rows` new rows (`roofline.pass_cost`, dense or hybrid) with its decoder
     matmul weights at 1 byte and their FLOPs at the FP8 rate; LM head, embeddings, KV cache and
@@ -191,6 +237,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--skip-model", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="only fp8_gemm's tile grid at verify rows")
     p.add_argument("--json", help="write everything here")
     args = p.parse_args()
     device = torch.device("cuda")
@@ -202,9 +249,11 @@ def main() -> None:
         flush=True,
     )
     out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
-    if not args.skip_kernels:
+    if args.sweep:
+        out["sweep"] = sweep_rows()
+    elif not args.skip_kernels:
         out["kernels"] = kernel_rows(ceil)
-    if not args.skip_model:
+    if not args.skip_model and not args.sweep:
         out["model"] = model_rows(ceil, fp8_rate, args.fmt, args.shape, args.context, args.new_tokens)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

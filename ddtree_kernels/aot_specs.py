@@ -595,6 +595,7 @@ def gdn_specs(cc: int) -> list[Spec]:
     ):
         proj = _empty(n, GDN_PROJ, dtype=bf16)
         windows = _empty(n, CONV, dtype=torch.int32)
+        block_t, warps = gdn_inputs.tile(n, GDN_D)
         args = dict(
             PROJ=proj,
             CONV_STATE=_empty(CONV - 1, GDN_C, dtype=bf16),
@@ -608,6 +609,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             G=_empty(n, GDN_HV),
             BETA=_empty(n, GDN_HV),
             X_STAGE=_empty(n, GDN_C, dtype=bf16) if stage else proj,
+            n_tokens=n,
             stride_pt=GDN_PROJ,
             stride_cs=GDN_C,
             stride_wt=0 if chain else CONV,
@@ -619,13 +621,14 @@ def gdn_specs(cc: int) -> list[Spec]:
             HV=GDN_HV,
             DK=GDN_D,
             DV=GDN_D,
+            BLOCK_T=block_t,
             BLOCK_D=GDN_D,
             KERNEL=CONV,
             CHAIN=chain,
             UPDATE_CONV=update,
             STAGE_X=stage,
         )
-        found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, 1))
+        found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, warps))
     vec, head = _empty(1, GDN_HV * GDN_D, dtype=bf16), _empty(1, GDN_HK, GDN_D, dtype=bf16)
     found.append(
         Spec(

@@ -54,7 +54,10 @@ def _round_e4m3(x, scale):
     quantum = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits
     inverse = ((127 + 3 - exponent) << 23).to(tl.float32, bitcast=True)
     rounded = ((a * inverse + 12582912.0) - 12582912.0) * quantum  # 1.5 * 2^23: rint, ties to even
-    return tl.where(v < 0, -rounded, rounded).to(tl.float8e4nv)
+    # v's sign bit onto the magnitude: a tiny negative value rounds to -0 as in PyTorch (a negation
+    # compiles to 0 - x on the GPU, which gives +0)
+    sign = v.to(tl.int32, bitcast=True) & -2147483648
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -181,13 +184,13 @@ def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
 
 
 def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
-    """Tiles by architecture: 128 x 128 on sm_90/sm_100 (232 KB of shared memory), 64 x 128 on
-    sm_120 and elsewhere (99 KB; 8 warps: with 4 the block-scaled tile spills on sm_120, see
-    ARCH.md); 64-row tiles while a 128-row tile would be mostly padding."""
-    big = capability is not None and capability[0] in (9, 10)
-    if big and rows > 64:
-        return GemmConfig(128, 128, 8, 4)
-    return GemmConfig(64, 128, 4, 4) if big else GemmConfig(64, 128, 8, 3)
+    """Tiles by architecture. sm_90/sm_100: 64-row tiles, 64 columns up to 160 rows and 128 past
+    them (H200, verify rows 32-257: 1.3-1.8x faster than 128 x 128 tiles, which leave too few
+    programs to fill 132 SMs; benchmarks/RESULTS.md). sm_120 and elsewhere (99 KB of shared memory):
+    64 x 128 with 8 warps (with 4 the block-scaled tile spills on sm_120, see ARCH.md)."""
+    if capability is not None and capability[0] in (9, 10):
+        return GemmConfig(64, 64 if rows <= 160 else 128, 4, 4)
+    return GemmConfig(64, 128, 8, 3)
 
 
 def fp8_gemm(

@@ -13,8 +13,8 @@ A token's window is its K-1 predecessors then itself: along the chain for a comm
 along the token's ancestors for a draft tree (DDTree verification: ``window_t`` from the round's
 tree plan, ``ddtree_kernels/gdn_tree.py``), continuing into the cached conv inputs above the root.
 
-One program per (token, head of q | k | v): 2 Hk + Hv programs per token, each reading its channels'
-K window rows once. The conv output is rounded to the model dtype before the norm (the reference
+One program per (16 tokens, head of q | k | v): ``[tokens, channels]`` tiles, each token's K window
+rows read once. The conv output is rounded to the model dtype before the norm (the reference
 computes the conv in that dtype). Options:
 
 - ``update_conv`` (one chain token, the ``ar`` step): the conv state moves by one row in place; each
@@ -32,11 +32,7 @@ from torch import Tensor
 
 from ddtree_kernels.host import next_pow2
 
-
-@triton.jit
-def _window_row(WINDOWS, t, j, stride_wt, KERNEL: tl.constexpr, CHAIN: tl.constexpr):
-    """The hist row (conv state rows first, then the T tokens) that token t's tap j reads."""
-    return t + j if CHAIN else tl.load(WINDOWS + t * stride_wt + j).to(tl.int32)
+TOKENS_PER_PROGRAM = 16  # a program per token and head left 20K tiny programs at 257 nodes (18 µs)
 
 
 @triton.jit
@@ -55,24 +51,28 @@ def _conv_silu(
     CONV_STATE,
     CONV_W,
     WINDOWS,
-    t,
+    toks,
+    tok_ok,
     chans,
-    ok,
+    chan_ok,
     stride_pt,
     stride_cs,
     stride_wt,
     KERNEL: tl.constexpr,
     CHAIN: tl.constexpr,
 ):
-    """silu of the depthwise conv of channels ``chans`` along token t's window, fp32."""
-    acc = tl.zeros(chans.shape, dtype=tl.float32)
+    """silu of the depthwise conv of channels ``chans`` along each token's window: [tokens, chans] fp32."""
+    ok = tok_ok[:, None] & chan_ok[None, :]
+    acc = tl.zeros([toks.shape[0], chans.shape[0]], dtype=tl.float32)
     for j in tl.static_range(KERNEL):
-        row = _window_row(WINDOWS, t, j, stride_wt, KERNEL, CHAIN) + tl.zeros_like(
-            chans
-        )  # a block: masks need one
-        x = hist_row(CONV_STATE, PROJ, row, chans, ok, stride_cs, stride_pt, KERNEL)
-        w = tl.load(CONV_W + chans * KERNEL + j, mask=ok, other=0.0)
-        acc += x.to(tl.float32) * w.to(tl.float32)
+        # the hist row (conv state rows first, then the T tokens) that each token's tap j reads
+        if CHAIN:
+            row = toks + j
+        else:
+            row = tl.load(WINDOWS + toks * stride_wt + j, mask=tok_ok, other=0).to(tl.int32)
+        x = hist_row(CONV_STATE, PROJ, row[:, None], chans[None, :], ok, stride_cs, stride_pt, KERNEL)
+        w = tl.load(CONV_W + chans * KERNEL + j, mask=chan_ok, other=0.0)
+        acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
     return acc / (1.0 + tl.exp(-acc))
 
 
@@ -90,6 +90,7 @@ def _gdn_inputs_kernel(
     G,
     BETA,
     X_STAGE,
+    n_tokens,
     stride_pt,
     stride_cs,
     stride_wt,
@@ -99,51 +100,77 @@ def _gdn_inputs_kernel(
     HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     KERNEL: tl.constexpr,
     CHAIN: tl.constexpr,
     UPDATE_CONV: tl.constexpr,
     STAGE_X: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     grp = tl.program_id(1)  # q heads, then k heads, then v heads
+    tok_ok = toks < n_tokens
     offs = tl.arange(0, BLOCK_D)
     is_qk = grp < 2 * HK
     width = tl.where(is_qk, DK, DV)
-    ok = offs < width
+    chan_ok = offs < width
+    ok = tok_ok[:, None] & chan_ok[None, :]
     chans = tl.where(is_qk, grp * DK, 2 * HK * DK + (grp - 2 * HK) * DV) + offs
     x = _conv_silu(
-        PROJ, CONV_STATE, CONV_W, WINDOWS, t, chans, ok, stride_pt, stride_cs, stride_wt, KERNEL, CHAIN
+        PROJ,
+        CONV_STATE,
+        CONV_W,
+        WINDOWS,
+        toks,
+        tok_ok,
+        chans,
+        chan_ok,
+        stride_pt,
+        stride_cs,
+        stride_wt,
+        KERNEL,
+        CHAIN,
     )
     x = x.to(Q.dtype.element_ty).to(tl.float32)  # the conv's output in the model dtype
     if is_qk:
-        x = x / tl.maximum(tl.sqrt(tl.sum(x * x, 0)), 1e-6)  # F.normalize(eps=1e-6)
+        x = x / tl.maximum(tl.sqrt(tl.sum(x * x, 1)), 1e-6)[:, None]  # F.normalize(eps=1e-6)
         if grp < HK:
-            tl.store(Q + (t * HK + grp) * DK + offs, (x * q_scale).to(Q.dtype.element_ty), mask=ok)
+            out = Q + (toks[:, None] * HK + grp) * DK + offs[None, :]
+            tl.store(out, (x * q_scale).to(Q.dtype.element_ty), mask=ok)
         else:
-            tl.store(K + (t * HK + grp - HK) * DK + offs, x.to(K.dtype.element_ty), mask=ok)
+            tl.store(
+                K + (toks[:, None] * HK + grp - HK) * DK + offs[None, :], x.to(K.dtype.element_ty), mask=ok
+            )
     else:
         vh = grp - 2 * HK
-        tl.store(V + (t * HV + vh) * DV + offs, x.to(V.dtype.element_ty), mask=ok)
+        tl.store(V + (toks[:, None] * HV + vh) * DV + offs[None, :], x.to(V.dtype.element_ty), mask=ok)
         gate_cols = 2 * HK * DK + HV * DV + HV * DV  # b, then a, after mixed and z
-        b = tl.load(PROJ + t * stride_pt + gate_cols + vh).to(tl.float32)
-        a = tl.load(PROJ + t * stride_pt + gate_cols + HV + vh).to(tl.float32) + tl.load(DT_BIAS + vh).to(
-            tl.float32
-        )
+        b = tl.load(PROJ + toks * stride_pt + gate_cols + vh, mask=tok_ok, other=0.0).to(tl.float32)
+        a = tl.load(PROJ + toks * stride_pt + gate_cols + HV + vh, mask=tok_ok, other=0.0).to(tl.float32)
+        a += tl.load(DT_BIAS + vh).to(tl.float32)
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-        tl.store(G + t * HV + vh, -tl.exp(tl.load(A_LOG + vh).to(tl.float32)) * softplus)
-        tl.store(BETA + t * HV + vh, 1.0 / (1.0 + tl.exp(-b)))
+        tl.store(G + toks * HV + vh, -tl.exp(tl.load(A_LOG + vh).to(tl.float32)) * softplus, mask=tok_ok)
+        tl.store(BETA + toks * HV + vh, 1.0 / (1.0 + tl.exp(-b)), mask=tok_ok)
     if STAGE_X:
-        tl.store(X_STAGE + t * stride_xt + chans, tl.load(PROJ + t * stride_pt + chans, mask=ok), mask=ok)
+        raw = tl.load(PROJ + toks[:, None] * stride_pt + chans[None, :], mask=ok)
+        tl.store(X_STAGE + toks[:, None] * stride_xt + chans[None, :], raw, mask=ok)
     if UPDATE_CONV:  # one token: state row j <- hist row j + 1, in order (row j + 1 is read first)
         tl.debug_barrier()  # every tap of the conv above has read the old rows
         for j in tl.static_range(KERNEL - 2):
             tl.store(
                 CONV_STATE + j * stride_cs + chans,
-                tl.load(CONV_STATE + (j + 1) * stride_cs + chans, mask=ok),
-                mask=ok,
+                tl.load(CONV_STATE + (j + 1) * stride_cs + chans, mask=chan_ok),
+                mask=chan_ok,
             )
-        tl.store(CONV_STATE + (KERNEL - 2) * stride_cs + chans, tl.load(PROJ + chans, mask=ok), mask=ok)
+        tl.store(
+            CONV_STATE + (KERNEL - 2) * stride_cs + chans, tl.load(PROJ + chans, mask=chan_ok), mask=chan_ok
+        )
+
+
+def tile(tokens: int, head_dim: int) -> tuple[int, int]:
+    """(tokens per program, warps) of a launch over `tokens` tokens: a warp per 512 values."""
+    block_t = min(TOKENS_PER_PROGRAM, next_pow2(tokens))
+    return block_t, max(1, min(4, block_t * head_dim // 512))
 
 
 def gdn_inputs(
@@ -197,7 +224,8 @@ def gdn_inputs(
         raise RuntimeError(
             f"gdn_inputs wants x_out [{t}, {c}] with unit last stride, got {tuple(x_out.shape)}"
         )
-    _gdn_inputs_kernel[(t, 2 * hk + hv)](
+    block_t, warps = tile(t, max(dk, dv))
+    _gdn_inputs_kernel[(triton.cdiv(t, block_t), 2 * hk + hv)](
         proj,
         conv_state,
         conv_weight,
@@ -210,6 +238,7 @@ def gdn_inputs(
         g,
         beta,
         x_out if x_out is not None else proj,
+        t,
         proj.stride(0),
         conv_state.stride(0),
         windows.stride(0) if windows is not None else 0,
@@ -219,11 +248,12 @@ def gdn_inputs(
         HV=hv,
         DK=dk,
         DV=dv,
+        BLOCK_T=block_t,
         BLOCK_D=max(16, next_pow2(max(dk, dv))),
         KERNEL=kernel,
         CHAIN=windows is None,
         UPDATE_CONV=update_conv,
         STAGE_X=x_out is not None,
-        num_warps=1 if max(dk, dv) <= 128 else 2,
+        num_warps=warps,
     )
     return q, k, v, g, beta

@@ -17,12 +17,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _over_e4m3_max(amax: Tensor) -> Tensor:
+    """max(amax, floor) / 448 as an IEEE division on every device (CUDA divides by a Python scalar
+    through its reciprocal, one ulp away at times: the kernels divide exactly)."""
+    return amax.clamp(min=SCALE_FLOOR) / torch.full_like(amax, E4M3_MAX)
+
+
 def act_quant_reference(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     """What ``act_quant`` computes: (x8 e4m3 [T, K], s_x fp32 [T, ceil(K / group)])."""
     t, k = x.shape
     groups = cdiv(k, group)
     padded = F.pad(x.float(), (0, groups * group - k)).view(t, groups, group)
-    scale = padded.abs().amax(dim=-1).clamp(min=SCALE_FLOOR) / E4M3_MAX  # [T, G]
+    scale = _over_e4m3_max(padded.abs().amax(dim=-1))  # [T, G]
     q = (padded / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(t, groups * group)[:, :k], scale
 
@@ -50,6 +56,6 @@ def quantize_weight(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Ten
     bn, bk = block[0], min(block[1], k)
     gn, gk = cdiv(n, bn), cdiv(k, bk)
     padded = F.pad(weight.float(), (0, gk * bk - k, 0, gn * bn - n)).view(gn, bn, gk, bk)
-    scale = padded.abs().amax(dim=(1, 3)).clamp(min=SCALE_FLOOR) / E4M3_MAX  # [gn, gk]
+    scale = _over_e4m3_max(padded.abs().amax(dim=(1, 3)))  # [gn, gk]
     q = (padded / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.view(gn * bn, gk * bk)[:n, :k].contiguous(), scale

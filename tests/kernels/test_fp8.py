@@ -14,6 +14,10 @@ from ddtree_runtime.fp8 import act_quant_reference, dequantize_weight, fp8_linea
 from tests.kernels.trees import DEVICE
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+# Hopper's FP8 wgmma (the default tiles of >= 64 rows) adds up the products of a K block with about
+# 14 mantissa bits before the kernel's fp32 accumulator takes them (measured rel 1.1e-4 on an H200;
+# the mma.sync path of 16- and 32-row tiles is exact in fp32); the interpreter computes in fp32
+WGMMA_FP32_TOL = 5e-4 if DEVICE.type == "cuda" else TOL[torch.float32]
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -99,4 +103,4 @@ def test_the_triton_backend_picks_a_kernel_by_rows_and_matches_the_torch_backend
     for t, block in ((3, (128, 128)), (40, (128, 128)), (2, (1, 192)), (20, (1, 192))):
         x, weight, scale = _operands(t, 96, 192, block, torch.float32, seed=t)
         out = TritonBackend.fp8_linear(x, weight, scale, block)
-        assert _rel(out, TorchBackend.fp8_linear(x, weight, scale, block)) < TOL[torch.float32]
+        assert _rel(out, TorchBackend.fp8_linear(x, weight, scale, block)) < WGMMA_FP32_TOL

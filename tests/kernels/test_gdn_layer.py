@@ -62,7 +62,7 @@ def test_the_ar_step_matches_torch() -> None:
 def test_a_verify_pass_and_its_commit_match_torch(shape: str) -> None:
     gen = torch.Generator().manual_seed(1)
     spec = layer(gen)
-    n = 13
+    n = 21  # two programs of 16 tokens, the second mostly padding
     parents = make_parents(shape, n, gen)
     par = torch.tensor(parents, device=DEVICE)
     depth = torch.tensor(depths_of(parents), device=DEVICE)
