@@ -3,8 +3,9 @@ distribution of tokens emitted per verification round, and total tokens/s and TT
 number of concurrent clients.
 
 Why: the questions a user asks ("which method, which budget, on my box, for how many users?") are
-answered at a glance by these five pictures. Figures are drawn on matplotlib's object API with the Agg canvas (no pyplot
-global state, no display needed) and written atomically like every other result file.
+answered at a glance by these five pictures. Figures are drawn on matplotlib's object API with the
+Agg canvas (no pyplot global state, no display needed) and written atomically like every other
+result file.
 """
 
 from __future__ import annotations

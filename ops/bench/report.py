@@ -5,9 +5,8 @@ answer per host: output tokens/s, tau and acceptance, latencies, and the speedup
 decoding measured in the same run on the same host with the same workload. Runs from several hosts
 or dates can be passed together; columns for whatever differs between them (run, host, prompt set,
 temperature, concurrency, output length, target) appear only when it does differ. With more than
-one client at a time, the table adds tokens/s per client beside the total (a speedup that only
-holds at one client is no speedup for a server), and a plot follows throughput and TTFT across
-the concurrency levels measured.
+one client at a time, the table adds tokens/s per client beside the total (what each user of a
+loaded server gets), and a plot follows total throughput and TTFT across the concurrency levels.
 """
 
 from __future__ import annotations
@@ -41,10 +40,6 @@ class Row:
         mine = self.result.output_throughput
         base = self.baseline.output_throughput if self.baseline else None
         return mine / base if mine is not None and base else None
-
-    @property
-    def per_user(self) -> float | None:
-        return per_user_throughput(self.result)
 
 
 def per_user_throughput(r: BenchResult) -> float | None:
@@ -158,7 +153,11 @@ def columns(labels: Labels) -> list[tuple[str, Callable[[Row], str]]]:
         ("mode", lambda row: row.result.mode),
         ("budget", lambda row: labels.setting(row) or "-"),
         ("tok/s", lambda row: _fmt(row.result.output_throughput, ".1f")),
-        *([("tok/s/user", lambda row: _fmt(row.per_user, ".1f"))] if labels.concurrent else []),
+        *(
+            [("tok/s/user", lambda row: _fmt(per_user_throughput(row.result), ".1f"))]
+            if labels.concurrent
+            else []
+        ),
         ("τ", lambda row: _fmt(row.result.tau, ".2f")),
         (
             "accept",

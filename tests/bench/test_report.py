@@ -90,6 +90,16 @@ def test_hosts_and_runs_compare_in_one_report(tmp_path):
 
 def test_concurrency_sweep_shows_per_user_rates_and_plots_against_clients(tmp_path):
     concurrency_run(tmp_path / "run")
+    src = tmp_path / "v.json"  # vLLM's own bench at 4 clients: per-client rate from its fields too
+    src.write_text(json.dumps(vllm_record(max_concurrency=4)))
+    same = {
+        "prompt_set": "math",
+        "temperature": "0",
+        "output_len": "256",
+        "target": "/opt/specops/models/target",
+    }
+    settings = {"mode": "mtp", "num_speculative_tokens": "3", **same}  # its workload is the sweep's
+    import_files("vllm", [src], tmp_path / "run", host="gpu1", settings=settings)
     report = make_report([tmp_path / "run"], tmp_path / "run")
     text = table_text(report)
     names = header(text)
@@ -107,6 +117,7 @@ def test_concurrency_sweep_shows_per_user_rates_and_plots_against_clients(tmp_pa
     md = report.markdown_path.read_text()
     assert "| conc | system | mode | budget | tok/s | tok/s/user |" in md
     assert "| 4 | vllm | dflash | k=15 | 450.0 | 112.5 |" in md
+    assert "| 4 | vllm | mtp | k=3 | 128.0 | 6400.0 |" in md  # 256 tokens a request, 40 ms mean e2el
     assert "tok/s/user is what one client sees" in md
 
 
