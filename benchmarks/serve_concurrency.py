@@ -82,7 +82,7 @@ async def short_behind_long(
                     "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
 
         long = asyncio.create_task(stream_completion(client, body(long_prompt, args.long_tokens)))
-        while metric((await client.get("/metrics")).text, REQUESTS_RUNNING) < 1:
+        while not long.done() and metric((await client.get("/metrics")).text, REQUESTS_RUNNING) < 1:
             await asyncio.sleep(0.005)
         short = await stream_completion(client, body(short_prompt, args.short_tokens))
         return await long, short
