@@ -72,11 +72,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(target: Path, drafter: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    target: Path, drafter: Path, port: int, log: Path, flags: list[str]
+) -> subprocess.Popen[bytes]:
+    """`python -m ddtree_runtime serve` on the CPU at 127.0.0.1:`port` with `flags`, logging to `log`."""
     args = [sys.executable, "-m", "ddtree_runtime", "serve", "--target", str(target), "--drafter",
-            str(drafter), "--device", "cpu", "--dtype", "float32", "--port", str(port), "--modes",
-            ",".join(MODES), "--mode", "ddtree", "--budget", str(BUDGET), "--max-context", str(MAX_CONTEXT),
-            "--served-model-name", "tiny"]  # fmt: skip
+            str(drafter), "--device", "cpu", "--port", str(port), *flags]  # fmt: skip
     with log.open("wb") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
 
@@ -275,7 +276,9 @@ def main() -> None:
     ids = Tokenizer(pair.target).prompt_ids(PROMPT)
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="serve-bench-log-")) / "server.log"
-    proc = start_server(pair.target, pair.drafter, port, log)
+    flags = ["--dtype", "float32", "--modes", ",".join(MODES), "--mode", "ddtree", "--budget", str(BUDGET),
+             "--max-context", str(MAX_CONTEXT), "--served-model-name", "tiny"]  # fmt: skip
+    proc = start_server(pair.target, pair.drafter, port, log, flags)
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=120) as client:

@@ -12,9 +12,11 @@ lets a user keep their own matrix beside the shipped ones, and gives every cell 
                                     # (its venv needs `datasets`, the host internet) once, into
                                     # <base>/results/prompts/ (ops/bench/prompts.py)
       temperature: [0]
-      concurrency: [1]
+      concurrency: [1]              # clients in flight at once; [1, 4, 16, 64] sweeps (the report
+                                    # plots tokens/s and TTFT against it)
       output_len: [128]
-      num_prompts: 16               # measured requests per cell
+      num_prompts: 16               # measured requests per cell (at least its concurrency, so
+                                    # every client has a request)
       warmup: 2                     # unmeasured requests per cell
     systems:
       - system: ddtree              # ddtree (our server) | vllm | sglang
@@ -371,6 +373,6 @@ def _cell(
         temperature=temperature,
         concurrency=concurrency,
         output_len=output_len,
-        num_prompts=work["num_prompts"],
+        num_prompts=max(work["num_prompts"], concurrency),
         warmup=work["warmup"],
     )

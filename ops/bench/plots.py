@@ -1,9 +1,11 @@
-"""The report's PNG plots: tokens/s by system, tau and speedup against the DDTree budget, and the
-distribution of tokens emitted per verification round.
+"""The report's PNG plots: tokens/s by system, tau and speedup against the DDTree budget, the
+distribution of tokens emitted per verification round, and total tokens/s and TTFT against the
+number of concurrent clients.
 
-Why: the question a user asks ("which method, which budget, on my box?") is answered at a glance by
-these four pictures. Figures are drawn on matplotlib's object API with the Agg canvas (no pyplot
-global state, no display needed) and written atomically like every other result file.
+Why: the questions a user asks ("which method, which budget, on my box, for how many users?") are
+answered at a glance by these five pictures. Figures are drawn on matplotlib's object API with the
+Agg canvas (no pyplot global state, no display needed) and written atomically like every other
+result file.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def write_plots(rows: Sequence[Row], out_dir: Path, labels: Labels) -> list[Path
         ("tau_vs_budget.png", _tau),
         ("speedup_vs_budget.png", _speedup),
         ("accepted_length.png", _histogram),
+        ("concurrency.png", _concurrency),
     ):
         fig = Figure(figsize=(9, 5), dpi=110, layout="constrained")
         if draw(fig, rows, labels):
@@ -180,4 +183,45 @@ def _histogram(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return True
+
+
+def _concurrency(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
+    """Total output tokens/s and TTFT p50 against concurrency, one line per system, mode and setting;
+    drawn when some line has two concurrency levels or more."""
+    lines: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.result.concurrency is not None and row.result.output_throughput is not None:
+            lines.setdefault(labels.cell(row, leave_out="conc"), []).append(row)
+    if not any(len({r.result.concurrency for r in points}) > 1 for points in lines.values()):
+        return False
+    from matplotlib.ticker import FormatStrFormatter  # matplotlib is checked by write_plots
+
+    fig.set_size_inches(12, 5)
+    total, ttft = fig.subplots(1, 2)
+    for i, (name, points) in enumerate(lines.items()):
+        points.sort(key=lambda r: r.result.concurrency or 0)
+        style = {"marker": "o", "color": f"C{i % 10}", "label": name}
+        total.plot(
+            [r.result.concurrency for r in points], [r.result.output_throughput for r in points], **style
+        )
+        timed = [r for r in points if r.result.ttft_ms.median is not None]
+        ttft.plot([r.result.concurrency for r in timed], [r.result.ttft_ms.median for r in timed], **style)
+    levels = sorted({r.result.concurrency for points in lines.values() for r in points})
+    for ax, ylabel, title in (
+        (total, "output tokens/s, all clients", "Total throughput against concurrency"),
+        (ttft, "TTFT p50 (ms, log scale)", "Time to first token against concurrency"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent clients (log scale)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    total.set_ylim(bottom=0)
+    ttft.set_yscale("log")
+    plain = FormatStrFormatter("%g")  # 20, 50, 100 ms rather than 2x10^1
+    ttft.yaxis.set_major_formatter(plain)
+    ttft.yaxis.set_minor_formatter(plain)
+    total.legend(fontsize=8)
     return True

@@ -4,7 +4,9 @@ Why: a user deploys speculative decoding to decode faster, so the report leads w
 answer per host: output tokens/s, tau and acceptance, latencies, and the speedup over plain ``ar``
 decoding measured in the same run on the same host with the same workload. Runs from several hosts
 or dates can be passed together; columns for whatever differs between them (run, host, prompt set,
-temperature, concurrency, output length, target) appear only when it does differ.
+temperature, concurrency, output length, target) appear only when it does differ. With more than
+one client at a time, the table adds tokens/s per client beside the total (what each user of a
+loaded server gets), and a plot follows total throughput and TTFT across the concurrency levels.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ class Row:
         mine = self.result.output_throughput
         base = self.baseline.output_throughput if self.baseline else None
         return mine / base if mine is not None and base else None
+
+
+def per_user_throughput(r: BenchResult) -> float | None:
+    """Output tokens/s one client sees: its tokens over its end-to-end time, queueing and prefill
+    included (mean tokens per request / mean latency), so a server that makes clients wait shows it.
+    Built from fields every source reports, so vLLM's and SGLang's imported cells have it too."""
+    if not r.num_requests or r.output_tokens is None or not r.e2el_ms.mean:
+        return None
+    return r.output_tokens / r.num_requests / (r.e2el_ms.mean / 1e3)
 
 
 def _workload(r: BenchResult) -> tuple[object, ...]:
@@ -96,7 +107,12 @@ class Labels:
     """Names for rows that mention only what varies across the report."""
 
     def __init__(self, rows: Sequence[Row]):
-        self.varying = [name for name, get in DIMENSIONS.items() if len({get(r.result) for r in rows}) > 1]
+        self.concurrent = any((r.result.concurrency or 1) > 1 for r in rows)
+        self.varying = [
+            name
+            for name, get in DIMENSIONS.items()
+            if len({get(r.result) for r in rows}) > 1 or (name == "conc" and self.concurrent)
+        ]
 
     @staticmethod
     def setting(row: Row) -> str:
@@ -107,17 +123,22 @@ class Labels:
             return f"k={r.num_speculative_tokens}"
         return f"bs={r.block_size}" if r.block_size is not None else ""
 
-    def context(self, row: Row) -> list[str]:
-        return [f"{name}={DIMENSIONS[name](row.result)}" for name in self.varying]
+    def context(self, row: Row, leave_out: str | None = None) -> list[str]:
+        return [f"{name}={DIMENSIONS[name](row.result)}" for name in self.varying if name != leave_out]
 
     def series(self, row: Row) -> str:
         """A line across budgets: everything but the budget."""
         return " ".join([f"{row.result.system}/{row.result.mode}", *self.context(row)])
 
-    def cell(self, row: Row) -> str:
+    def cell(self, row: Row, leave_out: str | None = None) -> str:
+        """The row's name; ``leave_out`` a dimension to name a line across it (``conc``)."""
         setting = self.setting(row)
         return " ".join(
-            [f"{row.result.system}/{row.result.mode}", *([setting] if setting else []), *self.context(row)]
+            [
+                f"{row.result.system}/{row.result.mode}",
+                *([setting] if setting else []),
+                *self.context(row, leave_out),
+            ]
         )
 
 
@@ -132,6 +153,11 @@ def columns(labels: Labels) -> list[tuple[str, Callable[[Row], str]]]:
         ("mode", lambda row: row.result.mode),
         ("budget", lambda row: labels.setting(row) or "-"),
         ("tok/s", lambda row: _fmt(row.result.output_throughput, ".1f")),
+        *(
+            [("tok/s/user", lambda row: _fmt(per_user_throughput(row.result), ".1f"))]
+            if labels.concurrent
+            else []
+        ),
         ("τ", lambda row: _fmt(row.result.tau, ".2f")),
         (
             "accept",
@@ -180,9 +206,16 @@ def markdown(rows: Sequence[Row], labels: Labels, sources: Sequence[str], plots:
     lines += ["| " + " | ".join(get(row) for _, get in cols) + " |" for row in rows]
     lines += [
         "",
-        "tok/s is output tokens per second; τ is tokens per target verification (1 + accepted/drafts); "
-        "speedup is tok/s over the `ar` cell of the same run, host, prompt set, temperature, concurrency and "
-        "output length (the same system's `ar` when there is one).",
+        "tok/s is output tokens per second over all clients"
+        + (
+            "; tok/s/user is what one client sees: its tokens over its end-to-end time, queueing and "
+            "prefill included"
+            if labels.concurrent
+            else ""
+        )
+        + "; τ is tokens per target verification (1 + accepted/drafts); speedup is tok/s over the `ar` "
+        "cell of the same run, host, prompt set, temperature, concurrency and output length (the same "
+        "system's `ar` when there is one).",
         "",
     ]
     for plot in plots:

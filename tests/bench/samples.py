@@ -132,8 +132,10 @@ def native(
     counters: tuple[int, int, int] | None = None,
     histogram: dict[int, int] | None = None,
     prompt_set: str = "math",
+    concurrency: int = 1,
 ) -> Path:
-    """Write one result as our client would: counters -> tau, latency samples -> summaries."""
+    """Write one result as our client would: counters -> tau, latency samples -> summaries. With
+    ``concurrency`` clients each gets tok_s / concurrency, and waits longer for its first token."""
     drafts, proposed, accepted = counters or (None, None, None)
     tau, rate = acceptance_from_counters(drafts, proposed, accepted)
     result = BenchResult(
@@ -148,7 +150,7 @@ def native(
         hardware=HW,
         prompt_set=prompt_set,
         temperature=0.0,
-        concurrency=1,
+        concurrency=concurrency,
         output_len=256,
         num_requests=8,
         failed_requests=0,
@@ -157,8 +159,9 @@ def native(
         duration_s=2048 / tok_s,
         request_throughput=8 / (2048 / tok_s),
         output_throughput=tok_s,
-        ttft_ms=Latency.from_samples([20.0, 22.0, 25.0, 30.0]),
+        ttft_ms=Latency.from_samples([concurrency * ms for ms in (20.0, 22.0, 25.0, 30.0)]),
         tpot_ms=Latency.from_samples([1000 / tok_s] * 4),
+        e2el_ms=Latency.from_samples([1000 * 256 * concurrency / tok_s] * 8),
         tau=tau,
         acceptance_rate=rate,
         num_drafts=drafts,
@@ -198,3 +201,11 @@ def sweep_run(run_dir: Path, host: str = "gpu1", scale: float = 1.0) -> None:
         )
     native(run_dir, host, "vllm", "ar", 50.0 * scale)
     native(run_dir, host, "vllm", "dflash", 150.0 * scale, k=15, counters=(100, 1500, 520))
+
+
+def concurrency_run(run_dir: Path, host: str = "gpu1") -> None:
+    """A concurrency sweep (1, 4, 16 clients): our ar and ddtree B=16, and vLLM's dflash."""
+    for c, scale in ((1, 1.0), (4, 3.0), (16, 8.0)):
+        native(run_dir, host, "ddtree", "ar", 40.0 * scale, concurrency=c)
+        native(run_dir, host, "ddtree", "ddtree", 200.0 * scale, budget=16, concurrency=c)
+        native(run_dir, host, "vllm", "dflash", 150.0 * scale, k=15, concurrency=c)

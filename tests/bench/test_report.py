@@ -14,7 +14,7 @@ from ops.bench.plots import length_distribution
 from ops.bench.report import make_report
 from ops.bench.schema import BenchResult
 from ops.errors import SpecopsError
-from tests.bench.samples import sweep_run, vllm_record
+from tests.bench.samples import concurrency_run, sweep_run, vllm_record
 
 ALL_PLOTS = ["throughput.png", "tau_vs_budget.png", "speedup_vs_budget.png", "accepted_length.png"]
 
@@ -86,6 +86,39 @@ def test_hosts_and_runs_compare_in_one_report(tmp_path):
     md = report.markdown_path.read_text()
     assert "| r1 | gpu2 | ddtree | ddtree | B=64 | 130.0 |" in md
     assert md.count("NVIDIA H200") == 3
+
+
+def test_concurrency_sweep_shows_per_user_rates_and_plots_against_clients(tmp_path):
+    concurrency_run(tmp_path / "run")
+    src = tmp_path / "v.json"  # vLLM's own bench at 4 clients: per-client rate from its fields too
+    src.write_text(json.dumps(vllm_record(max_concurrency=4)))
+    same = {
+        "prompt_set": "math",
+        "temperature": "0",
+        "output_len": "256",
+        "target": "/opt/specops/models/target",
+    }
+    settings = {"mode": "mtp", "num_speculative_tokens": "3", **same}  # its workload is the sweep's
+    import_files("vllm", [src], tmp_path / "run", host="gpu1", settings=settings)
+    report = make_report([tmp_path / "run"], tmp_path / "run")
+    text = table_text(report)
+    names = header(text)
+    assert names[:6] == ["conc", "system", "mode", "budget", "tok/s", "tok/s/user"]
+    cells = [
+        dict(zip(names, (c.strip() for c in line.split("│")[1:-1]), strict=True))
+        for line in text.splitlines()
+        if line.startswith("│")
+    ]
+    b16 = next(c for c in cells if c["conc"] == "16" and c["budget"] == "B=16")
+    assert (b16["tok/s"], b16["tok/s/user"], b16["TTFT p50 ms"]) == ("1600.0", "100.0", "376.0")
+    assert b16["speedup"] == "5.00x"  # over ar at the same concurrency
+    assert "concurrency.png" in [p.name for p in report.plots]
+    assert_png(tmp_path / "run" / "concurrency.png")
+    md = report.markdown_path.read_text()
+    assert "| conc | system | mode | budget | tok/s | tok/s/user |" in md
+    assert "| 4 | vllm | dflash | k=15 | 450.0 | 112.5 |" in md
+    assert "| 4 | vllm | mtp | k=3 | 128.0 | 6400.0 |" in md  # 256 tokens a request, 40 ms mean e2el
+    assert "tok/s/user is what one client sees" in md
 
 
 def test_foreign_results_without_ar_or_budgets(tmp_path):

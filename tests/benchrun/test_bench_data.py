@@ -104,6 +104,11 @@ def test_shipped_matrices_expand_to_unique_cells():
     ]
     full = load_matrix(REPO_ROOT / "playbooks" / "bench-matrix.yaml")
     assert len({c.cell_id for c in full.cells}) == len(full.cells) == 7 * 3
+    sweep = load_matrix(REPO_ROOT / "playbooks" / "bench-concurrency.yaml")
+    assert [c.cell_id for c in sweep.servers[1].cells] == [
+        f"ddtree-ddtree-b64-math-t0-c{c}-o256" for c in (1, 4, 16, 64)
+    ]
+    assert [c.num_prompts for c in sweep.servers[1].cells] == [32, 32, 32, 64]  # a request per client
 
 
 def test_matrix_lists_multiply_and_overrides_apply(tmp_path):
@@ -122,7 +127,7 @@ systems:
     )
     assert [s.label for s in matrix.servers] == ["ddtree-ddtree-b4", "ddtree-ddtree-b8", "vllm-dflash-k7"]
     assert len(matrix.servers[0].cells) == 2 * 2 * 2 and len(matrix.servers[2].cells) == 4
-    assert {c.num_prompts for c in matrix.cells} == {1}
+    assert {(c.concurrency, c.num_prompts) for c in matrix.cells} == {(1, 1), (2, 2)}  # >= concurrency
     assert matrix.servers[2].port == 8200 and matrix.servers[2].template == "serve-vllm.argv.j2"
 
 

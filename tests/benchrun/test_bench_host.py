@@ -100,7 +100,8 @@ def release_of_this_checkout(base: Path) -> Path:
     return site
 
 
-def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
+def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path, fails: bool = True):
+    """Run the bench step; the StepFailed it raises (``fails``), else None."""
     step = get_step("bench")()
     args = step.check_args(
         {
@@ -117,6 +118,9 @@ def bench(conn, ctx, base: Path, tiny_pair, matrix: Path, run_dir: Path):
         }
     )
     plan = step.plan(step.probe(conn, args, ctx), args, ctx)
+    if not fails:
+        step.apply(conn, plan, ctx)
+        return None
     with pytest.raises(StepFailed) as failed:
         step.apply(conn, plan, ctx)
     return failed.value
@@ -227,3 +231,39 @@ def test_the_acceptance_gate_checks_a_matrix_server_through_its_metrics(
     assert done == {"vllm-dflash-k6-math-t0-c1-o4"}  # the gate passed there: tau from the counters > 1.1
     record = json.loads((h1.base / "results" / "run-1" / "vllm-dflash-k6.acceptance.json").read_text())
     assert record["modes"]["dflash"]["tau"] > 1.1 and is_running(proc.pid)
+
+
+SWEEP = """
+workload: {prompts: [math], output_len: [4], num_prompts: 1, warmup: 0, concurrency: [1, 3]}
+systems:
+  - {system: vllm, mode: dflash, num_speculative_tokens: 7, port: %d}
+"""
+
+
+@pytest.mark.slow
+def test_a_concurrency_sweep_measures_each_level_with_a_request_per_client(
+    sshd_hosts, make_inventory, tiny_pair, running_server, tmp_path
+):
+    """Matrix concurrency [1, 3]: one cell per level, each measured by the client at its level,
+    with at least one request per client; the level is in the cell id a resumed run skips."""
+    _, port = running_server
+    (h1,) = sshd_hosts(1)
+    release_of_this_checkout(h1.base)
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(SWEEP % port)
+    host = load_inventory(make_inventory([h1])).hosts["h1"]
+    ctx = StepContext(
+        host=host, playbook_dir=tmp_path, templates_dir=TEMPLATES_DIR, vars=host.template_vars()
+    )
+    conn = connect(host)
+    try:
+        bench(conn, ctx, h1.base, tiny_pair, matrix, tmp_path / "run", fails=False)
+    finally:
+        conn.close()
+    cells = {c: f"vllm-dflash-k7-math-t0-c{c}-o4" for c in (1, 3)}
+    assert completed_cells(tmp_path / "run", "h1") == set(cells.values())
+    for clients, cell in cells.items():
+        result = load_result(tmp_path / "run" / "h1" / f"{cell}.json")
+        assert (result.concurrency, result.num_requests, result.failed_requests) == (clients, clients, 0)
+        assert result.output_tokens == 4 * clients and f"--concurrency {clients}" in result.command
+        assert result.ttft_ms.median is not None and result.e2el_ms.mean is not None
