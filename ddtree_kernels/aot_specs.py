@@ -674,6 +674,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     Q=q,
                     K=q,
                     BETA=_empty(n, GDN_HV),
+                    G=_empty(n, GDN_HV),
                     GSUM=_empty(GDN_HV, n),
                     ANC=_empty(pad, pad),
                     STEPS=_empty(blocks, dtype=torch.int32),

@@ -168,9 +168,10 @@ def _gdn_inputs_kernel(
 
 
 def tile(tokens: int, head_dim: int) -> tuple[int, int]:
-    """(tokens per program, warps) of a launch over `tokens` tokens: a warp per 512 values."""
+    """(tokens per program, warps) of a launch over `tokens` tokens: a warp per 256 values (with one
+    per 512 the prefill's tile spills)."""
     block_t = min(TOKENS_PER_PROGRAM, next_pow2(tokens))
-    return block_t, max(1, min(4, block_t * head_dim // 512))
+    return block_t, max(1, min(8, block_t * head_dim // 256))
 
 
 def gdn_inputs(

@@ -37,7 +37,9 @@ ceil(log2(L + 1)) factors: 4 for a DDTree block of depth <= 15, 6 for a 64-node 
 kernel (one program per value head and block of value columns) is the forward substitution in node
 order: row block i starts from R_i = beta (V - exp(G) K S0), subtracts A[i, c] D_c for the earlier
 blocks that hold its ancestors (read back from the D it stored), applies the inverse, and gathers
-o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. G itself is one matmul, anc @ g, before both. Every
+o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. The path sums G = anc @ g come out of the first kernel
+too: each program sums its rows' and columns' ancestors in fp32 (an fp32 GEMM launch of its own cost
+8 µs a layer on the H200, the first kernel's whole run 13), and the diagonal programs store them. Every
 product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
 the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
 key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The outputs come with the
@@ -168,10 +170,24 @@ def _against_state(
 
 
 @triton.jit
+def _path_sums(ANC, G, h, nodes, n_nodes, last_block, stride_anc, HV: tl.constexpr, BLOCK_T: tl.constexpr):
+    """G of value head h at ``nodes`` (one node block, up to ``last_block``): the log-decays summed
+    over each node's ancestors-or-self, which all sit in node blocks 0..last_block; exact fp32."""
+    acc = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for jb in range(0, last_block + 1):
+        cols = jb * BLOCK_T + tl.arange(0, BLOCK_T)
+        g = tl.load(G + cols * HV + h, mask=cols < n_nodes, other=0.0)
+        anc = tl.load(ANC + nodes[:, None] * stride_anc + cols[None, :])
+        acc += tl.sum(anc * g[None, :], 1)
+    return acc
+
+
+@triton.jit
 def _tree_blocks_kernel(
     Q,
     K,
     BETA,
+    G,
     GSUM,
     ANC,
     BLOCKS,
@@ -200,10 +216,12 @@ def _tree_blocks_kernel(
     rows = i * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = c * BLOCK_T + tl.arange(0, BLOCK_T)
     r_ok, c_ok = rows < n_nodes, cols < n_nodes
-    # q, k [N, HK, DK]; beta [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T]
-    Q, K, GSUM = Q + hk * DK, K + hk * DK, GSUM + h * n_nodes
-    g_r = tl.load(GSUM + rows, mask=r_ok, other=0.0)
-    g_c = tl.load(GSUM + cols, mask=c_ok, other=0.0)
+    # q, k [N, HK, DK]; beta, g [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T]
+    Q, K = Q + hk * DK, K + hk * DK
+    g_r = _path_sums(ANC, G, h, rows, n_nodes, i, stride_anc, HV, BLOCK_T)
+    g_c = _path_sums(ANC, G, h, cols, n_nodes, c, stride_anc, HV, BLOCK_T)
+    if c == i:  # one program per node block stores its G (the solve and the commit read it)
+        tl.store(GSUM + h * n_nodes + rows, g_r, mask=r_ok)
     anc = tl.load(ANC + rows[:, None] * stride_anc + cols[None, :])
     decay = tl.where(anc > 0, tl.exp(g_r[:, None] - g_c[None, :]), 0.0)
     tile = h * stride_anc * stride_anc + rows[:, None] * stride_anc + cols[None, :]
@@ -329,7 +347,6 @@ def gdn_tree(
     gsum = torch.empty(hv, n, device=q.device, dtype=torch.float32) if gsum_out is None else gsum_out
     if d.shape != (hv, n, dv) or gsum.shape != (hv, n) or not (d.is_contiguous() and gsum.is_contiguous()):
         raise RuntimeError(f"gdn_tree wants d_out [{hv}, {n}, {dv}] and gsum_out [{hv}, {n}], contiguous")
-    torch.mm(g.t(), plan.anc[:n, :n].t(), out=gsum)  # G = anc @ g: each node's sum over its root path
     block, n_blocks, stride = plan.block, plan.blocks.shape[0], plan.anc.stride(0)
     a = torch.empty(hv, stride, stride, device=q.device, dtype=torch.float32)
     p = torch.empty_like(a)
@@ -340,6 +357,7 @@ def gdn_tree(
         q,
         k,
         beta,
+        g,
         gsum,
         plan.anc,
         plan.blocks,
