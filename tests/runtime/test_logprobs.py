@@ -1,0 +1,118 @@
+"""Logprobs of generated tokens: the target's own distribution where each token was chosen.
+
+The oracle is one plain causal forward of the target over prompt + output: row i's log_softmax
+(fp32) is the distribution of output token i. A verify pass computes the same rows in matmuls of
+another shape, which round differently in the last bits (ar's one-row steps too), so values agree
+within fp32 rounding (1e-5 on log-probabilities of magnitude up to ~30), not bit for bit; the
+token ids, and in fp32 the top ids, agree exactly.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.generation import GenerationResult
+from ddtree_runtime.rounds import MAX_LOGPROBS
+from ddtree_runtime.tiny import SPECIALS, TinyPair
+from tests.runtime.helpers import assert_close, engine_for
+
+TOP = 5
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype) -> Engine:
+    return engine_for(tiny_pair, device, dtype)
+
+
+def prompts(seed: int, count: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[len(SPECIALS) + rng.randrange(64) for _ in range(rng.randint(1, 12))] for _ in range(count)]
+
+
+def full_forward_logprobs(engine: Engine, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """[len(output), V]: log_softmax of one causal forward over prompt + output, at each output token's row."""
+    ids = torch.tensor(prompt + output[:-1], device=engine.device)
+    with torch.inference_mode():
+        logits, _ = engine.target(
+            ids, torch.arange(len(ids), device=engine.device), 0, None, engine.backend, False
+        )
+    return torch.log_softmax(logits.float(), dim=-1)[len(prompt) - 1 :]
+
+
+def assert_target_logprobs(
+    engine: Engine, prompt: list[int], got: GenerationResult, dtype: torch.dtype
+) -> None:
+    assert got.logprobs is not None and [e.token for e in got.logprobs] == got.output_ids
+    want = full_forward_logprobs(engine, prompt, got.output_ids)
+    tokens = torch.tensor(got.output_ids, device=want.device)
+    values = torch.tensor([e.logprob for e in got.logprobs], dtype=torch.float64)
+    assert_close(values, want.gather(1, tokens[:, None]).squeeze(1).cpu(), dtype, atol=1e-5, rtol=1e-6)
+    best = want.topk(TOP, dim=-1)
+    top_values = torch.tensor([[v for _, v in e.top] for e in got.logprobs], dtype=torch.float64)
+    assert_close(top_values, best.values.cpu(), dtype, atol=1e-5, rtol=1e-6)
+    if dtype == torch.float32:  # bf16 may order near-ties the other way
+        assert [[i for i, _ in e.top] for e in got.logprobs] == best.indices.tolist()
+
+
+@pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
+def test_greedy_logprobs_are_the_targets_and_change_no_token(
+    engine: Engine, mode: str, dtype: torch.dtype
+) -> None:
+    for prompt in prompts(5, 3):
+        plain = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=24, eos_ids=())
+        got = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=24, eos_ids=(), logprobs=TOP)
+        assert plain.logprobs is None and got.output_ids == plain.output_ids
+        if mode != "ar":
+            assert got.mean_accepted > 1.5  # drafts were accepted: several tokens' rows per round
+        assert_target_logprobs(engine, prompt, got, dtype)
+
+
+@pytest.mark.parametrize("mode", ["ar", "ddtree"])
+def test_sampled_logprobs_are_the_raw_distribution_s(engine: Engine, mode: str, dtype: torch.dtype) -> None:
+    """At T > 0 with top-p the tokens are sampled from the tempered nucleus, yet the logprobs
+    reported are the raw logits' (vLLM's default)."""
+    prompt = prompts(8, 1)[0]
+    got = engine.generate(
+        prompt,
+        mode=mode,
+        budget=16,
+        max_new_tokens=24,
+        eos_ids=(),
+        logprobs=TOP,
+        temperature=1.5,
+        top_p=0.9,
+        seed=4,
+    )
+    assert_target_logprobs(engine, prompt, got, dtype)
+
+
+def test_streamed_logprobs_come_with_their_round_and_stop_with_the_output(engine: Engine) -> None:
+    """`on_logprobs` gets each round's entries before its tokens; an EOS cut keeps them aligned."""
+    prompt = prompts(9, 1)[0]
+    rounds: list[tuple[str, list[int]]] = []
+    whole = engine.generate(prompt, mode="ddtree", budget=16, max_new_tokens=20, eos_ids=())
+    eos = whole.output_ids[7]
+    got = engine.generate(
+        prompt,
+        mode="ddtree",
+        budget=16,
+        max_new_tokens=20,
+        eos_ids=(eos,),
+        logprobs=0,
+        on_logprobs=lambda es: rounds.append(("logprobs", [e.token for e in es])),
+        on_tokens=lambda ts: rounds.append(("tokens", ts)),
+    )
+    assert got.stop_reason == "eos" and got.output_ids[-1] == eos
+    assert got.logprobs is not None and len(got.logprobs) == len(got.output_ids)
+    assert all(e.top == () for e in got.logprobs)
+    assert [kind for kind, _ in rounds] == ["logprobs", "tokens"] * (len(rounds) // 2)
+    assert all(rounds[i][1] == rounds[i + 1][1] for i in range(0, len(rounds), 2))
+
+
+def test_too_many_top_logprobs_are_refused(engine: Engine) -> None:
+    with pytest.raises(GenerationError, match=f"logprobs {MAX_LOGPROBS + 1} is outside"):
+        engine.generate([5, 6], mode="ar", max_new_tokens=2, logprobs=MAX_LOGPROBS + 1)
