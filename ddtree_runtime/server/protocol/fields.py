@@ -15,8 +15,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
     "echo": (False,),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "prompt_logprobs": (None,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
@@ -49,6 +47,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
 }
 NEUTRAL_WHY = {
+    "echo": "echoing the prompt is not implemented (the prefill computes the last prompt row's logits only)",
+    "prompt_logprobs": "prompt logprobs are not implemented (the prefill computes the last prompt row's logits "
+    "only); logprobs of generated tokens are",
     "tools": "tool calling is not implemented",
     "tool_choice": "tool calling is not implemented",
     "functions": "tool calling is not implemented",

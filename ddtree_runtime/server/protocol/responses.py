@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ddtree_runtime.generation import IncrementalText, first_stop
+from ddtree_runtime.generation import IncrementalText, TokenLogprob, first_stop
 from ddtree_runtime.server.protocol.validation import Request
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+MIN_LOGPROB = -9999.0  # what a -inf log-probability is reported as (JSON has no infinity; vLLM's value)
 
 
 class Usage(BaseModel):
@@ -25,10 +26,20 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape: per generated token, its text, offset in the output text, logprob, and
+    the top tokens' (with the token itself) by text."""
+
+    text_offset: list[int]
+    token_logprobs: list[float]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float]]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 
@@ -46,10 +57,24 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's text as UTF-8
+
+
+class TokenLogprobs(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobs]
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -65,10 +90,48 @@ class ChatCompletionResponse(BaseModel):
 class Reply:
     """Response bodies and stream chunks of one request, in OpenAI's shapes."""
 
-    def __init__(self, request: Request, model: str) -> None:
-        self.request, self.model = request, model
+    def __init__(self, request: Request, model: str, token_text: Callable[[int], str]) -> None:
+        self.request, self.model, self.token_text = request, model, token_text
         self.id = f"{'chatcmpl' if request.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.text_offset = 0  # completions' logprobs: where the next token's text starts
+
+    def logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """A choice's `logprobs` for these generated tokens (None when the request asked for none,
+        or a stream event carries no token)."""
+        if self.request.logprobs is None or not entries:
+            return None
+        if self.request.chat:
+            return {"content": [self._chat_logprob(e.token, e.logprob, e.top) for e in entries]}
+        tokens = [self.token_text(e.token) for e in entries]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.text_offset)
+            self.text_offset += len(token)
+        tops = []
+        for e in entries:
+            top = {self.token_text(t): max(v, MIN_LOGPROB) for t, v in e.top}
+            top.setdefault(self.token_text(e.token), max(e.logprob, MIN_LOGPROB))
+            tops.append(top)
+        return {
+            "text_offset": offsets,
+            "token_logprobs": [max(e.logprob, MIN_LOGPROB) for e in entries],
+            "tokens": tokens,
+            "top_logprobs": tops,
+        }
+
+    def _chat_logprob(
+        self, token: int, logprob: float, top: tuple[tuple[int, float], ...] | None = None
+    ) -> dict[str, Any]:
+        text = self.token_text(token)
+        out: dict[str, Any] = {
+            "token": text,
+            "logprob": max(logprob, MIN_LOGPROB),
+            "bytes": list(text.encode()),
+        }
+        if top is not None:
+            out["top_logprobs"] = [self._chat_logprob(t, v) for t, v in top]
+        return out
 
     def _head(self, chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.request.chat else "text_completion"
@@ -87,20 +150,33 @@ class Reply:
             "total_tokens": n + completion_tokens,
         }
 
-    def body(self, text: str, stop_reason: str, completion_tokens: int) -> dict[str, Any]:
+    def body(
+        self, text: str, stop_reason: str, completion_tokens: int, logprobs: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
         """The whole, non-streamed response."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": FINISH[stop_reason]}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": self.logprobs(logprobs),
+            "finish_reason": FINISH[stop_reason],
+        }
         if self.request.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         return {**self._head(False), "choices": [choice], "usage": self.usage(completion_tokens)}
 
-    def chunk(self, text: str, stop_reason: str | None = None, first: bool = False) -> dict[str, Any]:
-        """One stream event carrying `text` (chat: the role rides on the first one)."""
+    def chunk(
+        self,
+        text: str,
+        stop_reason: str | None = None,
+        first: bool = False,
+        logprobs: Sequence[TokenLogprob] = (),
+    ) -> dict[str, Any]:
+        """One stream event carrying `text` (chat: the role rides on the first one) and the
+        logprobs of the tokens generated since the last event (their text may still be held)."""
         choice: dict[str, Any] = {
             "index": 0,
-            "logprobs": None,
+            "logprobs": self.logprobs(logprobs),
             "finish_reason": FINISH[stop_reason] if stop_reason else None,
         }
         if self.request.chat:

@@ -77,6 +77,7 @@ class Request:
     mode: str
     budget: int
     ignored: tuple[str, ...] = ()  # unknown fields, named in the log line
+    logprobs: int | None = None  # top logprobs per generated token (0: the token's own only); None: off
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -157,6 +158,7 @@ def parse_request(body: dict[str, Any], chat: bool, limits: Limits, tokenizer: T
         mode=mode,
         budget=budget,
         ignored=tuple(sorted(req.model_extra or {})),
+        logprobs=_logprobs(req),
     )
 
 
@@ -294,6 +296,22 @@ def _max_tokens(req: Sampling, chat: bool, prompt_len: int, usable: int) -> int:
     if asked is not None:
         return asked
     return room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+
+
+def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many top logprobs per token (None: none asked for): completions' `logprobs` N, chat's
+    `logprobs: true` with `top_logprobs` N (vLLM's rule: top_logprobs > 0 needs logprobs)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise APIError(
+                400,
+                f"top_logprobs={req.top_logprobs} needs logprobs=true (fix: send both)",
+                param="top_logprobs",
+            )
+        return None
+    return req.top_logprobs or 0
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
