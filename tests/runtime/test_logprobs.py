@@ -71,6 +71,16 @@ def test_greedy_logprobs_are_the_targets_and_change_no_token(
         assert_target_logprobs(engine, prompt, got, dtype)
 
 
+def test_hybrid_target_logprobs_are_its_own(
+    hybrid_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """A Gated DeltaNet target verifies a tree through other kernels; its rows are its own too."""
+    hybrid = engine_for(hybrid_pair, device, dtype)
+    for prompt in prompts(6, 2):
+        got = hybrid.generate(prompt, mode="ddtree", budget=16, max_new_tokens=24, eos_ids=(), logprobs=TOP)
+        assert_target_logprobs(hybrid, prompt, got, dtype)
+
+
 @pytest.mark.parametrize("mode", ["ar", "ddtree"])
 def test_sampled_logprobs_are_the_raw_distribution_s(engine: Engine, mode: str, dtype: torch.dtype) -> None:
     """At T > 0 with top-p the tokens are sampled from the tempered nucleus, yet the logprobs
