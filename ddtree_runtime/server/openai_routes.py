@@ -134,6 +134,8 @@ def _describe(record: dict[str, Any], req: ParsedRequest) -> None:
     )
     if req.mode == "ddtree":
         record["budget"] = req.budget
+    if req.logprobs is not None:
+        record["logprobs"] = req.logprobs
     if req.ignored:
         record["ignored_fields"] = list(req.ignored)
 

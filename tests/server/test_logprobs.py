@@ -7,6 +7,7 @@ for why the values agree within fp32 rounding rather than bit for bit).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -141,3 +142,7 @@ def test_streamed_completion_logprobs_add_up_to_the_whole(main_server: Server) -
     }
     assert joined == whole["choices"][0]["logprobs"]
     assert all(len(top) == 1 for top in joined["top_logprobs"])  # logprobs=0: the token's own only
+    lines = [json.loads(line) for line in main_server.log.read_text().splitlines() if line.startswith("{")]
+    assert [r["logprobs"] for r in lines if r.get("path") == C and "logprobs" in r][-1:] == [
+        0
+    ]  # the log line names it
