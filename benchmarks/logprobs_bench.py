@@ -21,7 +21,7 @@ import torch
 
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.loader import default_device, load_pair
-from ddtree_runtime.rounds import MAX_LOGPROBS
+from ddtree_runtime.logprobs import MAX_LOGPROBS
 from ddtree_runtime.tiny import write_tiny_pair
 
 

@@ -32,20 +32,12 @@ import torch
 from torch import Tensor
 
 from ddtree_runtime.backend import Backend, select_backend
-from ddtree_runtime.generation import GenerationResult, Output, PhaseClock, TokenLogprob
+from ddtree_runtime.generation import GenerationResult, Output, PhaseClock
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
+from ddtree_runtime.logprobs import MAX_LOGPROBS, TokenLogprob, as_entries, prompt_logprobs, token_logprobs
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Target
-from ddtree_runtime.rounds import (
-    MAX_LOGPROBS,
-    Phase,
-    RoundBuffers,
-    Sampling,
-    ar_phases,
-    choose,
-    spec_phases,
-    token_logprobs,
-)
+from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
 from specops_contract import MODES, SERVE_OPTIONS, verify_rows
 
 
@@ -232,6 +224,7 @@ class Engine:
         profile: bool = False,
         logprobs: int | None = None,
         on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
+        prompt_top: int | None = None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
@@ -241,24 +234,26 @@ class Engine:
         `profile` runs the phases one by one with a sync between them, for the per-phase split.
         `logprobs` (0 to `MAX_LOGPROBS`; None: off) asks for each token's logprob and that many
         top ones (`GenerationResult.logprobs`; `on_logprobs` gets each round's, before
-        `on_tokens`).
+        `on_tokens`). `prompt_top` (the same range) asks the same of every prompt token after the
+        first, with its rank (`GenerationResult.prompt_logprobs`).
         """
         full_block = self.drafter.config.block_size if self.drafter is not None else 2
         block = block_size or full_block
         self._check(mode, prompt_ids, max_new_tokens, budget, block)
         top = self.buffers.top_ids.shape[1]
-        if logprobs is not None and not 0 <= logprobs <= top:
-            raise GenerationError(f"logprobs {logprobs} is outside [0, {top}] (fix: ask for at most {top})")
+        for name, asked in (("logprobs", logprobs), ("prompt_top", prompt_top)):
+            if asked is not None and not 0 <= asked <= top:
+                raise GenerationError(f"{name} {asked} is outside [0, {top}] (fix: ask for at most {top})")
         sampling = self._sampling(temperature, top_p, seed)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
         out = Output(max_new_tokens, eos, stop, decode, on_tokens, cancel, on_logprobs)
         clock = PhaseClock(profile and self.device.type == "cuda")
         start_time = time.perf_counter()
-        buf, root, last_logits = self._prefill(prompt_ids, mode, sampling, block)
+        buf, root, last_logits, prompt_entries = self._prefill(prompt_ids, mode, sampling, block, prompt_top)
         first = None
         if logprobs is not None:
             values, ids = token_logprobs(last_logits[None], root.reshape(1), top)
-            first = logprob_entries([int(root)], values.tolist(), ids.tolist(), logprobs)
+            first = as_entries([int(root)], values.tolist(), ids.tolist(), logprobs)
         done = out.emit([int(root)], first)  # a sync: the prefill's GPU time stays in its own phase
         clock.lap("prefill")
         accepted: list[int] = []
@@ -292,6 +287,7 @@ class Engine:
             total_s=time.perf_counter() - start_time,
             text=out.text(),
             logprobs=out.logprobs if logprobs is not None else None,
+            prompt_logprobs=prompt_entries,
         )
 
     def _sampling(self, temperature: float, top_p: float, seed: int | None) -> Sampling:
@@ -305,17 +301,29 @@ class Engine:
         return Sampling(temperature, top_p, generator)
 
     def _prefill(
-        self, prompt_ids: Sequence[int], mode: str, sampling: Sampling, block: int
-    ) -> tuple[RoundBuffers, Tensor, Tensor]:
+        self, prompt_ids: Sequence[int], mode: str, sampling: Sampling, block: int, prompt_top: int | None
+    ) -> tuple[RoundBuffers, Tensor, Tensor, list[TokenLogprob] | None]:
         """The prompt through the target (and its features into the drafter); the round buffers set
-        up after it (a test's other block size gets buffers of its own), the first token and the
-        logits [V] it was chosen from."""
+        up after it (a test's other block size gets buffers of its own), the first token, the
+        logits [V] it was chosen from and, with `prompt_top`, the prompt's logprobs."""
         prompt = torch.tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
         n = prompt.shape[0]
         positions = torch.arange(n, device=self.device)
         logits, hidden = self.target(
-            prompt, positions, 0, None, self.backend, capture=mode != "ar", last_logits_only=True
+            prompt,
+            positions,
+            0,
+            None,
+            self.backend,
+            capture=mode != "ar",
+            last_logits_only=True,
+            final_hidden=prompt_top is not None,
         )
+        prompt_entries = None
+        if prompt_top is not None:  # the LM head a chunk of rows at a time, never [T, V] at once
+            vocab = self.target.config.vocab_size
+            prompt_entries = prompt_logprobs(logits, prompt, self.target.lm_head, vocab, prompt_top)
+            logits = self.target.lm_head(logits[-1:]).float()
         root = choose(logits[-1], sampling)
         if mode != "ar":
             assert self.drafter is not None and hidden is not None
@@ -326,7 +334,7 @@ class Engine:
                 block, buf.feats.shape[1], self.device, buf.feats.dtype, buf.top_ids.shape[1]
             )
         buf.start(root, n)
-        return buf, root, logits[-1]
+        return buf, root, logits[-1], prompt_entries
 
     def _rounds(
         self,
@@ -371,20 +379,8 @@ class Engine:
             entries = None
             if logprobs is not None:
                 m = len(tokens)
-                entries = logprob_entries(
-                    tokens, buf.logprobs[:m].tolist(), buf.top_ids[:m].tolist(), logprobs
-                )
+                entries = as_entries(tokens, buf.logprobs[:m].tolist(), buf.top_ids[:m].tolist(), logprobs)
             done = out.emit(tokens, entries)
-
-
-def logprob_entries(
-    tokens: list[int], values: list[list[float]], ids: list[list[int]], top: int
-) -> list[TokenLogprob]:
-    """Host rows of `token_logprobs` as one entry per token, keeping the `top` best."""
-    return [
-        TokenLogprob(t, v[0], tuple(zip(i[:top], v[1 : 1 + top], strict=True)))
-        for t, v, i in zip(tokens, values, ids, strict=True)
-    ]
 
 
 def prefill_lengths(max_prompt: int, max_context: int) -> list[int]:

@@ -8,22 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ddtree_runtime.logprobs import TokenLogprob
+
 # "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
 PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """An emitted token's log-probability under the target where it was chosen, and the `top`
-    most likely tokens there as (id, log-probability), best first."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -39,6 +31,7 @@ class GenerationResult:
     total_s: float = 0.0
     text: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per output id, when asked for
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt id after the first, when asked for
 
     @property
     def rounds(self) -> int:
@@ -68,11 +61,9 @@ class GenerationResult:
         }
         if self.text is not None:
             out["text"] = self.text
-        if self.logprobs is not None:
-            out["logprobs"] = [
-                {"token": e.token, "logprob": e.logprob, "top": [list(t) for t in e.top]}
-                for e in self.logprobs
-            ]
+        for name, logprobs in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if logprobs is not None:
+                out[name] = [asdict(e) for e in logprobs]
         return out
 
 

@@ -30,12 +30,11 @@ import torch
 from torch import Tensor
 
 from ddtree_runtime.backend import Backend
+from ddtree_runtime.logprobs import MAX_LOGPROBS, token_logprobs
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Target, TreeInputs
 
 Phase = tuple[str, Callable[[], None]]
-
-MAX_LOGPROBS = 20  # the most top logprobs a request may ask for (vLLM's default max_logprobs)
 
 
 @dataclass
@@ -110,15 +109,6 @@ class RoundBuffers:
         self.root.copy_(root.reshape(1))
         self.ctx.fill_(ctx)
         self.n_feats.zero_()
-
-
-def token_logprobs(logits: Tensor, tokens: Tensor, top: int) -> tuple[Tensor, Tensor]:
-    """logits [m, V], tokens [m] -> ([m, 1 + top] fp32: each token's log-probability, then the `top`
-    best; [m, top] their ids). The raw logits' log_softmax in fp32, before temperature and top-p
-    (vLLM's default, `raw_logprobs`)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    best = lp.topk(top, dim=-1)
-    return torch.cat([lp.gather(1, tokens[:, None]), best.values], dim=1), best.indices
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ddtree_runtime.generation import GenerationResult, TokenLogprob
+from ddtree_runtime.generation import GenerationResult
+from ddtree_runtime.logprobs import TokenLogprob
 from ddtree_runtime.server.admission import enqueue, off_loop_if_large, read_json
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError

@@ -14,9 +14,10 @@ import random
 import pytest
 import torch
 
+from ddtree_runtime import logprobs
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult
-from ddtree_runtime.rounds import MAX_LOGPROBS
+from ddtree_runtime.logprobs import MAX_LOGPROBS
 from ddtree_runtime.tiny import SPECIALS, TinyPair
 from tests.runtime.helpers import assert_close, engine_for
 
@@ -123,6 +124,35 @@ def test_streamed_logprobs_come_with_their_round_and_stop_with_the_output(engine
     assert all(rounds[i][1] == rounds[i + 1][1] for i in range(0, len(rounds), 2))
 
 
+@pytest.mark.parametrize("chunk_rows", [3, None])
+def test_prompt_logprobs_are_the_targets_a_chunk_of_rows_at_a_time(
+    engine: Engine, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch, chunk_rows: int | None
+) -> None:
+    """Prompt token i's logprob and rank after tokens [0, i), through the LM head 3 rows at a time
+    (or the whole prompt at once); asking changes no generated token."""
+    vocab = engine.target.config.vocab_size
+    if chunk_rows is not None:
+        monkeypatch.setattr(logprobs, "CHUNK_LOGITS", chunk_rows * vocab)
+    prompt = [len(SPECIALS) + i % 64 for i in range(3, 40, 3)]
+    plain = engine.generate(prompt, mode="ddtree", budget=16, max_new_tokens=12, eos_ids=())
+    got = engine.generate(prompt, mode="ddtree", budget=16, max_new_tokens=12, eos_ids=(), prompt_top=TOP)
+    assert plain.prompt_logprobs is None and got.output_ids == plain.output_ids
+    assert got.prompt_logprobs is not None and [e.token for e in got.prompt_logprobs] == prompt[1:]
+    want = full_forward_logprobs(engine, prompt[:1], prompt[1:])
+    tokens = torch.tensor(prompt[1:], device=want.device)
+    values = torch.tensor([e.logprob for e in got.prompt_logprobs], dtype=torch.float64)
+    assert_close(values, want.gather(1, tokens[:, None]).squeeze(1).cpu(), dtype, atol=1e-5, rtol=1e-6)
+    best = want.topk(TOP, dim=-1)
+    top_values = torch.tensor([[v for _, v in e.top] for e in got.prompt_logprobs], dtype=torch.float64)
+    assert_close(top_values, best.values.cpu(), dtype, atol=1e-5, rtol=1e-6)
+    if dtype == torch.float32:
+        assert [[i for i, _ in e.top] for e in got.prompt_logprobs] == best.indices.tolist()
+        ranks = [1 + int((row > row[t]).sum()) for row, t in zip(want, prompt[1:], strict=True)]
+        assert [e.rank for e in got.prompt_logprobs] == ranks and max(ranks) > 1
+
+
 def test_too_many_top_logprobs_are_refused(engine: Engine) -> None:
     with pytest.raises(GenerationError, match=f"logprobs {MAX_LOGPROBS + 1} is outside"):
         engine.generate([5, 6], mode="ar", max_new_tokens=2, logprobs=MAX_LOGPROBS + 1)
+    with pytest.raises(GenerationError, match="prompt_top -1 is outside"):
+        engine.generate([5, 6], mode="ar", max_new_tokens=2, prompt_top=-1)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ddtree_runtime.rounds import MAX_LOGPROBS
+from ddtree_runtime.logprobs import MAX_LOGPROBS
 
 MAX_STOP = 4
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ddtree_runtime.generation import IncrementalText, TokenLogprob, first_stop
+from ddtree_runtime.generation import IncrementalText, first_stop
+from ddtree_runtime.logprobs import TokenLogprob
 from ddtree_runtime.server.protocol.validation import Request
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
