@@ -121,6 +121,7 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
                             payload.stop_reason,
                             len(payload.output_ids),
                             payload.logprobs or (),
+                            payload.prompt_logprobs,
                         )
                     )
         finally:
@@ -154,6 +155,9 @@ async def _stream(
     text = TextStream(tokenizer.decode, job.request.stop)
     first = True
     logprobs: list[TokenLogprob] = []  # of tokens whose event has not gone out yet
+    if job.request.echo is not None:  # the prompt first (echo with logprobs is not streamed)
+        yield _sse(reply.chunk(job.request.echo, first=True))
+        first = False
     with st.tracked():
         watcher = asyncio.create_task(_until_gone(request, job, st.scheduler))
         try:

@@ -192,6 +192,7 @@ class Worker(threading.Thread):
                 cancel=job.cancelled,
                 logprobs=req.logprobs,
                 on_logprobs=(lambda es: job.put(("logprobs", es))) if req.stream else None,
+                prompt_top=req.prompt_top,
             )
         except GenerationError as e:  # validation should have caught it; still the client's request
             return "error", APIError(400, str(e))

@@ -146,3 +146,68 @@ def test_streamed_completion_logprobs_add_up_to_the_whole(main_server: Server) -
     assert [r["logprobs"] for r in lines if r.get("path") == C and "logprobs" in r][-1:] == [
         0
     ]  # the log line names it
+
+
+def test_prompt_logprobs_and_echo_on_completions(
+    main_server: Server, launched: Launched, target: Target
+) -> None:
+    tokenizer = Tokenizer(launched.pair.target)
+    prompt = prompt_ids(tokenizer)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "ignore_eos": True}
+    status, plain = main_server.post(C, body)
+    status, out = main_server.post(C, {**body, "echo": True, "logprobs": 2, "prompt_logprobs": 3})
+    assert status == 200, out
+    choice = out["choices"][0]
+    assert choice["text"] == tokenizer.decode(prompt) + plain["choices"][0]["text"]
+    want = forward_logprobs(target, prompt)[:-1]  # row i - 1: prompt token i
+    ranks = [1 + int((row > row[t]).sum()) for row, t in zip(want, prompt[1:], strict=True)]
+
+    ranked = choice["prompt_logprobs"]
+    assert ranked[0] is None and len(ranked) == len(prompt)
+    for row, token, rank, got in zip(want, prompt[1:], ranks, ranked[1:], strict=True):
+        best = row.topk(3)
+        assert {int(k) for k in got} == {token, *best.indices.tolist()}
+        assert got[str(token)]["rank"] == rank and got[str(token)]["decoded_token"] == tokenizer.token_text(
+            token
+        )
+        assert got[str(token)]["logprob"] == pytest.approx(float(row[token]), abs=1e-5)
+        for k, (i, v) in enumerate(zip(best.indices.tolist(), best.values.tolist(), strict=True)):
+            assert got[str(i)]["rank"] == k + 1 or i == token
+            assert got[str(i)]["logprob"] == pytest.approx(v, abs=1e-5)
+
+    lp = choice["logprobs"]  # the prompt's tokens first, the first one without a logprob
+    n = len(prompt)
+    assert lp["tokens"][:n] == [tokenizer.token_text(t) for t in prompt] and len(lp["tokens"]) == n + 4
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1:n] == pytest.approx(
+        [float(r[t]) for r, t in zip(want, prompt[1:], strict=True)], abs=1e-5
+    )
+    assert all(
+        len({k for k in top if k != tok}) <= 2
+        for tok, top in zip(lp["tokens"][1:], lp["top_logprobs"][1:], strict=True)
+    )
+    assert lp["text_offset"] == [sum(map(len, lp["tokens"][:i])) for i in range(n + 4)]
+
+
+def test_chat_prompt_logprobs_ride_on_the_response(main_server: Server) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "the city of"}],
+        "max_tokens": 2,
+        "prompt_logprobs": 0,
+    }
+    status, out = main_server.post(CHAT, body)
+    assert status == 200, out
+    assert out["prompt_logprobs"][0] is None and out["usage"]["prompt_tokens"] == len(out["prompt_logprobs"])
+    assert all(len(d) == 1 and next(iter(d.values()))["rank"] >= 1 for d in out["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in out["choices"][0] and out["choices"][0]["logprobs"] is None
+
+
+def test_streamed_echo_sends_the_prompt_first(main_server: Server) -> None:
+    body = {"model": MODEL, "prompt": "the city of", "max_tokens": 6, "ignore_eos": True, "echo": True}
+    status, whole = main_server.post(C, body)
+    assert status == 200 and whole["choices"][0]["text"].startswith("the city of")
+    status, _, raw = main_server.request("POST", C, {**body, "stream": True})
+    events = sse_events(raw)[:-1]
+    assert events[0]["choices"][0]["text"] == "the city of"
+    assert "".join(e["choices"][0]["text"] for e in events) == whole["choices"][0]["text"]

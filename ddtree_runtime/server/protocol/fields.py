@@ -14,8 +14,6 @@ from ddtree_runtime.server.protocol.errors import APIError
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
-    "echo": (False,),
-    "prompt_logprobs": (None,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),
@@ -47,9 +45,6 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),
 }
 NEUTRAL_WHY = {
-    "echo": "echoing the prompt is not implemented (the prefill computes the last prompt row's logits only)",
-    "prompt_logprobs": "prompt logprobs are not implemented (the prefill computes the last prompt row's logits "
-    "only); logprobs of generated tokens are",
     "tools": "tool calling is not implemented",
     "tool_choice": "tool calling is not implemented",
     "functions": "tool calling is not implemented",

@@ -44,6 +44,12 @@ class Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="vLLM extra: each prompt token's logprob, rank and this many most likely (not streamed)",
+    )
     truncate_prompt_tokens: int | None = Field(
         None, ge=1, description="vLLM extra: keep only the last N prompt tokens"
     )
@@ -62,6 +68,9 @@ class CompletionRequest(Sampling):
         ge=0,
         le=MAX_LOGPROBS,
         description="each generated token's logprob and this many most likely tokens' (target, raw logits)",
+    )
+    echo: bool | None = Field(
+        None, description="the prompt (with logprobs: its logprobs too) before the completion"
     )
 
 

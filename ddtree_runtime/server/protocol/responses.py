@@ -32,15 +32,24 @@ class CompletionLogprobs(BaseModel):
     the top tokens' (with the token itself) by text."""
 
     text_offset: list[int]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
     tokens: list[str]
-    top_logprobs: list[dict[str, float]]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's entry of `prompt_logprobs` (keyed by token id)."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
     finish_reason: str | None
 
 
@@ -86,6 +95,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class Reply:
@@ -97,29 +107,56 @@ class Reply:
         self.created = int(time.time())
         self.text_offset = 0  # completions' logprobs: where the next token's text starts
 
-    def logprobs(self, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    def logprobs(
+        self, entries: Sequence[TokenLogprob], echoed: Sequence[TokenLogprob] | None = None
+    ) -> dict[str, Any] | None:
         """A choice's `logprobs` for these generated tokens (None when the request asked for none,
-        or a stream event carries no token)."""
-        if self.request.logprobs is None or not entries:
+        or a stream event carries no token); completions with `echo` put the prompt's first
+        (`echoed`: those of the prompt's tokens after its first, which has none)."""
+        n = self.request.logprobs
+        if n is None or not (entries or echoed):
             return None
         if self.request.chat:
             return {"content": [self._chat_logprob(e.token, e.logprob, e.top) for e in entries]}
-        tokens = [self.token_text(e.token) for e in entries]
+        rows: list[tuple[int, float | None, dict[str, float] | None]] = []
+        if echoed is not None:
+            rows.append((self.request.prompt_ids[0], None, None))
+        for e in [*(echoed or ()), *entries]:
+            top = {self.token_text(t): max(v, MIN_LOGPROB) for t, v in e.top[:n]}
+            top.setdefault(self.token_text(e.token), max(e.logprob, MIN_LOGPROB))
+            rows.append((e.token, max(e.logprob, MIN_LOGPROB), top))
+        tokens = [self.token_text(token) for token, _, _ in rows]
         offsets = []
         for token in tokens:
             offsets.append(self.text_offset)
             self.text_offset += len(token)
-        tops = []
-        for e in entries:
-            top = {self.token_text(t): max(v, MIN_LOGPROB) for t, v in e.top}
-            top.setdefault(self.token_text(e.token), max(e.logprob, MIN_LOGPROB))
-            tops.append(top)
         return {
             "text_offset": offsets,
-            "token_logprobs": [max(e.logprob, MIN_LOGPROB) for e in entries],
+            "token_logprobs": [logprob for _, logprob, _ in rows],
             "tokens": tokens,
-            "top_logprobs": tops,
+            "top_logprobs": [top for _, _, top in rows],
         }
+
+    def prompt_logprobs(self, entries: Sequence[TokenLogprob] | None) -> list[dict[str, Any] | None] | None:
+        """vLLM's `prompt_logprobs`: none for the first prompt token, then per token a map from
+        token id to logprob, rank and text, of the token and the `prompt_logprobs` most likely."""
+        n = self.request.prompt_logprobs
+        if n is None or entries is None:
+            return None
+
+        def one(token: int, logprob: float, rank: int | None) -> dict[str, Any]:
+            return {
+                "logprob": max(logprob, MIN_LOGPROB),
+                "rank": rank,
+                "decoded_token": self.token_text(token),
+            }
+
+        out: list[dict[str, Any] | None] = [None]
+        for e in entries:
+            ranked = {str(t): one(t, v, k + 1) for k, (t, v) in enumerate(e.top[:n])}
+            ranked.setdefault(str(e.token), one(e.token, e.logprob, e.rank))
+            out.append(ranked)
+        return out
 
     def _chat_logprob(
         self, token: int, logprob: float, top: tuple[tuple[int, float], ...] | None = None
@@ -152,19 +189,28 @@ class Reply:
         }
 
     def body(
-        self, text: str, stop_reason: str, completion_tokens: int, logprobs: Sequence[TokenLogprob] = ()
+        self,
+        text: str,
+        stop_reason: str,
+        completion_tokens: int,
+        logprobs: Sequence[TokenLogprob] = (),
+        prompt_logprobs: Sequence[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
         """The whole, non-streamed response."""
+        echo = self.request.echo
         choice: dict[str, Any] = {
             "index": 0,
-            "logprobs": self.logprobs(logprobs),
+            "logprobs": self.logprobs(logprobs, prompt_logprobs if echo is not None else None),
             "finish_reason": FINISH[stop_reason],
         }
+        out = {**self._head(False), "choices": [choice], "usage": self.usage(completion_tokens)}
         if self.request.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice["text"] = text
-        return {**self._head(False), "choices": [choice], "usage": self.usage(completion_tokens)}
+            choice["text"] = text if echo is None else echo + text
+        if self.request.prompt_logprobs is not None:  # vLLM: on the choice (completions), the response (chat)
+            (out if self.request.chat else choice)["prompt_logprobs"] = self.prompt_logprobs(prompt_logprobs)
+        return out
 
     def chunk(
         self,
