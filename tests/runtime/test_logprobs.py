@@ -16,8 +16,7 @@ import torch
 
 from ddtree_runtime import logprobs
 from ddtree_runtime.engine import Engine, GenerationError
-from ddtree_runtime.generation import GenerationResult
-from ddtree_runtime.logprobs import MAX_LOGPROBS
+from ddtree_runtime.logprobs import MAX_LOGPROBS, TokenLogprob
 from ddtree_runtime.tiny import SPECIALS, TinyPair
 from tests.runtime.helpers import assert_close, engine_for
 
@@ -45,18 +44,23 @@ def full_forward_logprobs(engine: Engine, prompt: list[int], output: list[int]) 
 
 
 def assert_target_logprobs(
-    engine: Engine, prompt: list[int], got: GenerationResult, dtype: torch.dtype
+    engine: Engine, prefix: list[int], tokens: list[int], got: list[TokenLogprob] | None, dtype: torch.dtype
 ) -> None:
-    assert got.logprobs is not None and [e.token for e in got.logprobs] == got.output_ids
-    want = full_forward_logprobs(engine, prompt, got.output_ids)
-    tokens = torch.tensor(got.output_ids, device=want.device)
-    values = torch.tensor([e.logprob for e in got.logprobs], dtype=torch.float64)
-    assert_close(values, want.gather(1, tokens[:, None]).squeeze(1).cpu(), dtype, atol=1e-5, rtol=1e-6)
+    """`got` holds the target's logprobs of `tokens` where each follows `prefix` and the tokens before it."""
+    assert got is not None and [e.token for e in got] == tokens
+    want = full_forward_logprobs(engine, prefix, tokens)
+    ids = torch.tensor(tokens, device=want.device)
+    values = torch.tensor([e.logprob for e in got], dtype=torch.float64)
+    assert_close(values, want.gather(1, ids[:, None]).squeeze(1).cpu(), dtype, atol=1e-5, rtol=1e-6)
     best = want.topk(TOP, dim=-1)
-    top_values = torch.tensor([[v for _, v in e.top] for e in got.logprobs], dtype=torch.float64)
+    top_values = torch.tensor([[v for _, v in e.top] for e in got], dtype=torch.float64)
     assert_close(top_values, best.values.cpu(), dtype, atol=1e-5, rtol=1e-6)
     if dtype == torch.float32:  # bf16 may order near-ties the other way
-        assert [[i for i, _ in e.top] for e in got.logprobs] == best.indices.tolist()
+        assert [[i for i, _ in e.top] for e in got] == best.indices.tolist()
+        if got[0].rank is not None:
+            assert [e.rank for e in got] == [
+                1 + int((r > r[t]).sum()) for r, t in zip(want, tokens, strict=True)
+            ]
 
 
 @pytest.mark.parametrize("mode", ["ar", "dflash", "ddtree"])
@@ -69,7 +73,7 @@ def test_greedy_logprobs_are_the_targets_and_change_no_token(
         assert plain.logprobs is None and got.output_ids == plain.output_ids
         if mode != "ar":
             assert got.mean_accepted > 1.5  # drafts were accepted: several tokens' rows per round
-        assert_target_logprobs(engine, prompt, got, dtype)
+        assert_target_logprobs(engine, prompt, got.output_ids, got.logprobs, dtype)
 
 
 def test_hybrid_target_logprobs_are_its_own(
@@ -78,8 +82,11 @@ def test_hybrid_target_logprobs_are_its_own(
     """A Gated DeltaNet target verifies a tree through other kernels; its rows are its own too."""
     hybrid = engine_for(hybrid_pair, device, dtype)
     for prompt in prompts(6, 2):
-        got = hybrid.generate(prompt, mode="ddtree", budget=16, max_new_tokens=24, eos_ids=(), logprobs=TOP)
-        assert_target_logprobs(hybrid, prompt, got, dtype)
+        got = hybrid.generate(
+            prompt, mode="ddtree", budget=16, max_new_tokens=24, eos_ids=(), logprobs=TOP, prompt_top=TOP
+        )
+        assert_target_logprobs(hybrid, prompt, got.output_ids, got.logprobs, dtype)
+        assert_target_logprobs(hybrid, prompt[:1], prompt[1:], got.prompt_logprobs, dtype)
 
 
 @pytest.mark.parametrize("mode", ["ar", "ddtree"])
@@ -98,7 +105,7 @@ def test_sampled_logprobs_are_the_raw_distribution_s(engine: Engine, mode: str, 
         top_p=0.9,
         seed=4,
     )
-    assert_target_logprobs(engine, prompt, got, dtype)
+    assert_target_logprobs(engine, prompt, got.output_ids, got.logprobs, dtype)
 
 
 def test_streamed_logprobs_come_with_their_round_and_stop_with_the_output(engine: Engine) -> None:
@@ -138,17 +145,8 @@ def test_prompt_logprobs_are_the_targets_a_chunk_of_rows_at_a_time(
     got = engine.generate(prompt, mode="ddtree", budget=16, max_new_tokens=12, eos_ids=(), prompt_top=TOP)
     assert plain.prompt_logprobs is None and got.output_ids == plain.output_ids
     assert got.prompt_logprobs is not None and [e.token for e in got.prompt_logprobs] == prompt[1:]
-    want = full_forward_logprobs(engine, prompt[:1], prompt[1:])
-    tokens = torch.tensor(prompt[1:], device=want.device)
-    values = torch.tensor([e.logprob for e in got.prompt_logprobs], dtype=torch.float64)
-    assert_close(values, want.gather(1, tokens[:, None]).squeeze(1).cpu(), dtype, atol=1e-5, rtol=1e-6)
-    best = want.topk(TOP, dim=-1)
-    top_values = torch.tensor([[v for _, v in e.top] for e in got.prompt_logprobs], dtype=torch.float64)
-    assert_close(top_values, best.values.cpu(), dtype, atol=1e-5, rtol=1e-6)
-    if dtype == torch.float32:
-        assert [[i for i, _ in e.top] for e in got.prompt_logprobs] == best.indices.tolist()
-        ranks = [1 + int((row > row[t]).sum()) for row, t in zip(want, prompt[1:], strict=True)]
-        assert [e.rank for e in got.prompt_logprobs] == ranks and max(ranks) > 1
+    assert_target_logprobs(engine, prompt[:1], prompt[1:], got.prompt_logprobs, dtype)
+    assert max(e.rank or 0 for e in got.prompt_logprobs) > 1  # not only the most likely tokens
 
 
 def test_too_many_top_logprobs_are_refused(engine: Engine) -> None:
