@@ -13,6 +13,12 @@ sampling against the draft distribution).
 Rounds run on static buffers (`rounds.py`); on CUDA a greedy round is one replayed CUDA graph
 (`graphs.py`), captured at `warmup` for every mode, budget and context bucket serving can hit.
 The one host sync per round is reading the accepted tokens, which the stopping rules need anyway.
+
+Logprobs (asked per request) are the target's own: each emitted token's log_softmax of the raw
+logits where it was chosen (the prefill's last row for the first token, then its parent on the
+accepted path), in fp32. A round that records them runs eagerly (on CUDA too): its extra step
+(`RoundBuffers.record_logprobs`) writes static buffers and needs no sync, so it could join the
+captured graphs, at the price of a second set of them.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from torch import Tensor
 from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.generation import GenerationResult, Output, PhaseClock
 from ddtree_runtime.graphs import GraphKey, RoundGraphs, buckets, key_bound
+from ddtree_runtime.logprobs import MAX_LOGPROBS, TokenLogprob, as_entries, prompt_logprobs, token_logprobs
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Target
 from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choose, spec_phases
@@ -77,7 +84,9 @@ class Engine:
             drafter.setup_caches(max_context)
         block = drafter.config.block_size if drafter is not None else 1
         features = max(1, len(capture) * cfg.hidden_size)
-        self.buffers = RoundBuffers.allocate(block, features, self.device, target.embed_tokens.weight.dtype)
+        self.buffers = RoundBuffers.allocate(
+            block, features, self.device, target.embed_tokens.weight.dtype, min(MAX_LOGPROBS, cfg.vocab_size)
+        )
         if graphs is None:  # both must allow it: no host work in the target's pass or the backend's seams
             graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
         self.graphs = RoundGraphs(self.device) if graphs else None
@@ -131,14 +140,21 @@ class Engine:
                 )
 
     def _phases(
-        self, mode: str, budget: int, bound: int, sampling: Sampling, buf: RoundBuffers | None = None
+        self,
+        mode: str,
+        budget: int,
+        bound: int,
+        sampling: Sampling,
+        buf: RoundBuffers | None = None,
+        logprobs: bool = False,
     ) -> list[Phase]:
         buf = buf or self.buffers
         if mode == "ar":
-            return ar_phases(self.target, self.backend, buf, bound, sampling)
+            return ar_phases(self.target, self.backend, buf, bound, sampling, logprobs)
         assert self.drafter is not None
+        block = buf.feats.shape[0]
         return spec_phases(
-            self.target, self.drafter, self.backend, buf, mode, budget, buf.feats.shape[0], bound, sampling
+            self.target, self.drafter, self.backend, buf, mode, budget, block, bound, sampling, logprobs
         )
 
     def _capture(self, mode: str, budget: int, bound: int) -> None:
@@ -206,6 +222,9 @@ class Engine:
         cancel: threading.Event | None = None,
         block_size: int | None = None,
         profile: bool = False,
+        logprobs: int | None = None,
+        on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
+        prompt_top: int | None = None,
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` tokens after `prompt_ids`.
 
@@ -213,21 +232,39 @@ class Engine:
         each round's new tokens (e.g. to stream). Setting `cancel` from another thread stops it
         before its next phase (a graphed round: before its next round), with the tokens so far.
         `profile` runs the phases one by one with a sync between them, for the per-phase split.
+        `logprobs` (0 to `MAX_LOGPROBS`; None: off) asks for each token's logprob and that many
+        top ones (`GenerationResult.logprobs`; `on_logprobs` gets each round's, before
+        `on_tokens`). `prompt_top` (the same range) asks the same of every prompt token after the
+        first, with its rank (`GenerationResult.prompt_logprobs`).
         """
         full_block = self.drafter.config.block_size if self.drafter is not None else 2
         block = block_size or full_block
         self._check(mode, prompt_ids, max_new_tokens, budget, block)
+        top = self.buffers.top_ids.shape[1]
+        for name, asked in (("logprobs", logprobs), ("prompt_top", prompt_top)):
+            if asked is not None and not 0 <= asked <= top:
+                raise GenerationError(f"{name} {asked} is outside [0, {top}] (fix: ask for at most {top})")
         sampling = self._sampling(temperature, top_p, seed)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
-        out = Output(max_new_tokens, eos, stop, decode, on_tokens, cancel)
+        out = Output(max_new_tokens, eos, stop, decode, on_tokens, cancel, on_logprobs)
         clock = PhaseClock(profile and self.device.type == "cuda")
         start_time = time.perf_counter()
-        buf, root = self._prefill(prompt_ids, mode, sampling, block)
-        done = out.emit([int(root)])  # a sync: the prefill's GPU time stays in its own phase
+        buf, root, last_logits, prompt_entries = self._prefill(prompt_ids, mode, sampling, block, prompt_top)
+        first = None
+        if logprobs is not None:
+            values, ids = token_logprobs(last_logits[None], root.reshape(1), top)
+            first = as_entries([int(root)], values.tolist(), ids.tolist(), logprobs)
+        done = out.emit([int(root)], first)  # a sync: the prefill's GPU time stays in its own phase
         clock.lap("prefill")
         accepted: list[int] = []
         if not done:
-            graphed = self.graphs is not None and sampling.greedy and not profile and block == full_block
+            graphed = (
+                self.graphs is not None
+                and sampling.greedy
+                and not profile
+                and block == full_block
+                and logprobs is None
+            )
             self._rounds(
                 mode,
                 budget if mode == "ddtree" else 0,
@@ -238,6 +275,7 @@ class Engine:
                 out,
                 clock,
                 accepted,
+                logprobs,
             )
         return GenerationResult(
             output_ids=out.ids,
@@ -248,6 +286,8 @@ class Engine:
             phase_s=clock.phase_s,
             total_s=time.perf_counter() - start_time,
             text=out.text(),
+            logprobs=out.logprobs if logprobs is not None else None,
+            prompt_logprobs=prompt_entries,
         )
 
     def _sampling(self, temperature: float, top_p: float, seed: int | None) -> Sampling:
@@ -261,25 +301,40 @@ class Engine:
         return Sampling(temperature, top_p, generator)
 
     def _prefill(
-        self, prompt_ids: Sequence[int], mode: str, sampling: Sampling, block: int
-    ) -> tuple[RoundBuffers, Tensor]:
-        """The prompt through the target (and its features into the drafter); the first token and
-        the round buffers set up after it (a test's other block size gets buffers of its own)."""
+        self, prompt_ids: Sequence[int], mode: str, sampling: Sampling, block: int, prompt_top: int | None
+    ) -> tuple[RoundBuffers, Tensor, Tensor, list[TokenLogprob] | None]:
+        """The prompt through the target (and its features into the drafter); the round buffers set
+        up after it (a test's other block size gets buffers of its own), the first token, the
+        logits [V] it was chosen from and, with `prompt_top`, the prompt's logprobs."""
         prompt = torch.tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
         n = prompt.shape[0]
         positions = torch.arange(n, device=self.device)
         logits, hidden = self.target(
-            prompt, positions, 0, None, self.backend, capture=mode != "ar", last_logits_only=True
+            prompt,
+            positions,
+            0,
+            None,
+            self.backend,
+            capture=mode != "ar",
+            last_logits_only=True,
+            final_hidden=prompt_top is not None,
         )
+        prompt_entries = None
+        if prompt_top is not None:  # the LM head a chunk of rows at a time, never [T, V] at once
+            vocab = self.target.config.vocab_size
+            prompt_entries = prompt_logprobs(logits, prompt, self.target.lm_head, vocab, prompt_top)
+            logits = self.target.lm_head(logits[-1:]).float()
         root = choose(logits[-1], sampling)
         if mode != "ar":
             assert self.drafter is not None and hidden is not None
             self.drafter.ingest(hidden, 0, self.backend)
         buf = self.buffers
         if block != buf.feats.shape[0] and mode != "ar":
-            buf = RoundBuffers.allocate(block, buf.feats.shape[1], self.device, buf.feats.dtype)
+            buf = RoundBuffers.allocate(
+                block, buf.feats.shape[1], self.device, buf.feats.dtype, buf.top_ids.shape[1]
+            )
         buf.start(root, n)
-        return buf, root
+        return buf, root, logits[-1], prompt_entries
 
     def _rounds(
         self,
@@ -292,9 +347,10 @@ class Engine:
         out: Output,
         clock: PhaseClock,
         accepted: list[int],
+        logprobs: int | None = None,
     ) -> None:
         """Rounds until a stopping rule fires: a replayed graph (or the phases one by one), then
-        the round's one host sync, which reads the accepted tokens."""
+        the round's one host sync, which reads the accepted tokens (and their logprobs, if asked)."""
         rows = verify_rows(mode, buf.feats.shape[0], budget)
         phases: dict[int, list[Phase]] = {}
         done = False
@@ -308,7 +364,7 @@ class Engine:
                 self.graphs.replay((mode, budget, bound))
             else:
                 if bound not in phases:
-                    phases[bound] = self._phases(mode, budget, bound, sampling, buf)
+                    phases[bound] = self._phases(mode, budget, bound, sampling, buf, logprobs is not None)
                 for name, run in phases[bound]:
                     if out.cancelled():  # a cut round leaves no state the next prefill keeps
                         return
@@ -319,7 +375,12 @@ class Engine:
                 clock.lap("round")
             n += result[0]
             accepted.append(result[0] - 1)
-            done = out.emit(result[1 : 1 + result[0]])
+            tokens = result[1 : 1 + result[0]]
+            entries = None
+            if logprobs is not None:
+                m = len(tokens)
+                entries = as_entries(tokens, buf.logprobs[:m].tolist(), buf.top_ids[:m].tolist(), logprobs)
+            done = out.emit(tokens, entries)
 
 
 def prefill_lengths(max_prompt: int, max_context: int) -> list[int]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
+
+from ddtree_runtime.logprobs import TokenLogprob
 
 # "round": a whole round replayed as one CUDA graph (its phases are not split; `profile` splits them)
 PHASES = ("prefill", "draft", "tree", "verify", "walk", "compact", "round")
@@ -28,6 +30,8 @@ class GenerationResult:
     phase_s: dict[str, float] = field(default_factory=dict)
     total_s: float = 0.0
     text: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per output id, when asked for
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt id after the first, when asked for
 
     @property
     def rounds(self) -> int:
@@ -57,6 +61,9 @@ class GenerationResult:
         }
         if self.text is not None:
             out["text"] = self.text
+        for name, logprobs in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if logprobs is not None:
+                out[name] = [asdict(e) for e in logprobs]
         return out
 
 
@@ -113,7 +120,8 @@ def first_stop(text: str, added: int, stop: Sequence[str]) -> int | None:
 
 
 class Output:
-    """Emitted tokens with the stopping rules: EOS, max_new_tokens, stop strings."""
+    """Emitted tokens (and their logprobs, when asked for) with the stopping rules: EOS,
+    max_new_tokens, stop strings."""
 
     def __init__(
         self,
@@ -123,17 +131,20 @@ class Output:
         decode: Callable[[list[int]], str] | None,
         on_tokens: Callable[[list[int]], None] | None,
         cancel: threading.Event | None,
+        on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
     ) -> None:
         self.ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.on_logprobs = on_logprobs
         self.max_new, self.eos, self.stop, self.decode = max_new_tokens, eos_ids, tuple(stop), decode
         self.on_tokens, self.cancel = on_tokens, cancel
         self.reason: str | None = None
         self.seen = IncrementalText(decode) if decode is not None and self.stop else None
         self.recent = ""  # the end of the text so far, one character shorter than the longest stop
 
-    def emit(self, tokens: list[int]) -> bool:
-        """Append tokens one by one until a rule fires, then hand the round's tokens to
-        `on_tokens`; True when generation is over."""
+    def emit(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> bool:
+        """Append tokens one by one until a rule fires, then hand the round's logprobs (if given)
+        to `on_logprobs` and its tokens to `on_tokens`; True when generation is over."""
         first = len(self.ids)
         for t in tokens:
             self.ids.append(t)
@@ -145,6 +156,10 @@ class Output:
                 self.reason = "length"
             if self.reason:
                 break
+        if logprobs is not None:
+            self.logprobs += logprobs[: len(self.ids) - first]
+            if self.on_logprobs is not None:
+                self.on_logprobs(self.logprobs[first:])
         if self.on_tokens is not None:
             self.on_tokens(self.ids[first:])
         return self.cancelled() or self.reason is not None

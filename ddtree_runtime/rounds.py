@@ -14,6 +14,10 @@ Round of `ddtree` (DDTree, Ringel & Romano, arXiv 2604.12989), `dflash` (a chain
     verify   one target pass over [root] + nodes at positions ctx + depth
     walk     follow the target's own choice down the tree; the first miss is the bonus token
     compact  accepted K/V rows into place; the accepted rows' features for the next draft
+
+A request for logprobs adds, at the end of the round, the target's log-probabilities of the
+emitted tokens (each from its parent row's logits) into static buffers, so that this step could
+be captured too; such rounds run eagerly today (`Engine.generate`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ddtree_runtime.backend import Backend
+from ddtree_runtime.logprobs import MAX_LOGPROBS, token_logprobs
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Target, TreeInputs
 
@@ -41,14 +46,26 @@ class RoundBuffers:
     feats: Tensor  # [block, n_ids * hidden]: target hidden states the drafter has not read, padded
     n_feats: Tensor  # 0-d int64: real rows of feats (they end at ctx)
     out: Tensor  # [1 + block] int64: accepted rows n (root included), then the n new tokens
+    # written only when a request asks for logprobs: per new token, its log-probability under the
+    # target, then the `top` most likely ones' (fp32), and those tokens' ids
+    logprobs: Tensor  # [block, 1 + top] fp32
+    top_ids: Tensor  # [block, top] int64
 
     @classmethod
-    def allocate(cls, block: int, features: int, device: torch.device, dtype: torch.dtype) -> RoundBuffers:
+    def allocate(
+        cls, block: int, features: int, device: torch.device, dtype: torch.dtype, top: int = MAX_LOGPROBS
+    ) -> RoundBuffers:
         def ints(*shape: int) -> Tensor:
             return torch.zeros(shape, dtype=torch.int64, device=device)
 
         return cls(
-            ints(1), ints(), torch.zeros(block, features, device=device, dtype=dtype), ints(), ints(1 + block)
+            ints(1),
+            ints(),
+            torch.zeros(block, features, device=device, dtype=dtype),
+            ints(),
+            ints(1 + block),
+            torch.zeros(block, 1 + top, device=device, dtype=torch.float32),
+            ints(block, top),
         )
 
     def advance(self, path: Tensor, path_len: Tensor, tokens: Tensor, hidden: Tensor, bonus: Tensor) -> None:
@@ -65,6 +82,15 @@ class RoundBuffers:
         self.out[1 : 1 + m] = torch.where(torch.arange(m, device=path.device) < path_len - 1, shifted, bonus)
         self.ctx.add_(path_len)
         self.root.copy_(bonus.reshape(1))
+
+    def record_logprobs(self, logits: Tensor, rows: Tensor) -> None:
+        """The round's logprobs: new token i (`out[1 + i]`) was chosen at row `rows[i]` of the
+        verify pass's `logits`. Fixed shapes and no host sync (capturable); rows past the accepted
+        count hold leftovers that nobody reads."""
+        m = rows.shape[0]
+        values, ids = token_logprobs(logits[rows], self.out[1 : 1 + m], self.top_ids.shape[1])
+        self.logprobs[:m].copy_(values)
+        self.top_ids[:m].copy_(ids)
 
     def snapshot(self) -> Callable[[], None]:
         """A function that puts the round state (root, length, features) back as it is now: a graph
@@ -139,9 +165,15 @@ class RoundState:
 
 
 def ar_phases(
-    target: Target, backend: Backend[Any, Any, Any], buf: RoundBuffers, key_bound: int, sampling: Sampling
+    target: Target,
+    backend: Backend[Any, Any, Any],
+    buf: RoundBuffers,
+    key_bound: int,
+    sampling: Sampling,
+    logprobs: bool = False,
 ) -> list[Phase]:
     """Plain decoding: one target pass for one token."""
+    first_row = torch.zeros(1, dtype=torch.int64, device=buf.root.device)
 
     def verify() -> None:
         logits, _ = target(
@@ -159,6 +191,8 @@ def ar_phases(
         buf.out[1] = token
         buf.root.copy_(token.reshape(1))
         buf.ctx.add_(1)
+        if logprobs:
+            buf.record_logprobs(logits, first_row)
 
     return [("verify", verify)]
 
@@ -173,9 +207,12 @@ def spec_phases(
     block: int,
     key_bound: int,
     sampling: Sampling,
+    logprobs: bool = False,
 ) -> list[Phase]:
     """One speculative round (`dflash` or `ddtree`) of a `block`-token draft as phases over `buf`
-    (whose features hold `block` rows) and one `RoundState`."""
+    (whose features hold `block` rows) and one `RoundState`. With `logprobs`, `compact` also
+    records the emitted tokens' logprobs: each at its parent on the accepted path (the bonus at
+    the last accepted node)."""
     cfg, device = drafter.config, buf.root.device
     masks = torch.full((block - 1,), cfg.mask_token_id, dtype=torch.int64, device=device)
     chain_parents = torch.arange(block, device=device) - 1
@@ -218,5 +255,7 @@ def spec_phases(
     def compact() -> None:
         target.commit(buf.ctx, s.tree, s.path, s.path_len, backend)
         buf.advance(s.path, s.path_len, s.tokens, s.hidden, s.bonus)
+        if logprobs:
+            buf.record_logprobs(s.logits, s.path[: buf.feats.shape[0]].clamp(min=0))
 
     return [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("compact", compact)]

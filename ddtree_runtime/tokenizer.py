@@ -66,6 +66,10 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
+    def token_text(self, token: int) -> str:
+        """One token's own text, a special token's too (logprobs name every token they rank)."""
+        return self.tok.decode([token], skip_special_tokens=False)
+
     @property
     def renders_tool_calls(self) -> bool:
         """Whether the chat template shows an assistant message's ``tool_calls`` at all."""

@@ -205,13 +205,18 @@ def outputs(
     captured: dict[int, Tensor],
     logits_dtype: torch.dtype | None,
     last_logits_only: bool,
+    final_hidden: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """A target's logits and its captured hidden states, from the final normed output and the
-    residual stream after each captured layer (HF's last hidden_states entry is the normed output)."""
+    residual stream after each captured layer (HF's last hidden_states entry is the normed output).
+    `final_hidden`: the normed rows in place of the logits, for a caller that applies the LM head
+    itself a chunk at a time (prompt logprobs)."""
     last = len(model.layers) - 1
     if last in captured:
         captured[last] = normed
     hidden = torch.cat([captured[i] for i in model.capture_layers], dim=-1) if captured else None
+    if final_hidden:
+        return normed, hidden
     logits = model.lm_head(normed[-1:] if last_logits_only else normed)
     return (logits if logits_dtype is None else logits.to(logits_dtype)), hidden
 
@@ -273,6 +278,7 @@ class Qwen3(nn.Module):
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
+        final_hidden: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
@@ -280,7 +286,8 @@ class Qwen3(nn.Module):
         new rows that `tree` allows (None: causal). `context_len` may be a 0-d device tensor
         (graph capture) with `key_bound` the most keys it can reach. Logits come in
         `logits_dtype` (None: the model's own, when only their argmax is needed), for every row or
-        only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache).
+        only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache),
+        or, with `final_hidden`, no logits but the final normed rows [T, hidden].
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -304,7 +311,7 @@ class Qwen3(nn.Module):
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
-        return outputs(self, h, captured, logits_dtype, last_logits_only)
+        return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
 
     def commit(
         self, context_len: int | Tensor, tree: TreeInputs, path: Tensor, path_len: Tensor, backend: Backend

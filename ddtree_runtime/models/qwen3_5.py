@@ -349,12 +349,13 @@ class Qwen3_5(nn.Module):
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
+        final_hidden: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """tokens, input_pos: [T] -> logits [T, V], hidden [T, len(capture_layers) * hidden].
 
         Without a tree the T tokens extend the committed sequence (a fresh sequence when
         `context_len` is 0). With one (`plan`) they are a tree to verify; call `commit` afterwards.
-        `context_len`, `key_bound`, `logits_dtype` and `last_logits_only` are as for `Qwen3`.
+        `context_len`, `key_bound`, `logits_dtype`, `last_logits_only` and `final_hidden` are as for `Qwen3`.
         """
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
@@ -375,7 +376,7 @@ class Qwen3_5(nn.Module):
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.scale, eps, residual=x)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
-        return outputs(self, h, captured, logits_dtype, last_logits_only)
+        return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
 
     def commit(
         self,

@@ -57,6 +57,7 @@ class Target(Protocol):
         key_bound: int | None = None,
         logits_dtype: torch.dtype | None = torch.float32,
         last_logits_only: bool = False,
+        final_hidden: bool = False,
     ) -> tuple[Tensor, Tensor | None]: ...
 
     def commit(

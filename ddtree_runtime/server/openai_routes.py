@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ddtree_runtime.generation import GenerationResult
+from ddtree_runtime.logprobs import TokenLogprob
 from ddtree_runtime.server.admission import enqueue, off_loop_if_large, read_json
 from ddtree_runtime.server.openapi import body_schema
 from ddtree_runtime.server.protocol.errors import APIError
@@ -94,7 +95,7 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
     enqueue(st.scheduler, job)
     record["job"] = job.number
     flow = _Flow(st, job, record)
-    reply = Reply(req, st.model)
+    reply = Reply(req, st.model, tokenizer.token_text)
     if req.stream:
         return StreamingResponse(
             _stream(st, request, flow, reply, tokenizer),
@@ -115,7 +116,13 @@ async def _generate(st: State, request: Request, chat: bool) -> Response:
                 if kind == "done":
                     flow.done(payload)
                     return JSONResponse(
-                        reply.body(payload.text or "", payload.stop_reason, len(payload.output_ids))
+                        reply.body(
+                            payload.text or "",
+                            payload.stop_reason,
+                            len(payload.output_ids),
+                            payload.logprobs or (),
+                            payload.prompt_logprobs,
+                        )
                     )
         finally:
             watcher.cancel()
@@ -129,6 +136,8 @@ def _describe(record: dict[str, Any], req: ParsedRequest) -> None:
     )
     if req.mode == "ddtree":
         record["budget"] = req.budget
+    if req.logprobs is not None:
+        record["logprobs"] = req.logprobs
     if req.ignored:
         record["ignored_fields"] = list(req.ignored)
 
@@ -145,6 +154,10 @@ async def _stream(
     job = flow.job
     text = TextStream(tokenizer.decode, job.request.stop)
     first = True
+    logprobs: list[TokenLogprob] = []  # of tokens whose event has not gone out yet
+    if job.request.echo is not None:  # the prompt first (echo with logprobs is not streamed)
+        yield _sse(reply.chunk(job.request.echo, first=True))
+        first = False
     with st.tracked():
         watcher = asyncio.create_task(_until_gone(request, job, st.scheduler))
         try:
@@ -154,11 +167,14 @@ async def _stream(
                     await _engine_released(job, payload)
                     flow.abort()
                     return
+                if kind == "logprobs":  # comes just before its round's "tokens"
+                    logprobs += payload
+                    continue
                 if kind == "tokens":
                     delta = text.push(payload)
-                    if delta:
-                        yield _sse(reply.chunk(delta, first=first))
-                        first = False
+                    if delta or logprobs:
+                        yield _sse(reply.chunk(delta, first=first, logprobs=logprobs))
+                        first, logprobs = False, []
                     continue
                 if kind == "error" or payload.stop_reason == "cancelled":
                     error = _shutting_down(payload)
@@ -167,7 +183,8 @@ async def _stream(
                     yield _sse("[DONE]")
                     return
                 result: GenerationResult = payload
-                yield _sse(reply.chunk(text.finish(result.text or ""), result.stop_reason, first=first))
+                rest = text.finish(result.text or "")
+                yield _sse(reply.chunk(rest, result.stop_reason, first=first, logprobs=logprobs))
                 if job.request.include_usage:
                     yield _sse(reply.usage_chunk(len(result.output_ids)))
                 yield _sse("[DONE]")

@@ -30,7 +30,8 @@ from ddtree_runtime.server.protocol.validation import Request
 @dataclass
 class Job:
     """A request on its way through the queue; `events` carries (kind, payload) to its handler:
-    ("tokens", [ids]) per round when streamed, then ("done", GenerationResult) or ("error", APIError)."""
+    ("tokens", [ids]) per round when streamed (after ("logprobs", [TokenLogprob]) when asked for), then
+    ("done", GenerationResult) or ("error", APIError)."""
 
     request: Request
     loop: asyncio.AbstractEventLoop
@@ -189,6 +190,9 @@ class Worker(threading.Thread):
                 decode=self.decode,
                 on_tokens=on_tokens,
                 cancel=job.cancelled,
+                logprobs=req.logprobs,
+                on_logprobs=(lambda es: job.put(("logprobs", es))) if req.stream else None,
+                prompt_top=req.prompt_top,
             )
         except GenerationError as e:  # validation should have caught it; still the client's request
             return "error", APIError(400, str(e))

@@ -57,6 +57,21 @@ def test_graph_replays_give_the_eager_tokens(pair: TinyPair, dtype: torch.dtype)
                 assert graphed.generate(prompt, mode=mode, budget=budget, max_new_tokens=40).output_ids == ar
 
 
+def test_a_logprobs_request_runs_eager_rounds_with_the_graphed_tokens(pair: TinyPair) -> None:
+    """Logprobs rounds are not captured: they run the phases one by one, to the same tokens."""
+    graphed = Engine(*load_pair(pair.target, pair.drafter, torch.device("cuda"), torch.float32), 512)
+    for prompt in _prompts(6, 3):
+        for mode, budget in (("ar", 1), ("dflash", 1), ("ddtree", 16)):
+            want = graphed.generate(prompt, mode=mode, budget=budget, max_new_tokens=32, eos_ids=())
+            got = graphed.generate(
+                prompt, mode=mode, budget=budget, max_new_tokens=32, eos_ids=(), logprobs=5, prompt_top=5
+            )
+            assert got.output_ids == want.output_ids, (mode, prompt)
+            assert got.phase_s["round"] == 0 < want.phase_s["round"]
+            assert got.logprobs is not None and len(got.logprobs) == len(got.output_ids)
+            assert got.prompt_logprobs is not None and len(got.prompt_logprobs) == len(prompt) - 1
+
+
 def _compiled() -> int:
     """Compiled specialisations of every Triton kernel in the kernels package, on every device."""
     total = 0

@@ -70,6 +70,16 @@ CASES = [
     ("both template flags", CHAT, {**MSG, "add_generation_prompt": True, "continue_final_message": True},
      400, "continue_final_message", None),
     ("truncate zero", C, {**OK, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", None),
+    # issue 27 item 10: logprobs up to vLLM's cap, top_logprobs only with logprobs, what is not streamed
+    ("logprobs over the cap", C, {**OK, "logprobs": 21}, 400, "logprobs", None),
+    ("logprobs negative", C, {**OK, "logprobs": -1}, 400, "logprobs", None),
+    ("logprobs bool on completions", C, {**OK, "logprobs": True}, 400, "logprobs", None),
+    ("top_logprobs over the cap", CHAT, {**MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+    ("top_logprobs without logprobs", CHAT, {**MSG, "top_logprobs": 2}, 400, "top_logprobs", None),
+    ("prompt_logprobs over the cap", C, {**OK, "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
+    ("prompt_logprobs streamed", CHAT, {**MSG, "stream": True, "prompt_logprobs": 1}, 400, "prompt_logprobs", None),
+    ("echo on chat", CHAT, {**MSG, "echo": True}, 400, "echo", None),
+    ("echo streamed with logprobs", C, {**OK, "echo": True, "stream": True, "logprobs": 1}, 400, "echo", None),
 ]  # fmt: skip
 
 

@@ -14,10 +14,6 @@ from ddtree_runtime.server.protocol.errors import APIError
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1,),
     "best_of": (1,),
-    "echo": (False,),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "prompt_logprobs": (None,),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
     "repetition_penalty": (1, 1.0),

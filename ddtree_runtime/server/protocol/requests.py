@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ddtree_runtime.logprobs import MAX_LOGPROBS
+
 MAX_STOP = 4
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -42,6 +44,12 @@ class Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="vLLM extra: each prompt token's logprob, rank and this many most likely (not streamed)",
+    )
     truncate_prompt_tokens: int | None = Field(
         None, ge=1, description="vLLM extra: keep only the last N prompt tokens"
     )
@@ -55,6 +63,15 @@ class CompletionRequest(Sampling):
         description="one prompt: a string or a list of token ids (a one-element list of either is allowed)"
     )
     add_special_tokens: bool = Field(True, description="vLLM extra: the tokenizer's own special tokens (BOS)")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        description="each generated token's logprob and this many most likely tokens' (target, raw logits)",
+    )
+    echo: bool | None = Field(
+        None, description="the prompt (with logprobs: its logprobs too) before the completion"
+    )
 
 
 # ------------------------------------------------------------------------- completions and chat
@@ -108,6 +125,10 @@ class ChatCompletionRequest(Sampling, ChatTemplateOptions):
     messages: list[ChatMessage] = Field(min_length=1)
     add_special_tokens: bool = Field(
         False, description="vLLM extra: the tokenizer's own special tokens (BOS)"
+    )
+    logprobs: bool | None = Field(None, description="each generated token's logprob (target, raw logits)")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS, description="with logprobs: this many most likely tokens per position"
     )
 
 

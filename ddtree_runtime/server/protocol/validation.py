@@ -77,6 +77,17 @@ class Request:
     mode: str
     budget: int
     ignored: tuple[str, ...] = ()  # unknown fields, named in the log line
+    logprobs: int | None = None  # top logprobs per generated token (0: the token's own only); None: off
+    prompt_logprobs: int | None = None  # the same per prompt token (vLLM's extra)
+    echo: str | None = None  # completions: the prompt's text, put before the completion's
+
+    @property
+    def prompt_top(self) -> int | None:
+        """Top logprobs the prompt tokens need: `prompt_logprobs`'s, and with `echo` `logprobs`'."""
+        asked = [
+            n for n in (self.prompt_logprobs, None if self.echo is None else self.logprobs) if n is not None
+        ]
+        return max(asked, default=None)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -119,6 +130,12 @@ def parse_request(body: dict[str, Any], chat: bool, limits: Limits, tokenizer: T
             code="model_not_found",
         )
     refuse_unsupported(body)
+    if chat and body.get("echo") not in (None, False):  # vLLM's chat echo repeats the last message
+        raise APIError(
+            400,
+            f"echo={body['echo']!r} is refused on chat completions: not implemented (fix: leave it out)",
+            param="echo",
+        )
     try:
         req = (ChatCompletionRequest if chat else CompletionRequest).model_validate(body)
     except ValidationError as e:
@@ -127,6 +144,12 @@ def parse_request(body: dict[str, Any], chat: bool, limits: Limits, tokenizer: T
         raise APIError(400, f"{param or 'body'}: {first['msg']}", param=param) from None
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if req.stream and req.prompt_logprobs is not None:  # as vLLM
+        raise APIError(
+            400,
+            "prompt_logprobs are not streamed (fix: stream=false, or leave it out)",
+            param="prompt_logprobs",
+        )
     mode, budget = _mode_budget(req, limits)
     if chat:
         assert isinstance(req, ChatCompletionRequest)
@@ -157,6 +180,9 @@ def parse_request(body: dict[str, Any], chat: bool, limits: Limits, tokenizer: T
         mode=mode,
         budget=budget,
         ignored=tuple(sorted(req.model_extra or {})),
+        logprobs=_logprobs(req),
+        prompt_logprobs=req.prompt_logprobs,
+        echo=_echo(req, prompt_ids, tokenizer),
     )
 
 
@@ -294,6 +320,39 @@ def _max_tokens(req: Sampling, chat: bool, prompt_len: int, usable: int) -> int:
     if asked is not None:
         return asked
     return room if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, room)
+
+
+def _logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """How many top logprobs per token (None: none asked for): completions' `logprobs` N, chat's
+    `logprobs: true` with `top_logprobs` N (vLLM's rule: top_logprobs > 0 needs logprobs)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if not req.logprobs:
+        if req.top_logprobs:
+            raise APIError(
+                400,
+                f"top_logprobs={req.top_logprobs} needs logprobs=true (fix: send both)",
+                param="top_logprobs",
+            )
+        return None
+    return req.top_logprobs or 0
+
+
+def _echo(req: Sampling, prompt_ids: list[int], tokenizer: Tokenizer) -> str | None:
+    """The prompt text a completion with `echo` starts with: the prompt as sent, or the text of its
+    tokens (token ids, or a truncated prompt)."""
+    if not isinstance(req, CompletionRequest) or not req.echo:
+        return None
+    if req.stream and req.logprobs is not None:
+        raise APIError(
+            400, "echo with logprobs is not streamed (fix: stream=false, or leave out logprobs)", param="echo"
+        )
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str) and req.truncate_prompt_tokens is None:
+        return prompt
+    return tokenizer.decode(prompt_ids)
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
