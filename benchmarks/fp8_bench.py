@@ -12,7 +12,8 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
    At `--context` it times the `ar` step, `dflash` and `ddtree` B=64 rounds (`roofline.measure_context`,
    whose `floor_ms` is the bf16 one) and the verify pass over 257 nodes, each against its FP8 floor:
    matmul weights at 1 byte, LM head, KV cache and drafter at 2; FLOPs at the measured FP8
-   (`torch._scaled_mm`) and bf16 matmul rates.
+   (`torch._scaled_mm`) and bf16 matmul rates. Then the `ar` and ddtree rows projected to the RTX PRO
+   6000 by its FP8 floor (datasheet bandwidth and FP8 rate), with tokens/s at tau 3, 5 and 7.
 
     python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
         [--skip-kernels] [--skip-model]
@@ -36,8 +37,15 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.roofline import (
+    RTX_PRO_6000,
+    STORY_SGLANG_MTP,
+    Clock,
+    measure_context,
+    random_pair,
+    verify_pass_ms,
+)
 from benchmarks.roofline import SHAPES as MODEL_SHAPES
-from benchmarks.roofline import Clock, measure_context, random_pair, verify_pass_ms
 from benchmarks.skinny_matmul_bench import SHAPES, graphed_ms
 from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm, gemm_config
 from ddtree_kernels.fp8_skinny import fp8_skinny
@@ -48,6 +56,8 @@ from ddtree_runtime.quant import Fp8Linear
 from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, pass_cost, round_floor_s
 
 BLOCKS = {"block": (128, 128), "channel": None}  # None: per-channel, (1, K)
+RTX_FP8_RATE = 1000e12  # RTX PRO 6000 Blackwell dense FP8 tensor FLOP/s, from its datasheet (unmeasured here)
+PUBLISHED_FP8_DFLASH = 108.0  # tok/s, Qwen3.6-27B FP8 + DFlash on one RTX PRO 6000 (issue 23)
 LEFT_IN_BF16 = ("in_proj_a", "in_proj_b")  # the hybrid's small DeltaNet projections, as exports keep them
 
 
@@ -183,6 +193,36 @@ def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) 
     return 1e3 * max(nbytes / ceil.copy_bytes_per_s, compute)
 
 
+def rtx_projection(rows: list[dict], tcfg, dcfg, context: int) -> list[dict]:
+    """The `ar` step and ddtree rounds scaled to the RTX PRO 6000 by their FP8 floors (each keeps the
+    efficiency against its floor that it has on the H200; the sm_120 tiles are not run), with tokens/s
+    at tau 3, 5 and 7 beside the story's SGLang MTP and the published FP8 + DFlash figure."""
+    out = []
+    for r in rows:
+        if r["mode"] == "dflash":
+            continue
+        verified = 1 if r["mode"] == "ar" else r["budget"] + 1
+        floor = fp8_floor_ms(RTX_PRO_6000, RTX_FP8_RATE, tcfg, verified, context)
+        if r["mode"] != "ar":
+            floor += 1e3 * round_floor_s(RTX_PRO_6000, tcfg, dcfg, r["mode"], r["budget"], context)["drafter"]
+        rtx_ms = r["round_ms"] / r["fp8_floor_ms"] * floor
+        taus = (1,) if r["mode"] == "ar" else (3, 5, 7)
+        out.append(
+            {
+                "mode": r["mode"],
+                "budget": r["budget"],
+                "h200_round_ms": r["round_ms"],
+                "rtx_fp8_floor_ms": round(floor, 2),
+                "rtx_pro_6000_ms": round(rtx_ms, 2),
+                **{f"rtx_tok_s_tau{t}": round(1e3 * t / rtx_ms, 1) for t in taus},
+                "story_sglang_mtp_tok_s": STORY_SGLANG_MTP,
+                "published_fp8_dflash_tok_s": PUBLISHED_FP8_DFLASH,
+            }
+        )
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: int, new_tokens: int) -> dict:
     device = torch.device("cuda")
     target, drafter = random_pair(shape, device, torch.bfloat16, small=False)
@@ -224,6 +264,7 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: i
         "ddtree64_x_ar_step": round(ddtree["round_ms"] / ar["round_ms"], 2),
         "goal_ddtree64": "<= 1.3 x ar",
         "rows": rows,
+        "rtx_projection": rtx_projection(rows, tcfg, drafter.config, context),
     }
     print(json.dumps(summary), flush=True)
     return summary
