@@ -78,6 +78,15 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     ),
     "threads": ServeOption(int, "torch CPU threads (default: all cores but one, which the HTTP loop keeps)"),
     "queue_size": ServeOption(int, "requests that may wait for the engine; more get 503", 64),
+    "max_batch": ServeOption(
+        int,
+        "sequences decoded together (continuous batching, eager rounds); 1: one at a time, with the "
+        "CUDA-graphed rounds",
+        1,
+    ),
+    "prefill_chunk": ServeOption(
+        int, "with --max-batch > 1: prompt tokens prefilled per step between rounds (default: whole prompt)"
+    ),
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),
     "served_model_name": ServeOption(str, "model id clients send (default: --target as given)"),

@@ -171,6 +171,13 @@ class BatchEngine(Engine):
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
+    def abort(self) -> list[Live]:
+        """Drop every live sequence (after a failed step: their caches are in no known state) and
+        free their slots; returns them."""
+        dropped, self.live = self.live, []
+        self.free.extend(s.slot for s in dropped)
+        return dropped
+
     def _prefill_chunk(self, s: Live) -> bool:
         """The next chunk of `s`'s prompt through the target (its features into the drafter); after
         the last one, its first token. True when that token ends the sequence."""
