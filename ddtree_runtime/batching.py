@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ddtree_runtime.backend import Backend
+from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
 from ddtree_runtime.models.dflash import DFlashDrafter
@@ -48,7 +49,7 @@ class Live:
     slot: int
     prompt: list[int]
     mode: str
-    budget: int  # ddtree: nodes per round
+    budget: int  # ddtree: nodes per round (with a budget policy: the most)
     sampling: Sampling
     out: Output
     added: float = field(default_factory=time.perf_counter)
@@ -58,6 +59,7 @@ class Live:
     ctx: int = 0  # committed rows (= the root's position)
     feats: Tensor | None = None  # target hidden states of accepted rows the drafter has not read
     accepted: list[int] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)  # ddtree: each round's budget
     result: GenerationResult | None = None
 
     @property
@@ -73,7 +75,8 @@ class _Tree:
     tokens: Tensor
     parents: Tensor
     depth: Tensor
-    tree: TreeInputs | None  # None: `ar`, a committed one-token chain
+    draft_logits: Tensor | None  # None: `ar`
+    tree: TreeInputs | None = None  # None: `ar`, a committed one-token chain
 
 
 class BatchEngine(Engine):
@@ -91,6 +94,7 @@ class BatchEngine(Engine):
         max_batch: int,
         backend: Backend[Any, Any, Any] | None = None,
         prefill_chunk: int | None = None,
+        policy: BudgetPolicy | None = None,
     ) -> None:
         if max_batch < 1:
             raise GenerationError(f"max_batch is {max_batch} (fix: at least 1)")
@@ -99,6 +103,7 @@ class BatchEngine(Engine):
         super().__init__(target, drafter, max_context, backend, graphs=False, slots=max_batch)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk or max_context
+        self.policy = policy  # None: every ddtree request verifies its own budget each round
         self.free = list(range(max_batch - 1, -1, -1))  # popped from the end: slot 0 first
         self.live: list[Live] = []
         self.chunks = 0  # prefill chunks run so far
@@ -124,8 +129,8 @@ class BatchEngine(Engine):
         on_tokens: Callable[[list[int]], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> Live:
-        """Take a free slot for a request (arguments as `Engine.generate`). Its prefill starts at
-        the next `step`."""
+        """Take a free slot for a request (arguments as `Engine.generate`; with a budget policy, a
+        ddtree `budget` is the most its rounds verify). Its prefill starts at the next `step`."""
         if not self.free:
             raise GenerationError(f"all {self.max_batch} slots are in use (fix: wait for a step to free one)")
         self._check(mode, prompt_ids, max_new_tokens, budget, self.block)
@@ -207,6 +212,13 @@ class BatchEngine(Engine):
         spec = [s for s in batch if s.mode != "ar"]
         drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True)) if spec else {}
         trees = [self._tree(s, drafts.get(id(s))) for s in batch]
+        if self.policy is not None:
+            self._follow_load(trees, self.policy)
+        for t in trees:
+            if t.live.mode == "ddtree":
+                t.live.budgets.append(t.tokens.shape[0] - 1)
+            if t.draft_logits is not None:
+                t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
         greedy = all(s.sampling.greedy for s in batch)
         parts = [Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree) for t in trees]
         logits, hidden = self.target.forward_parts(
@@ -250,9 +262,31 @@ class BatchEngine(Engine):
             tokens = torch.cat([root, draft_logits.argmax(-1)])
             depth = torch.arange(tokens.shape[0], device=self.device)
             parents = depth - 1
-        return _Tree(
-            s, tokens, parents, depth, self.target.plan(parents, depth, self.backend, s.mode != "ddtree")
+        return _Tree(s, tokens, parents, depth, draft_logits)
+
+    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> None:
+        """Cut every ddtree slot's tree (built at its request's budget) to the budget the policy
+        picks for this round's load: its first B + 1 nodes, the best-B tree."""
+        auto = [t for t in trees if t.live.mode == "ddtree"]
+        if not auto:
+            return
+
+        def gains(t: _Tree) -> list[float]:
+            assert t.draft_logits is not None
+            return expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
+
+        others = [t for t in trees if t.live.mode != "ddtree"]
+        fixed_tokens = sum(1.0 if t.draft_logits is None else gains(t)[-1] for t in others)
+        fixed_rows = sum(t.tokens.shape[0] for t in others)
+        picked = policy.choose(
+            [gains(t) for t in auto], [t.live.budget for t in auto], fixed_rows, fixed_tokens
         )
+        for t, budget in zip(auto, picked, strict=True):
+            t.tokens, t.parents, t.depth = (
+                t.tokens[: budget + 1],
+                t.parents[: budget + 1],
+                t.depth[: budget + 1],
+            )
 
     def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None) -> list[int]:
         """A slot's walk and commit after the verify pass: its new tokens (accepted drafts, then the

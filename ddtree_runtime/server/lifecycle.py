@@ -32,6 +32,7 @@ import torch
 import uvicorn
 
 from ddtree_runtime.batching import BatchEngine
+from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
@@ -89,12 +90,20 @@ def load(st: State) -> Engine:
     if device.type == "cpu" and s.threads:
         torch.set_num_threads(s.threads)
     dtype = getattr(torch, str(s.dtype))
+    policy = None
+    if s.budget_policy == "load":  # a bad cost table fails before the pair loads
+        try:
+            policy = BudgetPolicy(s.budgets, CostTable.load(s.cost_table) if s.cost_table else None)
+        except CostTableError as e:
+            raise SettingsError(f"--cost-table {e}") from None
     tokenizer = Tokenizer(s.target)
     spec = any(m != "ar" for m in s.modes)
     target, drafter = load_pair(s.target, s.drafter if spec else None, device, dtype)
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
     if s.max_batch > 1:
-        engine: Engine = BatchEngine(target, drafter, max_context, s.max_batch, prefill_chunk=s.prefill_chunk)
+        engine: Engine = BatchEngine(
+            target, drafter, max_context, s.max_batch, prefill_chunk=s.prefill_chunk, policy=policy
+        )
     else:
         engine = Engine(target, drafter, max_context)
     block = drafter.config.block_size if drafter is not None else 2
@@ -267,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         queue_size=settings.queue_size,
         max_batch=settings.max_batch,
         prefill_chunk=settings.prefill_chunk,
+        budget_policy=settings.budget_policy,
         max_connections=max_connections,
         header_timeout=settings.header_timeout,
         api_key=settings.api_key_routes if settings.api_key else None,

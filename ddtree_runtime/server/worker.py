@@ -205,11 +205,14 @@ class Worker(threading.Thread):
             "cancel": job.cancelled,
         }
 
-    def done(self, job: Job, result: GenerationResult) -> tuple[str, Any]:
-        """A finished generation's metrics (spec-decode counters, prefill and decode time)."""
+    def done(self, job: Job, result: GenerationResult, budgets: list[int] | None = None) -> tuple[str, Any]:
+        """A finished generation's metrics (spec-decode counters, prefill and decode time); `budgets`:
+        each round's ddtree budget where the load picked them."""
         req = job.request
         if req.mode != "ar":
-            self.metrics.record_rounds(self.draft_tokens(req.mode, req.budget), result.accepted_per_round)
+            per_round = self.draft_tokens(req.mode, req.budget)
+            drafts = sum(budgets) if budgets else per_round * result.rounds
+            self.metrics.record_rounds(drafts, result.accepted_per_round)
         prefill = result.phase_s.get("prefill", 0.0)
         self.metrics.prefill_time.observe(prefill)
         self.metrics.decode_time.observe(max(0.0, result.total_s - prefill))
@@ -271,7 +274,7 @@ class BatchWorker(Worker):
             for live in finished:
                 assert live.result is not None
                 job = self.jobs.pop(live.slot)
-                self.complete(job, self.done(job, live.result))
+                self.complete(job, self.done(job, live.result, live.budgets))
 
     def admit(self, job: Job) -> None:
         """A job into a free slot; its prefill starts at the next step."""

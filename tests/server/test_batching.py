@@ -1,6 +1,7 @@
 """A `--max-batch 4` server: concurrent clients decode together, each gets the text it gets alone
 (T = 0), the spec-decode counters add up per request, `vllm:num_requests_running` counts live
-slots, a client that leaves frees its slot, and a full queue still answers 503.
+slots, a client that leaves frees its slot, and a full queue still answers 503. With
+`--budget-policy load` the trees narrow under load and the text stays the same.
 
 Nothing here depends on speed: long requests only need to outlast a few HTTP round trips and are
 cut short by the test (a client leaving), never waited for.
@@ -9,6 +10,8 @@ cut short by the test (a client leaving), never waited for.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from ddtree_runtime.engine import Engine
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.tiny import TinyPair
 from ddtree_runtime.tokenizer import Tokenizer
-from tests.server.client import Pending, Server, sse_events, stream_text, until
+from tests.server.client import REPO, Pending, Server, child_env, sse_events, stream_text, until
 
 MODEL = "tiny-batched"
 SLOTS, QUEUE = 4, 3
@@ -137,3 +140,52 @@ def test_running_counts_slots_a_leaving_client_frees_one_and_a_full_queue_503s(
         assert status == 200 and json.loads(data)["choices"][0]["text"] == ref
     idle = until(server, lambda m: m["vllm:num_requests_waiting"] == m["vllm:num_requests_running"] == 0)
     assert idle["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
+    tiny_pair: TinyPair, alone: tuple[Engine, Tokenizer], tmp_path: Path
+) -> None:
+    engine, tokenizer = alone
+    pair_args = ["--target", str(tiny_pair.target), "--drafter", str(tiny_pair.drafter), "--device", "cpu"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"rows": [1, 2]}')
+    refused = subprocess.run(
+        [sys.executable, "-m", "ddtree_runtime", "serve", *pair_args, "--max-batch", "2", "--budget-policy",
+         "load", "--cost-table", str(bad)],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2 and f"--cost-table {bad}: not a cost table" in refused.stderr
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"rows": [1, 16, 256], "seconds": [1.0, 1.0, 16.0]}))  # rows cost from 16 on
+    server = Server.start(
+        [*pair_args, "--dtype", "float32", "--mode", "ddtree", "--budgets", "4,16,64", "--budget", "64",
+         "--max-batch", "4", "--budget-policy", "load", "--cost-table", str(costs), "--max-context", "512"],
+        tmp_path / "load.log",
+    )  # fmt: skip
+    try:
+        server.wait_ready()
+        before = server.metrics()
+        texts: list[str | None] = [None] * len(PROMPTS)
+
+        def client(i: int) -> None:
+            body = {"prompt": PROMPTS[i], "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+            texts[i] = server.post("/v1/completions", body)[1]["choices"][0]["text"]
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        wants = [
+            engine.generate(tokenizer.encode(p), budget=64, max_new_tokens=30, eos_ids=()) for p in PROMPTS
+        ]
+        assert texts == [tokenizer.decode(w.output_ids) for w in wants]
+        after = until(server, lambda m: m["vllm:num_requests_running"] == 0)
+        drafts = after["vllm:spec_decode_num_drafts_total"] - before["vllm:spec_decode_num_drafts_total"]
+        draft_tokens = (
+            after["vllm:spec_decode_num_draft_tokens_total"]
+            - before["vllm:spec_decode_num_draft_tokens_total"]
+        )
+        assert 4 * drafts <= draft_tokens < 64 * drafts  # each round verified a served budget, not always 64
+    finally:
+        server.terminate()
