@@ -36,10 +36,11 @@ from ddtree_runtime.backend import Backend
 from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
+from ddtree_runtime.graphs import key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Part, Target, TreeInputs
 from ddtree_runtime.rounds import Sampling, choose, nucleus
-from specops_contract import SERVE_OPTIONS
+from specops_contract import SERVE_OPTIONS, verify_rows
 
 
 @dataclass
@@ -220,7 +221,10 @@ class BatchEngine(Engine):
             if t.draft_logits is not None:
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
         greedy = all(s.sampling.greedy for s in batch)
-        parts = [Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree) for t in trees]
+        parts = [
+            Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
+            for t in trees
+        ]
         logits, hidden = self.target.forward_parts(
             parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
         )
@@ -245,10 +249,18 @@ class BatchEngine(Engine):
         tokens[:, 0] = roots
         noise = self.target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
         offsets = torch.arange(block, device=self.device)
-        parts = [Part(s.slot, tokens[i], s.ctx + offsets, s.ctx) for i, s in enumerate(spec)]
+        parts = [
+            Part(s.slot, tokens[i], s.ctx + offsets, s.ctx, None, self._bound(s)) for i, s in enumerate(spec)
+        ]
         hidden = self.drafter.draft_parts(noise, parts, self.backend).view(len(spec), block, -1)
         logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.target.lm_head)
         return logits.view(len(spec), block - 1, -1)
+
+    def _bound(self, s: Live) -> int:
+        """A slot's key bound this round, as `Engine.generate` sets it (bucketed on CUDA), so that
+        its attention launches are the ones it gets alone."""
+        rows = verify_rows(s.mode, self.block, s.budget)
+        return key_bound(s.ctx + rows, self.max_context, bucketed=self.device.type == "cuda")
 
     def _tree(self, s: Live, draft_logits: Tensor | None) -> _Tree:
         """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`)."""
