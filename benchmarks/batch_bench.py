@@ -13,6 +13,13 @@ total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, 
     python benchmarks/batch_bench.py --shape qwen3-8b [--batches 1,4,16] [--budgets 16,64,256]
         [--context 1024] [--json OUT.json] [--cost-table costs.json]
     python benchmarks/batch_bench.py --small --device cpu     # a CPU smoke run of the script
+
+`--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
+decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
+policy, as total tokens/s, tau and the ratio to the same config one request at a time
+(`Engine.generate`, the `--max-batch 1` server's path):
+
+    OMP_NUM_THREADS=1 python benchmarks/batch_bench.py --pair demo_pair --device cpu --batches 1,4,16
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.batching import BatchEngine
-from ddtree_runtime.loader import default_device
+from ddtree_runtime.budgets import BudgetPolicy
+from ddtree_runtime.loader import default_device, load_pair
+from ddtree_runtime.tokenizer import Tokenizer
 
 TAUS = (3, 5, 7)
 
@@ -54,6 +63,49 @@ def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, 
     return 1e3 * sorted(times)[len(times) // 2]
 
 
+def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) -> None:
+    """End to end on a real pair: total tokens/s of N requests together against one at a time."""
+    pair, device = Path(args.pair), torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tok = Tokenizer(pair / "target")
+    texts = [
+        json.loads(line)["prompt"] for line in (pair / "held_out_prompts.jsonl").read_text().splitlines()
+    ]
+    prompts = [tok.encode(t)[-128:] for t in texts]
+    target, drafter = load_pair(pair / "target", pair / "drafter", device, dtype)
+    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + max(budgets) + 1, max(batches))
+    print(f"{pair} on {device}, {dtype}, {args.max_new_tokens} new tokens, T=0, eager batched rounds")
+    print(f"{'config':>12} {'N':>4} {'tok/s':>8} {'tau':>6} {'x alone':>8}")
+    for mode, budget, policy in [("ar", 1, None), *(("ddtree", b, None) for b in budgets),
+                                 ("ddtree", max(budgets), BudgetPolicy(tuple(budgets)))]:  # fmt: skip
+        engine.policy = policy
+        name = "ar" if mode == "ar" else (f"ddtree/{budget}" if policy is None else "ddtree/load")
+
+        def request(i: int, mode: str = mode, budget: int = budget) -> dict[str, object]:
+            ids = prompts[i % len(prompts)]
+            return {
+                "prompt_ids": ids,
+                "mode": mode,
+                "budget": budget,
+                "max_new_tokens": args.max_new_tokens,
+                "eos_ids": (),
+            }
+
+        engine.run([request(0)])  # warm-up
+        t = time.perf_counter()
+        alone = [engine.generate(**request(i)) for i in range(min(4, len(prompts)))]  # type: ignore[arg-type]
+        alone_rate = sum(len(r.output_ids) for r in alone) / (time.perf_counter() - t)
+        for n in batches:
+            t = time.perf_counter()
+            results = engine.run([request(i) for i in range(n)])
+            rate = sum(len(r.output_ids) for r in results) / (time.perf_counter() - t)
+            rounds = [a + 1 for r in results for a in r.accepted_per_round]
+            print(
+                f"{name:>12} {n:>4} {rate:>8.1f} {sum(rounds) / len(rounds):>6.2f} {rate / alone_rate:>7.2f}x",
+                flush=True,
+            )
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -70,11 +122,16 @@ def main() -> None:
     p.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
     p.add_argument("--json", help="write the rows here too")
     p.add_argument("--cost-table", help="write the ddtree rows as a --budget-policy load cost table")
+    p.add_argument("--pair", help="a real pair directory (with held_out_prompts.jsonl): end-to-end rows")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="with --pair")
     args = p.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     batches = [int(b) for b in args.batches.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
+    if args.pair:
+        pair_rows(args, batches, budgets)
+        return
     context = 16 if args.small else args.context
     target, drafter = random_pair(args.shape, device, dtype, args.small)
     max_context = context + (args.reps + 4) * drafter.config.block_size + max(budgets) + 1
