@@ -173,9 +173,12 @@ class BatchEngine(Engine):
                 i, kwargs = pending.pop(0)
                 started[i] = self.add(**kwargs)
             self.step()
-        results = [started[i].result for i in range(len(requests))]
-        assert all(r is not None for r in results)
-        return results  # type: ignore[return-value]
+        results = []
+        for i in range(len(requests)):
+            result = started[i].result
+            assert result is not None, "run() ends once every request has finished"
+            results.append(result)
+        return results
 
     def abort(self) -> list[Live]:
         """Drop every live sequence (after a failed step: their caches are in no known state) and
