@@ -149,12 +149,11 @@ def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
     pair_args = ["--target", str(tiny_pair.target), "--drafter", str(tiny_pair.drafter), "--device", "cpu"]
     bad = tmp_path / "bad.json"
     bad.write_text('{"rows": [1, 2]}')
-    refused = subprocess.run(
+    refused = subprocess.Popen(  # started beside the good server: their start-ups overlap
         [sys.executable, "-m", "ddtree_runtime", "serve", *pair_args, "--max-batch", "2", "--budget-policy",
-         "load", "--cost-table", str(bad)],
-        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=120,
+         "load", "--cost-table", str(bad), "--port", "0"],
+        cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert refused.returncode == 2 and f"--cost-table {bad}: not a cost table" in refused.stderr
     costs = tmp_path / "costs.json"
     costs.write_text(json.dumps({"rows": [1, 16, 256], "seconds": [1.0, 1.0, 16.0]}))  # rows cost from 16 on
     server = Server.start(
@@ -162,6 +161,8 @@ def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
          "--max-batch", "4", "--budget-policy", "load", "--cost-table", str(costs), "--max-context", "512"],
         tmp_path / "load.log",
     )  # fmt: skip
+    _, stderr = refused.communicate(timeout=120)
+    assert refused.returncode == 2 and f"--cost-table {bad}: not a cost table" in stderr
     try:
         server.wait_ready()
         before = server.metrics()
