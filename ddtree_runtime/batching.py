@@ -243,9 +243,17 @@ class BatchEngine(Engine):
         """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
         assert self.drafter is not None
         cfg, block = self.drafter.config, self.block
-        for s in spec:  # last round's accepted rows into each slot's drafter cache
-            if s.feats is not None:
-                self.drafter.ingest(s.feats, s.ctx - s.feats.shape[0], self.backend, s.slot)
+        fresh = [s for s in spec if s.feats is not None]
+        if fresh:  # last round's accepted rows into each slot's drafter cache, in one pass
+            parts = []
+            for s in fresh:
+                assert s.feats is not None
+                positions = torch.arange(s.ctx - s.feats.shape[0], s.ctx, device=self.device)
+                parts.append(Part(s.slot, positions, positions, s.ctx - s.feats.shape[0]))
+            self.drafter.ingest_parts(
+                torch.cat([s.feats for s in fresh if s.feats is not None]), parts, self.backend
+            )
+            for s in fresh:
                 s.feats = None
         roots = torch.tensor([s.root for s in spec], dtype=torch.int64, device=self.device)
         tokens = torch.full((len(spec), block), cfg.mask_token_id, dtype=torch.int64, device=self.device)

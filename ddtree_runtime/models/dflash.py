@@ -59,22 +59,33 @@ class DFlashDrafter(nn.Module):
         self, features: Tensor, ctx_start: int | Tensor, backend: Backend[Any, Any, Any], slot: int = 0
     ) -> None:
         """Write the context K/V of `features` ([C, n_ids * hidden], positions `ctx_start ..`) in every
-        layer of `slot`'s cache. A context row's K/V depend on the features alone (the same `fc` output feeds every
-        layer), so the prompt is read once at prefill and each round adds its accepted rows.
+        layer of `slot`'s cache. A context row's K/V depend on the features alone (the same `fc`
+        output feeds every layer), so the prompt is read once at prefill and each round adds its
+        accepted rows.
 
         For a captured graph `features` is padded to a fixed C rows, of which the first few are real;
         the padding lands on the rows the block takes next, and the block overwrites it.
         """
+        start = as_device_length(ctx_start, features.device)
+        positions = start + torch.arange(features.shape[0], device=features.device)
+        self.ingest_parts(features, [Part(slot, positions, positions, start)], backend)
+
+    def ingest_parts(self, features: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> None:
+        """`ingest` for several slots at once: features [sum of the parts' rows, n_ids * hidden], each
+        part's rows at `input_pos` from `context_len` in its slot (its `tokens` only count its rows).
+        `fc` and the projections run over every part's rows at once."""
         assert self.k_cache is not None and self.v_cache is not None
         lc = self.config.layers
-        ctx_start = as_device_length(ctx_start, features.device)
-        positions = ctx_start + torch.arange(features.shape[0], device=features.device)
         ctx, _ = backend.rms_norm(
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
-        kc, vc = self.k_caches[slot], self.v_caches[slot]
+        sizes = [p.rows for p in parts]
         for i, layer in enumerate(self.layers):
-            layer.self_attn.project(ctx, self.cos, self.sin, positions, kc[i], vc[i], ctx_start, backend)
+            attn = layer.self_attn
+            for part, qkv in zip(parts, attn.qkv(ctx, backend).split(sizes), strict=True):
+                kc, vc = self.k_caches[part.slot, i], self.v_caches[part.slot, i]
+                start = as_device_length(part.context_len, qkv.device)
+                attn.rope(qkv, self.cos, self.sin, part.input_pos, kc, vc, start, backend)  # K/V only
 
     def draft(
         self,
