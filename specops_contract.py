@@ -78,6 +78,26 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     ),
     "threads": ServeOption(int, "torch CPU threads (default: all cores but one, which the HTTP loop keeps)"),
     "queue_size": ServeOption(int, "requests that may wait for the engine; more get 503", 64),
+    "max_batch": ServeOption(
+        int,
+        "sequences decoded together (continuous batching, eager rounds); 1: one at a time, with the "
+        "CUDA-graphed rounds",
+        1,
+    ),
+    "prefill_chunk": ServeOption(
+        int, "with --max-batch > 1: prompt tokens prefilled per step between rounds (default: whole prompt)"
+    ),
+    "budget_policy": ServeOption(
+        str,
+        "with --max-batch > 1: fixed (each ddtree request verifies its budget every round) | load (each "
+        "round picks from --budgets, up to the request's budget, what maximises expected tokens per "
+        "unit of round cost at the current load)",
+        "fixed",
+        choices=("fixed", "load"),
+    ),
+    "cost_table": ServeOption(
+        str, 'budget-policy load: JSON {"rows": [...], "seconds": [...]} of batched round cost (`fab tune`)'
+    ),
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),
     "served_model_name": ServeOption(str, "model id clients send (default: --target as given)"),

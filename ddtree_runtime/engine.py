@@ -68,6 +68,7 @@ class Engine:
         max_context: int,
         backend: Backend[Any, Any, Any] | None = None,
         graphs: bool | None = None,
+        slots: int = 1,
     ) -> None:
         cfg = target.config
         if max_context > cfg.max_position_embeddings:
@@ -79,9 +80,9 @@ class Engine:
         self.device = target.embed_tokens.weight.device
         self.backend = backend or select_backend(self.device)
         capture = drafter.config.target_layer_ids if drafter is not None else ()
-        target.setup_caches(max_context, capture)
+        target.setup_caches(max_context, capture, slots)  # `generate` runs in slot 0
         if drafter is not None:
-            drafter.setup_caches(max_context)
+            drafter.setup_caches(max_context, slots)
         block = drafter.config.block_size if drafter is not None else 1
         features = max(1, len(capture) * cfg.hidden_size)
         self.buffers = RoundBuffers.allocate(

@@ -15,6 +15,8 @@ through the tree-attention kernel (GQA in the kernel, no copy of the cache per r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,7 +24,8 @@ from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
-from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, as_device_length, linear, rope_tables
+from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, linear, rope_tables
+from ddtree_runtime.models.target import Part, as_device_length, per_part
 
 
 class DFlashDrafter(nn.Module):
@@ -42,33 +45,47 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             layer.fuse()
 
-    def setup_caches(self, max_context: int) -> None:
-        """Context K/V cache [L, Hkv, S_max, D] and RoPE tables, allocated once."""
+    def setup_caches(self, max_context: int, slots: int = 1) -> None:
+        """Context K/V caches [L, Hkv, S_max, D], one per slot (`k_cache` is slot 0's), and RoPE
+        tables, allocated once."""
         lc, w = self.config.layers, self.fc.weight
-        shape = (lc.num_hidden_layers, lc.num_key_value_heads, max_context, lc.head_dim)
-        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        shape = (slots, lc.num_hidden_layers, lc.num_key_value_heads, max_context, lc.head_dim)
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.k_cache, self.v_cache = self.k_caches[0], self.v_caches[0]
         self.cos, self.sin = rope_tables(lc.head_dim, lc.rope_theta, max_context, w.device)
 
-    def ingest(self, features: Tensor, ctx_start: int | Tensor, backend: Backend[Any, Any, Any]) -> None:
+    def ingest(
+        self, features: Tensor, ctx_start: int | Tensor, backend: Backend[Any, Any, Any], slot: int = 0
+    ) -> None:
         """Write the context K/V of `features` ([C, n_ids * hidden], positions `ctx_start ..`) in every
-        layer. A context row's K/V depend on the features alone (the same `fc` output feeds every
-        layer), so the prompt is read once at prefill and each round adds its accepted rows.
+        layer of `slot`'s cache. A context row's K/V depend on the features alone (the same `fc`
+        output feeds every layer), so the prompt is read once at prefill and each round adds its
+        accepted rows.
 
         For a captured graph `features` is padded to a fixed C rows, of which the first few are real;
         the padding lands on the rows the block takes next, and the block overwrites it.
         """
+        start = as_device_length(ctx_start, features.device)
+        positions = start + torch.arange(features.shape[0], device=features.device)
+        self.ingest_parts(features, [Part(slot, positions, positions, start)], backend)
+
+    def ingest_parts(self, features: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> None:
+        """`ingest` for several slots at once: features [sum of the parts' rows, n_ids * hidden], each
+        part's rows at `input_pos` from `context_len` in its slot (its `tokens` only count its rows).
+        `fc` and the projections run over every part's rows at once."""
         assert self.k_cache is not None and self.v_cache is not None
         lc = self.config.layers
-        ctx_start = as_device_length(ctx_start, features.device)
-        positions = ctx_start + torch.arange(features.shape[0], device=features.device)
         ctx, _ = backend.rms_norm(
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
+        sizes = [p.rows for p in parts]
         for i, layer in enumerate(self.layers):
-            layer.self_attn.project(
-                ctx, self.cos, self.sin, positions, self.k_cache[i], self.v_cache[i], ctx_start, backend
-            )
+            attn = layer.self_attn
+            for part, qkv in zip(parts, attn.qkv(ctx, backend).split(sizes), strict=True):
+                kc, vc = self.k_caches[part.slot, i], self.v_caches[part.slot, i]
+                start = as_device_length(part.context_len, qkv.device)
+                attn.rope(qkv, self.cos, self.sin, part.input_pos, kc, vc, start, backend)  # K/V only
 
     def draft(
         self,
@@ -80,33 +97,45 @@ class DFlashDrafter(nn.Module):
         """noise: [Bk, hidden], the embedded block at positions `start ..` right after the ingested
         context. Returns the block's final hidden states [Bk, hidden]. `start` may be a device
         scalar, with `key_bound` the most keys the block can reach."""
+        positions = as_device_length(start, noise.device) + torch.arange(noise.shape[0], device=noise.device)
+        part = Part(0, positions, positions, start, None, key_bound)
+        return self.draft_parts(noise, [part], backend)
+
+    def draft_parts(self, noise: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> Tensor:
+        """Several slots' blocks in one pass: noise [sum of the parts' rows, hidden], each part a
+        block at `input_pos` right after its slot's ingested context (`context_len`; its `tokens`
+        only count its rows). The projections and MLPs run over every block's rows at once,
+        attention per part over its own cache."""
         assert self.k_cache is not None and self.v_cache is not None
-        cfg, eps, bk = self.config, self.config.layers.rms_norm_eps, noise.shape[0]
-        if key_bound is None:
-            key_bound = int(start) + bk
-        start = as_device_length(start, noise.device)
-        positions = start + torch.arange(bk, device=noise.device)
+        eps = self.config.layers.rms_norm_eps
+        parts = [p.resolved() for p in parts]
         h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
-            attn, kc, vc = layer.self_attn, self.k_cache[i], self.v_cache[i]
-            q = attn.project(h, self.cos, self.sin, positions, kc, vc, start, backend)  # [Hq, Bk, D]
-            out = backend.attention(
-                q,
-                kc,
-                vc,
-                start,
-                None,
-                attn.head_dim**-0.5,
-                key_bound=key_bound,
-                all_visible=not cfg.causal[i],
-                window=cfg.windows[i],
-            )
+            attn = layer.self_attn
+            out = per_part(attn.qkv(h, backend), parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(
                 attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
             )
             nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
             h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
         return h
+
+    def _attend(self, layer: int, backend: Backend[Any, Any, Any], part: Part, qkv: Tensor) -> Tensor:
+        """One block's attention in `layer` from its projection rows: [Hq, Bk, D]."""
+        cfg, attn = self.config, self.layers[layer].self_attn
+        kc, vc = self.k_caches[part.slot, layer], self.v_caches[part.slot, layer]
+        q = attn.rope(qkv, self.cos, self.sin, part.input_pos, kc, vc, part.context_len, backend)
+        return backend.attention(
+            q,
+            kc,
+            vc,
+            part.context_len,
+            None,
+            attn.head_dim**-0.5,
+            key_bound=part.key_bound,
+            all_visible=not cfg.causal[layer],
+            window=cfg.windows[layer],
+        )
 
     def forward(
         self, features: Tensor, ctx_start: int, noise: Tensor, backend: Backend[Any, Any, Any] | None = None

@@ -8,7 +8,8 @@ follow Hugging Face's minus the `model.` prefix, so checkpoints load without a m
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
-from ddtree_runtime.models.target import TreeInputs
+from ddtree_runtime.models.target import Part, TreeInputs, per_part
 from ddtree_runtime.quant import Fp8Linear
 
 
@@ -142,8 +143,23 @@ class Attention(nn.Module):
         backend: Backend,
     ) -> Tensor:
         """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
+        return self.rope(self.qkv(x, backend), cos, sin, positions, k_cache, v_cache, context_len, backend)
+
+    def rope(
+        self,
+        qkv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: Tensor,
+        backend: Backend,
+    ) -> Tensor:
+        """Queries [Hq, T, D] of a projection `qkv` [T, ...] (q/k norm and RoPE); its keys and
+        values go to cache rows `context_len ..`."""
         q = backend.qk_rope(
-            self.qkv(x, backend),
+            qkv,
             self.q_norm.weight,
             self.k_norm.weight,
             self.q_norm.eps,
@@ -192,13 +208,6 @@ class DecoderLayer(nn.Module):
         return state
 
 
-def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
-    """A context length as the 0-d int64 device tensor the kernels read."""
-    if isinstance(context_len, Tensor):
-        return context_len
-    return torch.full((), context_len, dtype=torch.int64, device=device)
-
-
 def outputs(
     model: nn.Module,
     normed: Tensor,
@@ -243,12 +252,14 @@ class Qwen3(nn.Module):
         for layer in self.layers:
             layer.fuse()
 
-    def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = ()) -> None:
-        """Allocate the KV cache and RoPE tables once, on the weights' device and dtype."""
+    def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = (), slots: int = 1) -> None:
+        """Allocate the KV caches (one per slot; `k_cache` is slot 0's) and RoPE tables once, on the
+        weights' device and dtype."""
         cfg, w = self.config, self.embed_tokens.weight
-        shape = (cfg.num_hidden_layers, cfg.num_key_value_heads, max_context, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        shape = (slots, cfg.num_hidden_layers, cfg.num_key_value_heads, max_context, cfg.head_dim)
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.k_cache, self.v_cache = self.k_caches[0], self.v_caches[0]
         self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_theta, max_context, w.device)
         self.capture_layers = capture_layers
 
@@ -289,21 +300,40 @@ class Qwen3(nn.Module):
         only the last (a prefill: [1, V] instead of a [T, V] tensor that can outgrow the KV cache),
         or, with `final_hidden`, no logits but the final normed rows [T, hidden].
         """
+        part = Part(0, tokens, input_pos, context_len, tree, key_bound)
+        return self.forward_parts(
+            [part],
+            backend,
+            capture,
+            logits_dtype=logits_dtype,
+            last_logits_only=last_logits_only,
+            final_hidden=final_hidden,
+        )
+
+    def forward_parts(
+        self,
+        parts: Sequence[Part],
+        backend: Backend,
+        capture: bool = True,
+        *,
+        logits_dtype: torch.dtype | None = torch.float32,
+        last_logits_only: bool = False,
+        final_hidden: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Several sequences' rows in one pass (each part as `forward` does its rows, in its own
+        slot), outputs in the parts' order. The projections and the MLP run over every part's rows
+        at once (one read of the weights); q/k norm + RoPE and attention run per part, over its own
+        cache and context length (the existing kernels, one launch per part)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        t, eps = tokens.shape[0], self.config.rms_norm_eps
-        if key_bound is None:
-            key_bound = int(context_len) + t
-        ctx = as_device_length(context_len, tokens.device)
+        parts = [p.resolved() for p in parts]
+        tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])
+        eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
-        visibility = tree.visibility if tree is not None else None
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q = attn.project(h, self.cos, self.sin, input_pos, self.k_cache[i], self.v_cache[i], ctx, backend)
-            out = backend.attention(
-                q, self.k_cache[i], self.v_cache[i], ctx, visibility, attn.head_dim**-0.5, key_bound=key_bound
-            )  # [Hq, T, D]
+            out = per_part(attn.qkv(h, backend), parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(
                 attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
             )
@@ -313,10 +343,25 @@ class Qwen3(nn.Module):
                 captured[i] = x
         return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
 
+    def _attend(self, layer: int, backend: Backend, part: Part, qkv: Tensor) -> Tensor:
+        """One part's attention in `layer` from its projection rows: [Hq, T, D]."""
+        attn = self.layers[layer].self_attn
+        kc, vc = self.k_caches[part.slot, layer], self.v_caches[part.slot, layer]
+        q = attn.rope(qkv, self.cos, self.sin, part.input_pos, kc, vc, part.context_len, backend)
+        visibility = part.tree.visibility if part.tree is not None else None
+        return backend.attention(
+            q, kc, vc, part.context_len, visibility, attn.head_dim**-0.5, key_bound=part.key_bound
+        )
+
     def commit(
-        self, context_len: int | Tensor, tree: TreeInputs, path: Tensor, path_len: Tensor, backend: Backend
+        self,
+        context_len: int | Tensor,
+        tree: TreeInputs,
+        path: Tensor,
+        path_len: Tensor,
+        backend: Backend,
+        slot: int = 0,
     ) -> None:
-        """After a verify pass: the accepted K/V rows into place (a chain's already are)."""
+        """After a verify pass: the accepted K/V rows of `slot` into place (a chain's already are)."""
         if not tree.chain:
-            assert self.k_cache is not None and self.v_cache is not None
-            backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)
+            backend.compact(self.k_caches[slot], self.v_caches[slot], context_len, path, path_len)

@@ -6,7 +6,7 @@ output gate (the second half of each q_proj head), q/k norms and RoPE on the fir
 conv1d + silu, decay by g = -exp(A_log) softplus(a + dt_bias), write with beta = sigmoid(b), and
 leave through a gated RMSNorm (silu(z)) and `out_proj`.
 
-State per sequence: the full-attention layers' KV cache (static, written by row as in `Qwen3`), and
+State per sequence (one per cache slot): the full-attention layers' KV cache (static, written by row as in `Qwen3`), and
 per Gated DeltaNet layer a conv state (the last K-1 conv inputs) and a recurrent state [Hv, Dk, Dv]
 in fp32. `forward` without a tree is a committed chain (prefill, `ar`): it advances the states.
 With a tree (`plan`) it verifies the tree (a chain is a tree too): every node reads the states along
@@ -20,8 +20,9 @@ are chosen once, at build time: a `DeltaNetLayer` or an `AttentionLayer` per `la
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,8 +31,8 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
-from ddtree_runtime.models.qwen3 import MLP, _fused, as_device_length, linear, outputs, rope_tables
-from ddtree_runtime.models.target import TreeInputs
+from ddtree_runtime.models.qwen3 import MLP, _fused, linear, outputs, rope_tables
+from ddtree_runtime.models.target import Part, TreeInputs, per_part
 
 
 class RMSNorm(nn.Module):
@@ -68,14 +69,12 @@ class GatedRMSNorm(nn.Module):
 
 @dataclass
 class _Pass:
-    """What every layer of one forward pass reads: positions, lengths, caches, the tree."""
+    """What every layer of one forward pass reads: the parts (each with its slot, positions,
+    length, key bound and tree) and each verified part's DeltaNet staging, by slot."""
 
     backend: Backend[Any, Any, Any]
-    input_pos: Tensor
-    context_len: Tensor
-    key_bound: int
-    tree: TreeInputs | None
-    staging: Any
+    parts: list[Part]
+    stagings: dict[int, Any]
 
 
 class GatedAttention(nn.Module):
@@ -98,14 +97,30 @@ class GatedAttention(nn.Module):
         self.k_norm.fuse()
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, p: _Pass
+        self, x: Tensor, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
     ) -> Tensor:
-        # x: [T, hidden]; cos, sin: [S_max, rotary_dim] tables; k_cache, v_cache: [Hkv, S_max, D]
-        t, d, backend = x.shape[0], self.head_dim, p.backend
+        # x: [T, hidden]; cos, sin: [S_max, rotary_dim] tables; k_caches, v_caches: [slots, Hkv, S_max, D]
+        backend = p.backend
         if self.qkv_proj is not None:
             qkv = linear(self.qkv_proj, x, backend)  # [T, Hq 2D + 2 Hkv D]
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend))
+        return linear(self.o_proj, out, backend)
+
+    def _attend(
+        self,
+        cos: Tensor,
+        sin: Tensor,
+        k_caches: Tensor,
+        v_caches: Tensor,
+        backend: Backend[Any, Any, Any],
+        part: Part,
+        qkv: Tensor,
+    ) -> Tensor:
+        """One part's gated attention from its projection rows, over its slot's cache: [T, Hq D]."""
+        t, d = qkv.shape[0], self.head_dim
+        k_cache, v_cache = k_caches[part.slot], v_caches[part.slot]
         q = backend.qk_rope(
             qkv,
             self.q_norm.scale,
@@ -113,20 +128,25 @@ class GatedAttention(nn.Module):
             self.q_norm.eps,
             cos,
             sin,
-            p.input_pos,
+            part.input_pos,
             k_cache,
             v_cache,
-            p.context_len,
+            part.context_len,
             self.n_heads,
             gated=True,
         )  # [T, Hq, D]
-        visibility = p.tree.visibility if p.tree is not None else None
+        visibility = part.tree.visibility if part.tree is not None else None
         out = backend.attention(
-            q.transpose(0, 1), k_cache, v_cache, p.context_len, visibility, d**-0.5, key_bound=p.key_bound
+            q.transpose(0, 1),
+            k_cache,
+            v_cache,
+            part.context_len,
+            visibility,
+            d**-0.5,
+            key_bound=part.key_bound,
         )  # [Hq, T, D]
         gate = qkv[:, : 2 * self.n_heads * d].view(t, self.n_heads, 2 * d)[..., d:]
-        out = out.transpose(0, 1) * torch.sigmoid(gate)
-        return linear(self.o_proj, out.reshape(t, -1), backend)
+        return (out.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
 
 
 class GatedDeltaNet(nn.Module):
@@ -189,16 +209,22 @@ class GatedDeltaNet(nn.Module):
             [self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)], dim=-1
         )
 
-    def forward(self, x: Tensor, conv_state: Tensor, state: Tensor, slot: int, p: _Pass) -> Tensor:
-        """x: [T, hidden]; conv_state: [K-1, C]; state: [Hv, Dk, Dv] fp32, both this layer's.
-        A chain advances both in place; a tree leaves them and fills the layer's staging slot."""
-        backend = p.backend
-        proj = self.project(x, backend)
-        if p.tree is None:
-            out = backend.gdn_chain(proj, self.spec, conv_state, state)
-        else:
-            out = backend.gdn_tree(proj, self.spec, conv_state, state, p.tree.gdn, p.staging, slot)
-        return linear(self.out_proj, out, backend)
+    def forward(self, x: Tensor, conv_states: Tensor, states: Tensor, slot: int, p: _Pass) -> Tensor:
+        """x: [T, hidden]; conv_states: [slots, K-1, C]; states: [slots, Hv, Dk, Dv] fp32, this
+        layer's (`slot`: its index among the DeltaNet layers). A chain part advances its sequence's
+        states in place; a tree part leaves them and fills the layer's slot of its staging."""
+        proj = self.project(x, p.backend)
+        out = per_part(proj, p.parts, partial(self._mix, conv_states, states, slot, p))
+        return linear(self.out_proj, out, p.backend)
+
+    def _mix(
+        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, part: Part, proj: Tensor
+    ) -> Tensor:
+        conv_state, state = conv_states[part.slot], states[part.slot]
+        if part.tree is None:
+            return p.backend.gdn_chain(proj, self.spec, conv_state, state)
+        staging = p.stagings[part.slot]
+        return p.backend.gdn_tree(proj, self.spec, conv_state, state, part.tree.gdn, staging, slot)
 
 
 class _Layer(nn.Module):
@@ -226,7 +252,7 @@ class DeltaNetLayer(_Layer):
         self.linear_attn.fuse()
 
     def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
-        return self.linear_attn(h, model.conv_state[slot], model.rec_state[slot], slot, p)
+        return self.linear_attn(h, model.conv_states[:, slot], model.rec_states[:, slot], slot, p)
 
 
 class AttentionLayer(_Layer):
@@ -239,7 +265,7 @@ class AttentionLayer(_Layer):
         self.self_attn.fuse()
 
     def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
-        return self.self_attn(h, model.cos, model.sin, model.k_cache[slot], model.v_cache[slot], p)
+        return self.self_attn(h, model.cos, model.sin, model.k_caches[:, slot], model.v_caches[:, slot], p)
 
 
 LAYERS = {"linear_attention": DeltaNetLayer, "full_attention": AttentionLayer}
@@ -263,9 +289,10 @@ class Qwen3_5(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         self.slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self.slot.update({layer: i for i, layer in enumerate(cfg.linear_layers)})
-        # each verify size's staging buffers (per backend), and the last verify pass's, for `commit`
-        self._stagings: dict[tuple[str, int], Any] = {}
-        self._staged: Any = None
+        # each verify size's staging buffers (per backend and cache slot), and each slot's last
+        # verify pass's, for `commit`
+        self._stagings: dict[tuple[str, int, int], Any] = {}
+        self._staged: dict[int, Any] = {}
 
     def fuse(self) -> None:
         """Fused projections and precomputed norm scales for inference (done by the loader; training
@@ -274,19 +301,21 @@ class Qwen3_5(nn.Module):
             layer.fuse()
         self.norm.fuse()
 
-    def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = ()) -> None:
-        """KV cache of the full-attention layers, conv + recurrent states of the DeltaNet layers."""
+    def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = (), slots: int = 1) -> None:
+        """Per slot: the KV cache of the full-attention layers, conv + recurrent states of the
+        DeltaNet layers (`k_cache`, `conv_state`, ... are slot 0's)."""
         cfg, w = self.config, self.embed_tokens.weight
-        shape = (len(cfg.full_layers), cfg.num_key_value_heads, max_context, cfg.head_dim)
-        self.k_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
-        self.v_cache = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        shape = (slots, len(cfg.full_layers), cfg.num_key_value_heads, max_context, cfg.head_dim)
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
         n_lin = len(cfg.linear_layers)
         conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
         conv_dim += cfg.linear_num_value_heads * cfg.linear_value_head_dim
-        self.conv_state = torch.zeros(
-            n_lin, cfg.linear_conv_kernel_dim - 1, conv_dim, device=w.device, dtype=w.dtype
+        self.conv_states = torch.zeros(
+            slots, n_lin, cfg.linear_conv_kernel_dim - 1, conv_dim, device=w.device, dtype=w.dtype
         )
-        self.rec_state = torch.zeros(
+        self.rec_states = torch.zeros(
+            slots,
             n_lin,
             cfg.linear_num_value_heads,
             cfg.linear_key_head_dim,
@@ -294,18 +323,20 @@ class Qwen3_5(nn.Module):
             device=w.device,
             dtype=torch.float32,
         )
+        self.k_cache, self.v_cache = self.k_caches[0], self.v_caches[0]
+        self.conv_state, self.rec_state = self.conv_states[0], self.rec_states[0]
         self.cos, self.sin = rope_tables(cfg.rotary_dim, cfg.rope_theta, max_context, w.device)
         self.capture_layers = capture_layers
-        self._stagings, self._staged = {}, None
+        self._stagings, self._staged = {}, {}
 
     @property
     def max_context(self) -> int:
         return 0 if self.k_cache is None else self.k_cache.shape[2]
 
-    def reset(self) -> None:
-        """Zero the recurrent and conv states before a new sequence (the KV rows are overwritten)."""
-        self.conv_state.zero_()
-        self.rec_state.zero_()
+    def reset(self, slot: int = 0) -> None:
+        """Zero a slot's recurrent and conv states before a new sequence (the KV rows are overwritten)."""
+        self.conv_states[slot].zero_()
+        self.rec_states[slot].zero_()
 
     def snapshot(self) -> Callable[[], None]:
         """A function that puts the recurrent and conv states back as they are now: a captured round
@@ -327,9 +358,9 @@ class Qwen3_5(nn.Module):
             chain, visibility, backend.gdn_plan(parents, depth, self.config.linear_conv_kernel_dim)
         )
 
-    def _staging(self, nodes: int, backend: Backend[Any, Any, Any]) -> Any:
-        """The verify pass's DeltaNet staging for `nodes` nodes, allocated once per size."""
-        key = (backend.name, nodes)
+    def _staging(self, nodes: int, backend: Backend[Any, Any, Any], slot: int) -> Any:
+        """A slot's verify pass's DeltaNet staging for `nodes` nodes, allocated once per size."""
+        key = (backend.name, nodes, slot)
         if key not in self._stagings:
             layer = self.layers[self.config.linear_layers[0]].linear_attn
             self._stagings[key] = backend.gdn_staging(
@@ -357,15 +388,39 @@ class Qwen3_5(nn.Module):
         `context_len` is 0). With one (`plan`) they are a tree to verify; call `commit` afterwards.
         `context_len`, `key_bound`, `logits_dtype`, `last_logits_only` and `final_hidden` are as for `Qwen3`.
         """
+        part = Part(0, tokens, input_pos, context_len, tree, key_bound)
+        return self.forward_parts(
+            [part],
+            backend,
+            capture,
+            logits_dtype=logits_dtype,
+            last_logits_only=last_logits_only,
+            final_hidden=final_hidden,
+        )
+
+    def forward_parts(
+        self,
+        parts: Sequence[Part],
+        backend: Backend[Any, Any, Any],
+        capture: bool = True,
+        *,
+        logits_dtype: torch.dtype | None = torch.float32,
+        last_logits_only: bool = False,
+        final_hidden: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Several sequences' rows in one pass, each part as `forward` does its rows in its own slot.
+        The projections and MLPs run over every part's rows at once (one read of the weights);
+        attention and the DeltaNet recurrence run per part over its slot's cache and states (the
+        existing kernels, one launch per part)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        if isinstance(context_len, int) and context_len == 0:
-            self.reset()
-        if key_bound is None:
-            key_bound = int(context_len) + tokens.shape[0]
-        staging = self._staging(tokens.shape[0], backend) if tree is not None else None
-        self._staged = staging
-        p = _Pass(backend, input_pos, as_device_length(context_len, tokens.device), key_bound, tree, staging)
+        for part in parts:
+            if isinstance(part.context_len, int) and part.context_len == 0:
+                self.reset(part.slot)
+        stagings = {p.slot: self._staging(p.rows, backend, p.slot) for p in parts if p.tree is not None}
+        self._staged.update(stagings)
+        p = _Pass(backend, [part.resolved() for part in parts], stagings)
+        tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.scale, eps)
@@ -385,9 +440,11 @@ class Qwen3_5(nn.Module):
         path: Tensor,
         path_len: Tensor,
         backend: Backend[Any, Any, Any],
+        slot: int = 0,
     ) -> None:
-        """After a verify pass: the DeltaNet states along the accepted path, then (for a tree) the
-        accepted K/V rows into place, as for dense models. path [N] padded with -1; path_len 0-d."""
-        backend.gdn_commit(self.conv_state, self.rec_state, self._staged, tree.gdn, path, path_len)
+        """After a verify pass: a slot's DeltaNet states along the accepted path, then (for a tree)
+        its accepted K/V rows into place, as for dense models. path [N] padded with -1; path_len 0-d."""
+        conv_states, states = self.conv_states[slot], self.rec_states[slot]
+        backend.gdn_commit(conv_states, states, self._staged[slot], tree.gdn, path, path_len)
         if not tree.chain:
-            backend.compact(self.k_cache, self.v_cache, context_len, path, path_len)
+            backend.compact(self.k_caches[slot], self.v_caches[slot], context_len, path, path_len)

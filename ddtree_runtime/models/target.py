@@ -4,12 +4,16 @@ every model kind (dense Qwen3, hybrid Qwen3.5/3.6), so that a new family adds a 
 A verify pass needs to know its tree beyond the tokens: attention needs the ancestor relation, a
 hybrid's Gated DeltaNet layers need the tree's ancestor structure and conv windows too. The target
 builds all of it once per round (`Target.plan`), and every layer of the pass reads it.
+
+Caches come in `slots` (one sequence each: its K/V rows and, for a hybrid, its recurrent and conv
+states); `forward` runs slot 0, `forward_parts` runs several sequences' rows in one pass (continuous
+batching, `ddtree_runtime/batching.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -27,6 +31,47 @@ class TreeInputs:
     gdn: Any = None  # the backend's Gated DeltaNet plan (hybrid targets only)
 
 
+@dataclass(frozen=True)
+class Part:
+    """One sequence's rows in a batched pass: its cache slot, its tokens at `input_pos`, written to
+    cache rows `context_len ..`, verified as `tree` (None: a committed chain, i.e. prefill or `ar`)."""
+
+    slot: int
+    tokens: Tensor
+    input_pos: Tensor
+    context_len: int | Tensor
+    tree: TreeInputs | None = None
+    key_bound: int | None = None  # as for `Target.__call__`: None is the exact count
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.shape[0]
+
+    def resolved(self) -> Part:
+        """The part with what the kernels read: a device context length and a static key bound."""
+        bound = self.key_bound if self.key_bound is not None else int(self.context_len) + self.rows
+        return replace(
+            self, context_len=as_device_length(self.context_len, self.tokens.device), key_bound=bound
+        )
+
+
+def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
+    """A context length as the 0-d int64 device tensor the kernels read."""
+    if isinstance(context_len, Tensor):
+        return context_len
+    return torch.full((), context_len, dtype=torch.int64, device=device)
+
+
+def per_part(x: Tensor, parts: Sequence[Part], fn: Callable[[Part, Tensor], Tensor], dim: int = 0) -> Tensor:
+    """`fn(part, its rows of x)` for every part, joined along `dim`: the step of a batched pass that
+    reads per-sequence state (attention over its cache, its DeltaNet states), between the linear
+    layers that run over every part's rows at once."""
+    if len(parts) == 1:
+        return fn(parts[0], x)
+    chunks = x.split([p.rows for p in parts])
+    return torch.cat([fn(p, rows) for p, rows in zip(parts, chunks, strict=True)], dim=dim)
+
+
 class Target(Protocol):
     """A target model with static caches, verified trees and hidden-state capture."""
 
@@ -39,7 +84,9 @@ class Target(Protocol):
     @property
     def max_context(self) -> int: ...
 
-    def setup_caches(self, max_context: int, capture_layers: tuple[int, ...] = ()) -> None: ...
+    def setup_caches(
+        self, max_context: int, capture_layers: tuple[int, ...] = (), slots: int = 1
+    ) -> None: ...
 
     def plan(
         self, parents: Tensor, depth: Tensor, backend: Backend[Any, Any, Any], chain: bool
@@ -60,6 +107,17 @@ class Target(Protocol):
         final_hidden: bool = False,
     ) -> tuple[Tensor, Tensor | None]: ...
 
+    def forward_parts(
+        self,
+        parts: Sequence[Part],
+        backend: Backend[Any, Any, Any],
+        capture: bool = True,
+        *,
+        logits_dtype: torch.dtype | None = torch.float32,
+        last_logits_only: bool = False,
+        final_hidden: bool = False,
+    ) -> tuple[Tensor, Tensor | None]: ...
+
     def commit(
         self,
         context_len: int | Tensor,
@@ -67,6 +125,7 @@ class Target(Protocol):
         path: Tensor,
         path_len: Tensor,
         backend: Backend[Any, Any, Any],
+        slot: int = 0,
     ) -> None: ...
 
     def snapshot(self) -> Callable[[], None]: ...

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 import uvicorn
 
+from ddtree_runtime.batching import BatchEngine
+from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
@@ -46,7 +48,7 @@ from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol.validation import Limits
 from ddtree_runtime.server.settings import SettingsError, settings_from
 from ddtree_runtime.server.state import State
-from ddtree_runtime.server.worker import Worker
+from ddtree_runtime.server.worker import BatchWorker, Worker
 from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import DEFAULT_MAX_CONTEXT
 
@@ -88,11 +90,22 @@ def load(st: State) -> Engine:
     if device.type == "cpu" and s.threads:
         torch.set_num_threads(s.threads)
     dtype = getattr(torch, str(s.dtype))
+    policy = None
+    if s.budget_policy == "load":  # a bad cost table fails before the pair loads
+        try:
+            policy = BudgetPolicy(s.budgets, CostTable.load(s.cost_table) if s.cost_table else None)
+        except CostTableError as e:
+            raise SettingsError(f"--cost-table {e}") from None
     tokenizer = Tokenizer(s.target)
     spec = any(m != "ar" for m in s.modes)
     target, drafter = load_pair(s.target, s.drafter if spec else None, device, dtype)
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
-    engine = Engine(target, drafter, max_context)
+    if s.max_batch > 1:
+        engine: Engine = BatchEngine(
+            target, drafter, max_context, s.max_batch, prefill_chunk=s.prefill_chunk, policy=policy
+        )
+    else:
+        engine = Engine(target, drafter, max_context)
     block = drafter.config.block_size if drafter is not None else 2
     applied, ignored = generation_defaults(s.target)
     st.log.write(
@@ -193,14 +206,14 @@ async def serve(st: State, sock: socket.socket, backlog: int, max_connections: i
         return 2
     assert st.metrics is not None and st.tokenizer is not None and st.limits is not None
     limits = st.limits
-    worker = Worker(
-        engine,
+    parts = (
         st.scheduler,
         st.metrics,
         st.tokenizer.decode,
         lambda mode, budget: budget if mode == "ddtree" else limits.block_size - 1,
         st.log,
     )
+    worker = BatchWorker(engine, *parts) if isinstance(engine, BatchEngine) else Worker(engine, *parts)
     worker.start()
     if not stopping.is_set():
         st.state = "ready"
@@ -261,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
         threads=settings.threads,
         max_context=settings.max_context,
         queue_size=settings.queue_size,
+        max_batch=settings.max_batch,
+        prefill_chunk=settings.prefill_chunk,
+        budget_policy=settings.budget_policy,
         max_connections=max_connections,
         header_timeout=settings.header_timeout,
         api_key=settings.api_key_routes if settings.api_key else None,

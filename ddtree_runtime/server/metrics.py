@@ -120,12 +120,13 @@ class Metrics:
             )
             self.accepted_per_pos = [per_pos.labels(**labels, position=str(k)) for k in range(positions)]
 
-    def record_rounds(self, draft_tokens_per_round: int, accepted_per_round: Sequence[int]) -> None:
-        """One speculative generation's verify rounds (cancelled ones too: their rounds ran)."""
+    def record_rounds(self, draft_tokens: int, accepted_per_round: Sequence[int]) -> None:
+        """One speculative generation's verify rounds (cancelled ones too: their rounds ran), which
+        verified `draft_tokens` drafts in all."""
         if not self.spec:
             return
         self.drafts.inc(len(accepted_per_round))
-        self.draft_tokens.inc(len(accepted_per_round) * draft_tokens_per_round)
+        self.draft_tokens.inc(draft_tokens)
         self.accepted.inc(sum(accepted_per_round))
         for a in accepted_per_round:
             for k in range(a):

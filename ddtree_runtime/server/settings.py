@@ -46,6 +46,10 @@ class Settings:
     temperature: float | None  # for requests that send none; None: generation_config.json, else 0
     threads: int  # torch CPU threads
     queue_size: int
+    max_batch: int  # sequences decoded together; 1: `Engine.generate`, one at a time
+    prefill_chunk: int | None  # None: a prompt is prefilled at once
+    budget_policy: str  # fixed | load (budgets.py)
+    cost_table: str | None  # None: the simple cost model
     drain_timeout: float
     served_model_name: str | None  # None: --target as given (vLLM's convention)
     api_key: str | None  # bearer token clients must send on /v1/* (never logged)
@@ -145,6 +149,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         (s.temperature is None or 0 <= s.temperature <= 2, "temperature", "0 to 2"),
         (s.threads >= 1, "threads", "at least 1"),
         (s.queue_size >= 1, "queue-size", "at least 1"),
+        (s.max_batch >= 1, "max-batch", "at least 1"),
+        (s.prefill_chunk is None or s.prefill_chunk >= 1, "prefill-chunk", "at least 1"),
+        (s.budget_policy == "fixed" or s.max_batch > 1, "budget-policy", "fixed, or --max-batch above 1"),
         (s.drain_timeout >= 0, "drain-timeout", "0 or more seconds"),
         (s.api_key is None or len(s.api_key) >= 8, "api-key", "at least 8 characters"),
         (s.header_timeout > 0, "header-timeout", "more than 0 seconds"),

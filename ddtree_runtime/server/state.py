@@ -32,7 +32,7 @@ class State:
     inflight: int = 0  # completion requests from acceptance to last byte (read by the drain)
 
     def __post_init__(self) -> None:
-        self.scheduler = Scheduler(self.settings.queue_size)
+        self.scheduler = Scheduler(self.settings.queue_size, self.settings.max_batch)
         self.model = self.settings.served_model_name or self.settings.target
 
     @contextmanager

@@ -1,11 +1,13 @@
-"""One engine thread and the FIFO queue in front of it (batch 1).
+"""One engine thread and the FIFO queue in front of it.
 
-The engine owns static caches sized once, so exactly one generation runs at a time, on the worker
-thread. Request handlers (on the HTTP event loop) validate a request, wrap it in a `Job` and await
+The engine owns static caches sized once, on the worker thread: with `--max-batch 1` one
+generation runs at a time (`Worker`, `Engine.generate`, CUDA-graphed rounds); with more, up to
+`max_batch` jobs hold a cache slot each and decode together (`BatchWorker`, `BatchEngine`), joining
+after their prefill and leaving at round boundaries, in order of arrival. Request handlers (on the HTTP event loop) validate a request, wrap it in a `Job` and await
 the job's events; the worker feeds them through the loop's thread-safe call: each round's tokens
 (streamed requests only: a non-streamed one needs no wake-up per round) and the final result. A
 client that leaves frees its place at once: a waiting job is taken out of the queue, and a running
-one is cancelled before the engine's next phase (the job's `cancelled` event).
+one is cancelled before the engine's next phase or step (the job's `cancelled` event).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.generation import GenerationResult
 from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol.errors import APIError
@@ -55,18 +59,20 @@ class QueueFull(Exception):
 
 
 class Scheduler:
-    """FIFO waiting room of bounded size plus the one running job."""
+    """FIFO waiting room of bounded size plus the running jobs (one per engine slot). A job that
+    arrives while the engine is mid-step waits for the step's end even when a slot is free: those
+    waits do not count against `capacity`."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int, slots: int = 1) -> None:
+        self.capacity, self.slots = capacity, slots
         self.waiting: collections.deque[Job] = collections.deque()
-        self.running: Job | None = None
+        self.running: list[Job] = []
         self.cond = threading.Condition()
         self.numbers = itertools.count(1)
 
     def submit(self, job: Job) -> None:
         with self.cond:
-            if len(self.waiting) >= self.capacity:
+            if len(self.waiting) >= self.capacity + self.slots - len(self.running):
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting")
             job.number = next(self.numbers)
             self.waiting.append(job)
@@ -90,23 +96,29 @@ class Scheduler:
         with self.cond:
             if not self.cond.wait_for(lambda: self.waiting, timeout):
                 return None
-            self.running = self.waiting.popleft()
-            return self.running
+            job = self.waiting.popleft()
+            self.running.append(job)
+            return job
 
-    def finish(self) -> None:
+    def finish(self, job: Job) -> None:
         with self.cond:
-            self.running = None
+            self.running.remove(job)
             self.cond.notify_all()
 
     def counts(self) -> tuple[int, int]:
         """(waiting, running)."""
         with self.cond:
-            return len(self.waiting), int(self.running is not None)
+            return len(self.waiting), len(self.running)
+
+    def context_rows(self) -> int:
+        """Cache rows the running jobs hold (prompt and output so far)."""
+        with self.cond:
+            return sum(len(job.request.prompt_ids) + job.tokens for job in self.running)
 
     def cancel_all(self) -> None:
-        """Drop every waiting job and cancel the running one (end of a drain)."""
+        """Drop every waiting job and cancel the running ones (end of a drain)."""
         with self.cond:
-            for job in [*self.waiting, *([self.running] if self.running else [])]:
+            for job in [*self.waiting, *self.running]:
                 job.cancelled.set()
                 job.put(("error", APIError(503, "the server is shutting down", kind="server_error")))
             self.waiting.clear()
@@ -131,36 +143,39 @@ class Worker(threading.Thread):
         self.log = log
         self.eos = tuple(engine.target.config.eos_token_ids)
         self.stop = threading.Event()
+        self.slots = 1  # sequences the caches hold: the KV usage gauge's denominator
 
     def run(self) -> None:
         while not self.stop.is_set():
             job = self.scheduler.take(timeout=0.2)
             if job is None:
                 continue
+            outcome: tuple[str, Any] = ("error", APIError(500, "generation failed", kind="server_error"))
             try:
                 outcome = self.serve(job)
             finally:
-                self.metrics.kv_usage.set(0)
-                self.scheduler.finish()
-                freed = time.perf_counter()
-            job.put(outcome)  # after finish(): whoever sees "done" sees the engine free
-            if job.cancelled_at is not None and job.started is not None and job.started < job.cancelled_at:
-                # a running job was cancelled: how long its last round kept the engine after that
-                self.log.write(
-                    "cancelled",
-                    job=job.number,
-                    tokens=job.tokens,
-                    engine_freed_after_s=round(freed - job.cancelled_at, 6),
-                )
+                self.complete(job, outcome)
 
-    def serve(self, job: Job) -> tuple[str, Any]:
-        """Run one job; ("done", GenerationResult) or ("error", APIError)."""
+    def complete(self, job: Job, outcome: tuple[str, Any]) -> None:
+        """A job leaves the engine: its slot freed, then its outcome handed over (whoever sees
+        "done" sees the slot free), and a cancelled running job's last round logged."""
+        self.scheduler.finish(job)
+        self.metrics.kv_usage.set(self.scheduler.context_rows() / (self.engine.max_context * self.slots))
+        freed = time.perf_counter()
+        job.put(outcome)
+        if job.cancelled_at is not None and job.started is not None and job.started < job.cancelled_at:
+            # a running job was cancelled: how long its last round kept the engine after that
+            self.log.write(
+                "cancelled",
+                job=job.number,
+                tokens=job.tokens,
+                engine_freed_after_s=round(freed - job.cancelled_at, 6),
+            )
+
+    def arguments(self, job: Job) -> dict[str, Any]:
+        """The engine's keyword arguments for a job: its request, streaming and cancel wired to it."""
         req = job.request
         job.started = last = time.perf_counter()
-        if job.cancelled.is_set():  # its client left between the queue and here
-            return "error", APIError(499, "the client left", kind="client_closed")
-        max_context = self.engine.max_context
-        prompt_len = len(req.prompt_ids)
 
         def on_tokens(tokens: list[int]) -> None:
             nonlocal last
@@ -171,25 +186,48 @@ class Worker(threading.Thread):
                 self.metrics.itl.observe(now - last)
             last = now
             job.tokens += len(tokens)
-            self.metrics.kv_usage.set((prompt_len + job.tokens) / max_context)
+            self.metrics.kv_usage.set(self.scheduler.context_rows() / (self.engine.max_context * self.slots))
             if req.stream:
                 job.put(("tokens", tokens))
 
         eos = set(req.stop_token_ids) | (set() if req.ignore_eos else set(self.eos))
+        return {
+            "prompt_ids": req.prompt_ids,
+            "mode": req.mode,
+            "budget": req.budget,
+            "max_new_tokens": req.max_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "seed": req.seed,
+            "eos_ids": tuple(eos),
+            "stop": req.stop,
+            "decode": self.decode,
+            "on_tokens": on_tokens,
+            "cancel": job.cancelled,
+        }
+
+    def done(self, job: Job, result: GenerationResult, budgets: list[int] | None = None) -> tuple[str, Any]:
+        """A finished generation's metrics (spec-decode counters, prefill and decode time); `budgets`:
+        each round's ddtree budget where the load picked them."""
+        req = job.request
+        if req.mode != "ar":
+            per_round = self.draft_tokens(req.mode, req.budget)
+            drafts = sum(budgets) if budgets else per_round * result.rounds
+            self.metrics.record_rounds(drafts, result.accepted_per_round)
+        prefill = result.phase_s.get("prefill", 0.0)
+        self.metrics.prefill_time.observe(prefill)
+        self.metrics.decode_time.observe(max(0.0, result.total_s - prefill))
+        return "done", result
+
+    def serve(self, job: Job) -> tuple[str, Any]:
+        """Run one job; ("done", GenerationResult) or ("error", APIError)."""
+        if job.cancelled.is_set():  # its client left between the queue and here
+            job.started = time.perf_counter()
+            return "error", APIError(499, "the client left", kind="client_closed")
+        req = job.request
         try:
             result = self.engine.generate(
-                req.prompt_ids,
-                mode=req.mode,
-                budget=req.budget,
-                max_new_tokens=req.max_tokens,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                seed=req.seed,
-                eos_ids=tuple(eos),
-                stop=req.stop,
-                decode=self.decode,
-                on_tokens=on_tokens,
-                cancel=job.cancelled,
+                **self.arguments(job),
                 logprobs=req.logprobs,
                 on_logprobs=(lambda es: job.put(("logprobs", es))) if req.stream else None,
                 prompt_top=req.prompt_top,
@@ -197,10 +235,71 @@ class Worker(threading.Thread):
         except GenerationError as e:  # validation should have caught it; still the client's request
             return "error", APIError(400, str(e))
         except Exception as e:  # an engine failure (e.g. out of memory) fails this request only
-            return "error", APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
-        if req.mode != "ar":
-            self.metrics.record_rounds(self.draft_tokens(req.mode, req.budget), result.accepted_per_round)
-        prefill = result.phase_s.get("prefill", 0.0)
-        self.metrics.prefill_time.observe(prefill)
-        self.metrics.decode_time.observe(max(0.0, result.total_s - prefill))
-        return "done", result
+            return "error", engine_failure(e)
+        return self.done(job, result)
+
+
+def engine_failure(e: Exception) -> APIError:
+    return APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
+
+
+class BatchWorker(Worker):
+    """Runs queued jobs through a `BatchEngine`: before each step, waiting jobs take the free slots
+    in order of arrival; after it, the jobs it finished leave. `stop` is honoured once no job runs
+    (a drain cancels the running ones first)."""
+
+    def __init__(
+        self,
+        engine: BatchEngine,
+        scheduler: Scheduler,
+        metrics: Metrics,
+        decode: Callable[[list[int]], str],
+        draft_tokens: Callable[[str, int], int],
+        log: EventLog,
+    ) -> None:
+        super().__init__(engine, scheduler, metrics, decode, draft_tokens, log)
+        self.batch = engine
+        self.slots = engine.max_batch
+        self.jobs: dict[int, Job] = {}  # by engine slot
+
+    def run(self) -> None:
+        engine = self.batch
+        while not self.stop.is_set() or engine.live:
+            while engine.free and not self.stop.is_set():
+                job = self.scheduler.take(timeout=0 if engine.live else 0.2)
+                if job is None:
+                    break
+                self.admit(job)
+            if not engine.live:
+                continue
+            try:
+                finished = engine.step()
+            except Exception as e:  # an engine failure (e.g. out of memory) fails the step's jobs
+                for live in engine.abort():
+                    self.complete(self.jobs.pop(live.slot), ("error", engine_failure(e)))
+                continue
+            for live in finished:
+                assert live.result is not None
+                job = self.jobs.pop(live.slot)
+                self.complete(job, self.done(job, live.result, live.budgets))
+
+    def admit(self, job: Job) -> None:
+        """A job into a free slot; its prefill starts at the next step."""
+        if job.cancelled.is_set():  # its client left between the queue and here
+            job.started = time.perf_counter()
+            self.complete(job, ("error", APIError(499, "the client left", kind="client_closed")))
+            return
+        req = job.request
+        if req.logprobs is not None or req.prompt_top is not None:
+            field = "logprobs" if req.logprobs is not None else "prompt_logprobs"
+            message = (
+                f"{field} is not recorded by batched rounds yet (fix: drop it, or serve with --max-batch 1)"
+            )
+            self.complete(job, ("error", APIError(400, message)))
+            return
+        try:
+            live = self.batch.add(**self.arguments(job))
+        except GenerationError as e:  # validation should have caught it; still the client's request
+            self.complete(job, ("error", APIError(400, str(e))))
+            return
+        self.jobs[live.slot] = job

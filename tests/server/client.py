@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,3 +141,39 @@ def stream_text(events: list[Any], chat: bool) -> str:
             c = e["choices"][0]
             parts.append((c["delta"].get("content") or "") if chat else c["text"])
     return "".join(parts)
+
+
+class Pending:
+    """A request sent on its own connection, response not yet read."""
+
+    def __init__(self, server: Server, body: dict[str, Any]) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        self.head = b""
+        self.resp: http.client.HTTPResponse | None = None
+
+    def first_event(self) -> Pending:
+        """Block until the first streamed event: the request is then running."""
+        self.resp = self.conn.getresponse()
+        while b"data: " not in self.head:
+            self.head += self.resp.read1(4096)
+        return self
+
+    def body(self) -> tuple[int, bytes]:
+        resp = self.resp or self.conn.getresponse()
+        data = self.head + resp.read()
+        self.conn.close()
+        return resp.status, data
+
+    def leave(self) -> None:
+        self.conn.close()
+
+
+def until(
+    server: Server, check: Callable[[dict[str, float]], bool], deadline_s: float = 30.0
+) -> dict[str, float]:
+    end = time.monotonic() + deadline_s
+    while not check(m := server.metrics()):
+        assert time.monotonic() < end, f"metrics never matched: {m}"
+        time.sleep(0.05)
+    return m

@@ -18,45 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.server.client import Server, sse_events, stream_text
+from tests.server.client import Pending, Server, sse_events, stream_text, until
 
 LONG = 3900  # ar on the tiny pair: seconds of tokens, far more than any step below needs
-
-
-class Pending:
-    """A request sent on its own connection, response not yet read."""
-
-    def __init__(self, server: Server, body: dict[str, Any]) -> None:
-        self.conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        self.conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        self.head = b""
-        self.resp: http.client.HTTPResponse | None = None
-
-    def first_event(self) -> Pending:
-        """Block until the first streamed event: the request is then running."""
-        self.resp = self.conn.getresponse()
-        while b"data: " not in self.head:
-            self.head += self.resp.read1(4096)
-        return self
-
-    def body(self) -> tuple[int, bytes]:
-        resp = self.resp or self.conn.getresponse()
-        data = self.head + resp.read()
-        self.conn.close()
-        return resp.status, data
-
-    def leave(self) -> None:
-        self.conn.close()
-
-
-def _until(
-    server: Server, check: Callable[[dict[str, float]], bool], deadline_s: float = 30.0
-) -> dict[str, float]:
-    end = time.monotonic() + deadline_s
-    while not check(m := server.metrics()):
-        assert time.monotonic() < end, f"metrics never matched: {m}"
-        time.sleep(0.05)
-    return m
 
 
 def _get(conn: http.client.HTTPConnection, path: str) -> tuple[int, Any]:
@@ -77,22 +41,22 @@ def test_queue_full_then_leaving_clients_free_their_places(small_server: Server)
     assert "vllm:spec_decode_num_drafts_total" not in before  # ar serves no drafts
     running = Pending(s, {**short, "max_tokens": LONG, "stream": True, "ignore_eos": True}).first_event()
     queued = [Pending(s, short), Pending(s, short)]
-    _until(s, _waiting(2))
+    until(s, _waiting(2))
     status, headers, data = s.request("POST", "/v1/completions", short)
     assert status == 503 and headers["retry-after"] == "1"
     assert json.loads(data)["error"]["code"] == "queue_full"
 
     queued[0].leave()  # a waiting client leaves: its place is free at once
-    _until(s, _waiting(1))
+    until(s, _waiting(1))
     late = Pending(s, short)
-    _until(s, _waiting(2))
+    until(s, _waiting(2))
     running.leave()  # the running client leaves: its generation stops at the end of the round
     for pending in (queued[1], late):
         status, data = pending.body()
         assert status == 200 and json.loads(data)["choices"][0]["text"] == ref
     key = 'vllm:request_success_total{finished_reason="abort"}'
     idle = lambda m: m["vllm:num_requests_waiting"] == m["vllm:num_requests_running"] == 0  # noqa: E731
-    after = _until(s, lambda m: idle(m) and m[key] - before[key] == 2)  # the two that left, once each
+    after = until(s, lambda m: idle(m) and m[key] - before[key] == 2)  # the two that left, once each
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < LONG
 
 
@@ -103,9 +67,9 @@ def test_dropped_non_streamed_request_frees_the_engine(small_server: Server) -> 
     key = 'vllm:request_success_total{finished_reason="abort"}'
     before = s.metrics()
     dropped = Pending(s, {"prompt": "the city of", "max_tokens": LONG, "ignore_eos": True})
-    _until(s, lambda m: m["vllm:num_requests_running"] == 1)
+    until(s, lambda m: m["vllm:num_requests_running"] == 1)
     dropped.leave()
-    after = _until(s, lambda m: m["vllm:num_requests_running"] == 0 and m[key] - before[key] == 1)
+    after = until(s, lambda m: m["vllm:num_requests_running"] == 0 and m[key] - before[key] == 1)
     generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert 0 < generated < LONG / 2
     assert (
@@ -127,9 +91,9 @@ def test_sigterm_drains_in_flight_requests_then_exits(small_server: Server) -> N
     first = Pending(s, {"prompt": "the city of", "max_tokens": 1000, "stream": True, "ignore_eos": True})
     first.first_event()
     queued = Pending(s, {"prompt": "his time was", "max_tokens": 10})
-    _until(s, _waiting(1))  # one at a time: the queue is FIFO by arrival
+    until(s, _waiting(1))  # one at a time: the queue is FIFO by arrival
     last = Pending(s, {"prompt": "the", "max_tokens": LONG, "stream": True, "ignore_eos": True})
-    _until(s, _waiting(2))
+    until(s, _waiting(2))
     kept = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)  # keep-alive, open before SIGTERM
     assert _get(kept, "/health")[0] == 200
     s.proc.send_signal(signal.SIGTERM)

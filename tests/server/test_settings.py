@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -79,6 +80,20 @@ def test_bad_flags_are_refused() -> None:
         _settings("--target", "t", "--drafter", "d", "--mode", "beam")
     with pytest.raises(SettingsError, match="--target is required"):
         _settings()
+    for flags, needle in [
+        (("--max-batch", "0"), "--max-batch: 0 is not valid (fix: at least 1)"),
+        (("--max-batch", "4", "--prefill-chunk", "0"), "--prefill-chunk: 0 is not valid"),
+        (
+            ("--budget-policy", "load"),
+            "--budget-policy: 'load' is not valid (fix: fixed, or --max-batch above 1)",
+        ),
+        (
+            ("--max-batch", "4", "--budget-policy", "auto"),
+            "--budget-policy: 'auto' is not valid (fix: one of",
+        ),
+    ]:
+        with pytest.raises(SettingsError, match=re.escape(needle)):
+            _settings("--target", "t", "--drafter", "d", *flags)
 
 
 def test_env_file_settings_in_effect_and_secret_nowhere(main_server: Server, launched: Launched) -> None:

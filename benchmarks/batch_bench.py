@@ -1,0 +1,173 @@
+"""Batched round cost against batch size: `ar` steps and `ddtree` rounds of `BatchEngine`.
+
+Random weights in the shapes of `benchmarks/roofline.py` (no downloads). For each batch size N and
+each config (`ar`, `ddtree` at each budget) it fills N slots with prompts of `--context` tokens,
+prefills them, then times `--reps` rounds of all N together (wall time per `step`, a round of
+every slot: drafting, the one verify pass over all slots' trees, per-slot walk and commit; eager,
+no CUDA graphs). Rows: ms per round, ms per round per sequence, the ratio to the `ar` step at the
+same N (the issue's goal: <= 2x at N = 16 for the load-chosen budget) and projected tokens/s in
+total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, not measured).
+`--cost-table` writes the ddtree rows as the cost table `--budget-policy load` reads
+(`ddtree_runtime/budgets.py`: total verify rows against seconds per round).
+
+    python benchmarks/batch_bench.py --shape qwen3-8b [--batches 1,4,16] [--budgets 16,64,256]
+        [--context 1024] [--json OUT.json] [--cost-table costs.json]
+    python benchmarks/batch_bench.py --small --device cpu     # a CPU smoke run of the script
+
+`--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
+decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
+policy, as total tokens/s, tau and the ratio to the same config one request at a time
+(`Engine.generate`, the `--max-batch 1` server's path):
+
+    OMP_NUM_THREADS=1 python benchmarks/batch_bench.py --pair demo_pair --device cpu --batches 1,4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.roofline import SHAPES, random_pair
+from ddtree_runtime.batching import BatchEngine
+from ddtree_runtime.budgets import BudgetPolicy
+from ddtree_runtime.loader import default_device, load_pair
+from ddtree_runtime.tokenizer import Tokenizer
+
+TAUS = (3, 5, 7)
+
+
+def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, reps: int) -> float:
+    """Median wall ms of one batched round of `n` sequences in `mode`, after their prefills."""
+    vocab = engine.target.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
+        engine.add(prompt, mode=mode, budget=budget, max_new_tokens=(reps + 2) * engine.block, eos_ids=())
+    while any(not s.decoding for s in engine.live):
+        engine.step()
+    times = []
+    for _ in range(reps):
+        sync(engine.device)
+        t = time.perf_counter()
+        engine.step()
+        sync(engine.device)
+        times.append(time.perf_counter() - t)
+    engine.abort()  # the slots back for the next row
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) -> None:
+    """End to end on a real pair: total tokens/s of N requests together against one at a time."""
+    pair, device = Path(args.pair), torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tok = Tokenizer(pair / "target")
+    texts = [
+        json.loads(line)["prompt"] for line in (pair / "held_out_prompts.jsonl").read_text().splitlines()
+    ]
+    prompts = [tok.encode(t)[-128:] for t in texts]
+    target, drafter = load_pair(pair / "target", pair / "drafter", device, dtype)
+    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + max(budgets) + 1, max(batches))
+    print(f"{pair} on {device}, {dtype}, {args.max_new_tokens} new tokens, T=0, eager batched rounds")
+    print(f"{'config':>12} {'N':>4} {'tok/s':>8} {'tau':>6} {'x alone':>8}")
+    for mode, budget, policy in [("ar", 1, None), *(("ddtree", b, None) for b in budgets),
+                                 ("ddtree", max(budgets), BudgetPolicy(tuple(budgets)))]:  # fmt: skip
+        engine.policy = policy
+        name = "ar" if mode == "ar" else (f"ddtree/{budget}" if policy is None else "ddtree/load")
+
+        def request(i: int, mode: str = mode, budget: int = budget) -> dict[str, object]:
+            ids = prompts[i % len(prompts)]
+            return {
+                "prompt_ids": ids,
+                "mode": mode,
+                "budget": budget,
+                "max_new_tokens": args.max_new_tokens,
+                "eos_ids": (),
+            }
+
+        engine.run([request(0)])  # warm-up
+        t = time.perf_counter()
+        alone = [engine.generate(**request(i)) for i in range(min(4, len(prompts)))]  # type: ignore[arg-type]
+        alone_rate = sum(len(r.output_ids) for r in alone) / (time.perf_counter() - t)
+        for n in batches:
+            t = time.perf_counter()
+            results = engine.run([request(i) for i in range(n)])
+            rate = sum(len(r.output_ids) for r in results) / (time.perf_counter() - t)
+            rounds = [a + 1 for r in results for a in r.accepted_per_round]
+            print(
+                f"{name:>12} {n:>4} {rate:>8.1f} {sum(rounds) / len(rounds):>6.2f} {rate / alone_rate:>7.2f}x",
+                flush=True,
+            )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--device", default=default_device())
+    p.add_argument("--batches", default="1,2,4,8,16")
+    p.add_argument("--budgets", default="16,64,256")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
+    p.add_argument("--json", help="write the rows here too")
+    p.add_argument("--cost-table", help="write the ddtree rows as a --budget-policy load cost table")
+    p.add_argument("--pair", help="a real pair directory (with held_out_prompts.jsonl): end-to-end rows")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="with --pair")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    batches = [int(b) for b in args.batches.split(",")]
+    budgets = [int(b) for b in args.budgets.split(",")]
+    if args.pair:
+        pair_rows(args, batches, budgets)
+        return
+    context = 16 if args.small else args.context
+    target, drafter = random_pair(args.shape, device, dtype, args.small)
+    max_context = context + (args.reps + 4) * drafter.config.block_size + max(budgets) + 1
+    engine = BatchEngine(target, drafter, max_context, max(batches))
+    print(f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager")
+    print(
+        f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "
+        + "  ".join(f"tok/s@tau{t}" for t in TAUS)
+    )
+    rows = []
+    for n in batches:
+        ar = round_ms(engine, n, "ar", 1, context, args.reps)
+        for mode, budget in [("ar", 0), *(("ddtree", b) for b in budgets)]:
+            ms = ar if mode == "ar" else round_ms(engine, n, mode, budget, context, args.reps)
+            rates = [n * (1 if mode == "ar" else tau) / ms * 1e3 for tau in TAUS]
+            name = mode if mode == "ar" else f"ddtree/{budget}"
+            print(
+                f"{name:>12} {n:>4} {ms:>9.2f} {ms / n:>8.2f} {ms / ar:>6.2f}  "
+                + "  ".join(f"{r:>11.0f}" for r in rates)
+            )
+            rows.append({"config": name, "batch": n, "budget": budget, "round_ms": ms, "x_ar": ms / ar})
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.cost_table:
+        points: dict[int, float] = {}
+        for r in rows:
+            if r["config"] == "ar":
+                continue
+            verify_rows = r["batch"] * (r["budget"] + 1)
+            points[verify_rows] = min(points.get(verify_rows, float("inf")), r["round_ms"] / 1e3)
+        table = sorted(points.items())
+        Path(args.cost_table).write_text(
+            json.dumps({"rows": [r for r, _ in table], "seconds": [s for _, s in table]})
+        )
+        print(f"cost table ({len(table)} points) written to {args.cost_table}")
+
+
+if __name__ == "__main__":
+    main()

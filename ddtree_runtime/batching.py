@@ -1,0 +1,353 @@
+"""Continuous batching: up to `max_batch` sequences decode together, one speculative round for all.
+
+Each sequence owns a cache slot (its K/V rows in the target and the drafter and, for a hybrid
+target, its recurrent and conv states). A request joins once its prompt is prefilled and leaves at
+a round boundary; a long prompt is prefilled `prefill_chunk` tokens at a time between rounds, so
+the running sequences keep streaming. One `step` is at most one prefill chunk, then one round of
+every decoding sequence:
+
+    draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass
+    tree     each slot its own: the `budget` best prefixes (ddtree), the argmax chain (dflash), or
+             the root alone (`ar`: a one-node tree)
+    verify   every slot's nodes in ONE target pass (`Target.forward_parts`): the linear layers run
+             over the concatenated rows of all slots (one read of the weights, where batching
+             pays); attention and the DeltaNet recurrence loop over the slots with the existing
+             kernels, each over its own cache and context length (a varlen kernel is a later step)
+    walk     per slot, the target's own choice down its tree (as `rounds.py`)
+    commit   per slot, accepted K/V rows and DeltaNet states into place
+
+Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
+(T = 0) whatever else is in the batch. The rounds run eagerly (no CUDA graphs yet), with host-side
+lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddtree_runtime.backend import Backend
+from ddtree_runtime.budgets import BudgetPolicy, expected_gains
+from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.generation import GenerationResult, Output
+from ddtree_runtime.graphs import key_bound
+from ddtree_runtime.models.dflash import DFlashDrafter
+from ddtree_runtime.models.target import Part, Target, TreeInputs
+from ddtree_runtime.rounds import Sampling, choose, nucleus
+from specops_contract import SERVE_OPTIONS, verify_rows
+
+
+@dataclass
+class Live:
+    """One sequence in a slot: its request, where its prefill and decoding stand, its output."""
+
+    slot: int
+    prompt: list[int]
+    mode: str
+    budget: int  # ddtree: nodes per round (with a budget policy: the most)
+    sampling: Sampling
+    out: Output
+    added: float = field(default_factory=time.perf_counter)
+    prefilled: int = 0  # prompt rows in the caches
+    prefill_s: float = 0.0
+    root: int = 0  # the token to verify next (valid once prefilled)
+    ctx: int = 0  # committed rows (= the root's position)
+    feats: Tensor | None = None  # target hidden states of accepted rows the drafter has not read
+    accepted: list[int] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)  # ddtree: each round's budget
+    result: GenerationResult | None = None
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled == len(self.prompt)
+
+
+@dataclass
+class _Tree:
+    """One slot's nodes in a round."""
+
+    live: Live
+    tokens: Tensor
+    parents: Tensor
+    depth: Tensor
+    draft_logits: Tensor | None  # None: `ar`
+    tree: TreeInputs | None = None  # None: `ar`, a committed one-token chain
+
+
+class BatchEngine(Engine):
+    """An `Engine` whose caches hold `max_batch` sequences, and the steps that decode them together.
+
+    `add` puts a request in a free slot; each `step` prefills one chunk and runs one round; a
+    finished sequence's `result` is set and its slot freed. Not thread-safe: one thread drives it
+    (the server's worker)."""
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: DFlashDrafter | None,
+        max_context: int,
+        max_batch: int,
+        backend: Backend[Any, Any, Any] | None = None,
+        prefill_chunk: int | None = None,
+        policy: BudgetPolicy | None = None,
+    ) -> None:
+        if max_batch < 1:
+            raise GenerationError(f"max_batch is {max_batch} (fix: at least 1)")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise GenerationError(f"prefill_chunk is {prefill_chunk} (fix: at least 1, or none)")
+        super().__init__(target, drafter, max_context, backend, graphs=False, slots=max_batch)
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk or max_context
+        self.policy = policy  # None: every ddtree request verifies its own budget each round
+        self.free = list(range(max_batch - 1, -1, -1))  # popped from the end: slot 0 first
+        self.live: list[Live] = []
+        self.chunks = 0  # prefill chunks run so far
+        self.rounds = 0  # batched rounds run so far
+
+    @property
+    def block(self) -> int:
+        return self.drafter.config.block_size if self.drafter is not None else 2
+
+    def add(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        mode: str = "ddtree",
+        budget: int = SERVE_OPTIONS["budget"].default,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        eos_ids: Sequence[int] | None = None,
+        stop: Sequence[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Live:
+        """Take a free slot for a request (arguments as `Engine.generate`; with a budget policy, a
+        ddtree `budget` is the most its rounds verify). Its prefill starts at the next `step`."""
+        if not self.free:
+            raise GenerationError(f"all {self.max_batch} slots are in use (fix: wait for a step to free one)")
+        self._check(mode, prompt_ids, max_new_tokens, budget, self.block)
+        eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
+        live = Live(
+            self.free.pop(),
+            list(prompt_ids),
+            mode,
+            budget if mode == "ddtree" else 0,
+            self._sampling(temperature, top_p, seed),
+            Output(max_new_tokens, eos, stop, decode, on_tokens, cancel),
+        )
+        self.live.append(live)
+        return live
+
+    @torch.inference_mode()
+    def step(self) -> list[Live]:
+        """One prefill chunk (the prefilling sequence nearest its end: a short prompt is never stuck
+        behind a long one), then one round of every decoding sequence; returns those that finished."""
+        finished = [s for s in self.live if s.out.cancelled()]
+        prefilling = [s for s in self.live if not s.decoding and s not in finished]
+        if prefilling:
+            s = min(prefilling, key=lambda s: len(s.prompt) - s.prefilled)
+            if self._prefill_chunk(s):
+                finished.append(s)
+        decoding = [s for s in self.live if s.decoding and s not in finished]
+        if decoding:
+            finished += self._round(decoding)
+        for s in finished:
+            self._finish(s)
+        return finished
+
+    def run(self, requests: Sequence[dict[str, Any]]) -> list[GenerationResult]:
+        """Generate for every request (`add`'s keyword arguments), `max_batch` at a time, in order of
+        arrival; the results in the requests' order (a convenience for benchmarks and tests)."""
+        pending, started = list(enumerate(requests)), {}
+        while pending or self.live:
+            while pending and self.free:
+                i, kwargs = pending.pop(0)
+                started[i] = self.add(**kwargs)
+            self.step()
+        results = []
+        for i in range(len(requests)):
+            result = started[i].result
+            assert result is not None, "run() ends once every request has finished"
+            results.append(result)
+        return results
+
+    def abort(self) -> list[Live]:
+        """Drop every live sequence (after a failed step: their caches are in no known state) and
+        free their slots; returns them."""
+        dropped, self.live = self.live, []
+        self.free.extend(s.slot for s in dropped)
+        return dropped
+
+    def _prefill_chunk(self, s: Live) -> bool:
+        """The next chunk of `s`'s prompt through the target (its features into the drafter); after
+        the last one, its first token. True when that token ends the sequence."""
+        t0 = time.perf_counter()
+        lo, hi = s.prefilled, min(len(s.prompt), s.prefilled + self.prefill_chunk)
+        tokens = torch.tensor(s.prompt[lo:hi], dtype=torch.int64, device=self.device)
+        positions = torch.arange(lo, hi, device=self.device)
+        part = Part(s.slot, tokens, positions, lo)
+        logits, hidden = self.target.forward_parts(
+            [part], self.backend, capture=s.mode != "ar", last_logits_only=True
+        )
+        if s.mode != "ar":
+            assert self.drafter is not None and hidden is not None
+            self.drafter.ingest(hidden, lo, self.backend, s.slot)
+        s.prefilled = hi
+        self.chunks += 1
+        done = False
+        if s.decoding:
+            s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
+            done = s.out.emit([s.root])
+        s.prefill_s += time.perf_counter() - t0
+        return done
+
+    def _round(self, batch: list[Live]) -> list[Live]:
+        """One round of every sequence in `batch` (all prefilled); returns those it finished."""
+        self.rounds += 1
+        spec = [s for s in batch if s.mode != "ar"]
+        drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True)) if spec else {}
+        trees = [self._tree(s, drafts.get(id(s))) for s in batch]
+        if self.policy is not None:
+            self._follow_load(trees, self.policy)
+        for t in trees:
+            if t.live.mode == "ddtree":
+                t.live.budgets.append(t.tokens.shape[0] - 1)
+            if t.draft_logits is not None:
+                t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
+        greedy = all(s.sampling.greedy for s in batch)
+        parts = [
+            Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
+            for t in trees
+        ]
+        logits, hidden = self.target.forward_parts(
+            parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
+        )
+        sizes = [p.rows for p in parts]
+        finished = []
+        hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
+        for t, rows, h in zip(trees, logits.split(sizes), hiddens, strict=True):
+            if t.live.out.emit(self._walk(t, rows, h)):
+                finished.append(t.live)
+        return finished
+
+    def _draft(self, spec: list[Live]) -> Tensor:
+        """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
+        assert self.drafter is not None
+        cfg, block = self.drafter.config, self.block
+        fresh = [s for s in spec if s.feats is not None]
+        if fresh:  # last round's accepted rows into each slot's drafter cache, in one pass
+            parts = []
+            for s in fresh:
+                assert s.feats is not None
+                positions = torch.arange(s.ctx - s.feats.shape[0], s.ctx, device=self.device)
+                parts.append(Part(s.slot, positions, positions, s.ctx - s.feats.shape[0]))
+            self.drafter.ingest_parts(
+                torch.cat([s.feats for s in fresh if s.feats is not None]), parts, self.backend
+            )
+            for s in fresh:
+                s.feats = None
+        roots = torch.tensor([s.root for s in spec], dtype=torch.int64, device=self.device)
+        tokens = torch.full((len(spec), block), cfg.mask_token_id, dtype=torch.int64, device=self.device)
+        tokens[:, 0] = roots
+        noise = self.target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
+        offsets = torch.arange(block, device=self.device)
+        parts = [
+            Part(s.slot, tokens[i], s.ctx + offsets, s.ctx, None, self._bound(s)) for i, s in enumerate(spec)
+        ]
+        hidden = self.drafter.draft_parts(noise, parts, self.backend).view(len(spec), block, -1)
+        logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.target.lm_head)
+        return logits.view(len(spec), block - 1, -1)
+
+    def _bound(self, s: Live) -> int:
+        """A slot's key bound this round, as `Engine.generate` sets it (bucketed on CUDA), so that
+        its attention launches are the ones it gets alone."""
+        rows = verify_rows(s.mode, self.block, s.budget)
+        return key_bound(s.ctx + rows, self.max_context, bucketed=self.device.type == "cuda")
+
+    def _tree(self, s: Live, draft_logits: Tensor | None) -> _Tree:
+        """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`)."""
+        root = torch.tensor([s.root], dtype=torch.int64, device=self.device)
+        if draft_logits is None:  # ar
+            zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+            return _Tree(s, root, zero - 1, zero, None)
+        if s.mode == "ddtree":
+            tokens, parents, depth = self.backend.build_tree(draft_logits, s.budget, root[0])
+        else:
+            tokens = torch.cat([root, draft_logits.argmax(-1)])
+            depth = torch.arange(tokens.shape[0], device=self.device)
+            parents = depth - 1
+        return _Tree(s, tokens, parents, depth, draft_logits)
+
+    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> None:
+        """Cut every ddtree slot's tree (built at its request's budget) to the budget the policy
+        picks for this round's load: its first B + 1 nodes, the best-B tree."""
+        auto = [t for t in trees if t.live.mode == "ddtree"]
+        if not auto:
+            return
+
+        def gains(t: _Tree) -> list[float]:
+            assert t.draft_logits is not None
+            return expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
+
+        others = [t for t in trees if t.live.mode != "ddtree"]
+        fixed_tokens = sum(1.0 if t.draft_logits is None else gains(t)[-1] for t in others)
+        fixed_rows = sum(t.tokens.shape[0] for t in others)
+        picked = policy.choose(
+            [gains(t) for t in auto], [t.live.budget for t in auto], fixed_rows, fixed_tokens
+        )
+        for t, budget in zip(auto, picked, strict=True):
+            t.tokens, t.parents, t.depth = (
+                t.tokens[: budget + 1],
+                t.parents[: budget + 1],
+                t.depth[: budget + 1],
+            )
+
+    def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None) -> list[int]:
+        """A slot's walk and commit after the verify pass: its new tokens (accepted drafts, then the
+        target's own next token)."""
+        s, sampling = t.live, t.live.sampling
+        if t.tree is None:  # ar: the pass already committed the row
+            s.root = int(choose(logits[0], sampling))
+            s.ctx += 1
+            s.accepted.append(0)
+            return [s.root]
+        path, path_len, bonus = self.backend.tree_walk(
+            t.tokens,
+            t.parents,
+            nucleus(logits, sampling.temperature, sampling.top_p),
+            sampling.temperature,
+            sampling.generator,
+        )
+        self.target.commit(s.ctx, t.tree, path, path_len, self.backend, s.slot)
+        n = int(path_len)
+        keep = path[:n]
+        assert hidden is not None
+        s.feats = hidden[keep]
+        s.root = int(bonus)
+        s.ctx += n
+        s.accepted.append(n - 1)
+        return [*t.tokens[keep[1:]].tolist(), s.root]
+
+    def _finish(self, s: Live) -> None:
+        """The sequence's result; its slot back to the free list."""
+        s.result = GenerationResult(
+            output_ids=s.out.ids,
+            prompt_len=len(s.prompt),
+            mode=s.mode,
+            accepted_per_round=s.accepted,
+            stop_reason=s.out.reason or "length",
+            phase_s={"prefill": s.prefill_s},
+            total_s=time.perf_counter() - s.added,
+            text=s.out.text(),
+        )
+        self.live.remove(s)
+        self.free.append(s.slot)
