@@ -200,4 +200,5 @@ def test_logprobs_are_refused_by_batched_rounds_with_the_fix(server: Server) -> 
         status, data = server.post("/v1/completions", body)
         message = data["error"]["message"]
         assert status == 400 and message.startswith(field) and "--max-batch 1" in message
-    assert server.post("/v1/completions", {"model": MODEL, "prompt": "the city of", "max_tokens": 4})[0] == 200
+    plain = {"model": MODEL, "prompt": "the city of", "max_tokens": 4}
+    assert server.post("/v1/completions", plain)[0] == 200
