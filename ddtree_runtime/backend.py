@@ -33,7 +33,11 @@ Staging = TypeVar("Staging")  # a backend's own staging of one verify pass's Del
 
 class Backend(Protocol[Vis, Plan, Staging]):
     """What the engine and the models call; `TorchBackend` and
-    `ddtree_runtime.triton_backend.TritonBackend` both satisfy it."""
+    `ddtree_runtime.triton_backend.TritonBackend` both satisfy it.
+
+    A backend may also offer `parts_mask` and `attention_parts` (`TorchBackend` does): a batched
+    pass then runs attention for all its sequences in one padded call per layer instead of one
+    launch per sequence (`models.target.SlotRows`); without them it attends part by part."""
 
     name: str
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
@@ -229,21 +233,47 @@ class TorchBackend:
             key_bound = int(context_len) + n
         k = k_cache[:, :key_bound].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, K, D]
         v = v_cache[:, :key_bound].float().repeat_interleave(hq // hkv, dim=0)  # [Hq, K, D]
-        if all_visible:
-            tree = torch.ones(n, n, dtype=torch.bool, device=q.device)
-        elif visibility is None:
-            tree = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        else:
-            tree = visibility
-        rel = torch.arange(key_bound, device=q.device) - context_len  # key's new-row index (< 0: context)
-        mask = (rel < 0)[None, :] | (tree[:, rel.clamp(0, n - 1)] & (rel < n)[None, :])  # [N, K]
-        if window is not None:
-            dist = rel[None, :] - torch.arange(n, device=q.device)[:, None]  # key pos - query pos
-            mask &= dist > -window
-            if all_visible:
-                mask &= dist < window
+        mask = attention_mask(n, context_len, key_bound, visibility, all_visible, window, q.device)
         out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask, scale=scale)
         return out.to(q.dtype)
+
+    @staticmethod
+    def parts_mask(
+        rows: list[int],
+        context_lens: list[int],
+        keys: int,
+        visibilities: list[Tensor | None],
+        all_visible: bool,
+        window: int | None,
+        device: torch.device,
+    ) -> Tensor:
+        """The masks of several sequences' rows (as `attention` builds each), padded to the most rows
+        N and to `keys` keys: bool [P, N, keys]. A padding row sees key 0 only (no empty softmax)."""
+        mask = torch.zeros(len(rows), max(rows), keys, dtype=torch.bool, device=device)
+        mask[:, :, 0] = True
+        for p, (n, ctx, vis) in enumerate(zip(rows, context_lens, visibilities, strict=True)):
+            mask[p, :n] = attention_mask(n, ctx, keys, vis, all_visible, window, device)
+        return mask
+
+    @staticmethod
+    def attention_parts(
+        q: Tensor, k_caches: Tensor, v_caches: Tensor, slots: Tensor, mask: Tensor, scale: float
+    ) -> Tensor:
+        """`attention` of several sequences in one call (their rows padded to N, keys to K).
+
+        q: [P, Hq, N, D]; k_caches, v_caches: one layer of every slot's cache [S, Hkv, S_max, D],
+        the new rows written; slots: [P]; mask: [P, N, K] (`parts_mask`). The query heads of a K/V
+        head fold into the query rows, so the cache is read without a copy per query head. A masked
+        key adds 0 * V: any finite cache row (stale or zero) past a sequence's keys drops out.
+        Returns [P, Hq, N, D] in q's dtype (fp32 inside)."""
+        p, hq, n, d = q.shape
+        hkv, keys = k_caches.shape[1], mask.shape[-1]
+        k = k_caches[slots, :, :keys].float()  # [P, Hkv, K, D]
+        v = v_caches[slots, :, :keys].float()
+        qf = q.float().reshape(p, hkv, (hq // hkv) * n, d)  # head h = kv head h // G, rows (g, n)
+        folded = mask[:, None].repeat(1, 1, hq // hkv, 1)  # [P, 1, G * N, K]
+        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=folded, scale=scale)
+        return out.reshape(p, hq, n, d).to(q.dtype)
 
     def build_tree(
         self, draft_logits: Tensor, budget: int, root_token: Tensor
@@ -389,6 +419,34 @@ class TorchBackend:
             hist = torch.cat([conv, staged.x.to(conv.dtype)])
             state.copy_(gated_delta.advance_state(state, staged.k, staged.d, staged.big_g, path, path_len))
             conv.copy_(hist[rows])
+
+
+def attention_mask(
+    n: int,
+    context_len: int | Tensor,
+    keys: int,
+    visibility: Tensor | None,
+    all_visible: bool,
+    window: int | None,
+    device: torch.device,
+) -> Tensor:
+    """Which of `keys` cache rows each of N new rows at `context_len ..` sees (bool [N, keys]):
+    the context, and the new rows that `visibility` allows (None: causal; all with `all_visible`),
+    within `window` positions when set."""
+    if all_visible:
+        tree = torch.ones(n, n, dtype=torch.bool, device=device)
+    elif visibility is None:
+        tree = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    else:
+        tree = visibility
+    rel = torch.arange(keys, device=device) - context_len  # key's new-row index (< 0: context)
+    mask = (rel < 0)[None, :] | (tree[:, rel.clamp(0, n - 1)] & (rel < n)[None, :])  # [N, K]
+    if window is not None:
+        dist = rel[None, :] - torch.arange(n, device=device)[:, None]  # key pos - query pos
+        mask &= dist > -window
+        if all_visible:
+            mask &= dist < window
+    return mask
 
 
 def ancestors(parents: Tensor) -> Tensor:

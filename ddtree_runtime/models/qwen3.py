@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
-from ddtree_runtime.models.target import Part, TreeInputs, per_part
+from ddtree_runtime.models.target import Part, SlotRows, TreeInputs, as_device_length, per_part
 from ddtree_runtime.quant import Fp8Linear
 
 
@@ -172,6 +172,30 @@ class Attention(nn.Module):
             self.n_heads,
         )  # [T, Hq, D]
         return q.transpose(0, 1)
+
+    def attend_slots(
+        self,
+        qkv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        batch: SlotRows,
+        mask: Tensor,
+        k_caches: Tensor,
+        v_caches: Tensor,
+        backend: Backend,
+    ) -> Tensor:
+        """Every part's attention from the projection rows `qkv` [T, ...] in one call each of q/k norm
+        + RoPE (over all rows, into scratch K/V), the cache write (one scatter into every part's slot
+        of this layer's caches [S, Hkv, S_max, D]) and `backend.attention_parts`: [Hq, T, D]."""
+        t, hq, d = qkv.shape[0], self.n_heads, self.head_dim
+        k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
+        start = as_device_length(0, qkv.device)
+        q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend)  # [Hq, T, D]
+        k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1)
+        v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1)
+        padded = torch.cat([q, q.new_zeros(hq, 1, d)], dim=1)[:, batch.pad].transpose(0, 1)  # [P, Hq, N, D]
+        out = backend.attention_parts(padded, k_caches, v_caches, batch.slots, mask, d**-0.5)
+        return out.transpose(0, 1).reshape(hq, -1, d)[:, batch.unpad]
 
     def output(self, attn: Tensor, backend: Backend) -> Tensor:
         """attn [Hq, T, D] -> [T, hidden]."""
@@ -330,10 +354,22 @@ class Qwen3(nn.Module):
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
+        batch: SlotRows | None = None
+        if len(parts) > 1 and hasattr(backend, "attention_parts"):  # one attention call for all parts
+            batch = SlotRows.of(parts)
+            visibilities = [p.tree.visibility if p.tree is not None else None for p in parts]
+            mask = backend.parts_mask(
+                batch.rows, batch.context_lens, batch.keys, visibilities, False, None, tokens.device
+            )
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            out = per_part(attn.qkv(h, backend), parts, partial(self._attend, i, backend), dim=1)
+            qkv = attn.qkv(h, backend)
+            if batch is not None:
+                kc, vc = self.k_caches[:, i], self.v_caches[:, i]
+                out = attn.attend_slots(qkv, self.cos, self.sin, batch, mask, kc, vc, backend)
+            else:
+                out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(
                 attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
             )

@@ -72,6 +72,52 @@ def per_part(x: Tensor, parts: Sequence[Part], fn: Callable[[Part, Tensor], Tens
     return torch.cat([fn(p, rows) for p, rows in zip(parts, chunks, strict=True)], dim=dim)
 
 
+@dataclass(frozen=True)
+class SlotRows:
+    """Several parts' rows laid out for one padded attention call per layer, on a backend with
+    `attention_parts` (built once per pass; every layer reads it): the per-part launches, not the
+    arithmetic, are what a batched round of a small model pays for on the CPU."""
+
+    slots: Tensor  # [P] each part's cache slot
+    row_slots: Tensor  # [T] each row's cache slot
+    cache_rows: Tensor  # [T] each row's cache row
+    positions: Tensor  # [T] each row's RoPE position
+    pad: Tensor  # [P, N] each padded row's index into the T rows (T: a padding row)
+    unpad: Tensor  # [T] each row's index into the P * N padded rows
+    rows: list[int]
+    context_lens: list[int]
+    keys: int  # the most keys any part reads (its key bound)
+
+    @classmethod
+    def of(cls, parts: Sequence[Part]) -> SlotRows:
+        device = parts[0].tokens.device
+        rows = [p.rows for p in parts]
+        ctxs = [int(p.context_len) for p in parts]
+        n = max(rows)
+        starts = torch.tensor([0, *rows], device=device).cumsum(0)[:-1]  # [P] first row of each part
+        offsets = torch.arange(n, device=device)
+        rows_t = torch.tensor(rows, device=device)
+        valid = offsets[None, :] < rows_t[:, None]  # [P, N]
+        pad = torch.where(valid, starts[:, None] + offsets[None, :], sum(rows))
+        slots = torch.tensor([p.slot for p in parts], device=device)
+        return cls(
+            slots=slots,
+            row_slots=slots.repeat_interleave(rows_t),
+            cache_rows=torch.cat(
+                [c + torch.arange(r, device=device) for c, r in zip(ctxs, rows, strict=True)]
+            ),
+            positions=torch.cat([p.input_pos for p in parts]),
+            pad=pad,
+            unpad=valid.reshape(-1).nonzero().squeeze(1),
+            rows=rows,
+            context_lens=ctxs,
+            keys=max(
+                c + r if p.key_bound is None else p.key_bound
+                for c, r, p in zip(ctxs, rows, parts, strict=True)
+            ),
+        )
+
+
 class Target(Protocol):
     """A target model with static caches, verified trees and hidden-state capture."""
 
