@@ -257,14 +257,15 @@ class TorchBackend:
 
     @staticmethod
     def attention_parts(
-        q: Tensor, k_caches: Tensor, v_caches: Tensor, slots: Tensor, mask: Tensor, scale: float
+        q: Tensor, k_caches: Tensor, v_caches: Tensor, slots: Tensor | slice, mask: Tensor, scale: float
     ) -> Tensor:
         """`attention` of several sequences in one call (their rows padded to N, keys to K).
 
         q: [P, Hq, N, D]; k_caches, v_caches: one layer of every slot's cache [S, Hkv, S_max, D],
-        the new rows written; slots: [P]; mask: [P, N, K] (`parts_mask`). The query heads of a K/V
-        head fold into the query rows, so the cache is read without a copy per query head. A masked
-        key adds 0 * V: any finite cache row (stale or zero) past a sequence's keys drops out.
+        the new rows written; slots: [P] (a slice of consecutive slots reads a view, no copy);
+        mask: [P, N, K] (`parts_mask`). The query heads of a K/V head fold into the query rows, so
+        the cache is read without a copy per query head. A masked key adds 0 * V: any finite cache
+        row (stale or zero) past a sequence's keys drops out.
         Returns [P, Hq, N, D] in q's dtype (fp32 inside)."""
         p, hq, n, d = q.shape
         hkv, keys = k_caches.shape[1], mask.shape[-1]

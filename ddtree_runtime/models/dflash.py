@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, linear, rope_tables
-from ddtree_runtime.models.target import Part, as_device_length, per_part
+from ddtree_runtime.models.target import Part, SlotRows, as_device_length, per_part
 
 
 class DFlashDrafter(nn.Module):
@@ -80,8 +80,13 @@ class DFlashDrafter(nn.Module):
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
         sizes = [p.rows for p in parts]
+        batch = SlotRows.of(parts) if len(parts) > 1 else None
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
+            if batch is not None:  # every part's K/V in one step and one scatter
+                kc, vc = self.k_caches[:, i], self.v_caches[:, i]
+                attn.rope_slots(attn.qkv(ctx, backend), self.cos, self.sin, batch, kc, vc, backend)
+                continue
             for part, qkv in zip(parts, attn.qkv(ctx, backend).split(sizes), strict=True):
                 kc, vc = self.k_caches[part.slot, i], self.v_caches[part.slot, i]
                 start = as_device_length(part.context_len, qkv.device)
@@ -109,10 +114,27 @@ class DFlashDrafter(nn.Module):
         assert self.k_cache is not None and self.v_cache is not None
         eps = self.config.layers.rms_norm_eps
         parts = [p.resolved() for p in parts]
+        batch = SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
         h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            out = per_part(attn.qkv(h, backend), parts, partial(self._attend, i, backend), dim=1)
+            qkv = attn.qkv(h, backend)
+            if batch is not None:  # every block's attention in one call
+                kc, vc = self.k_caches[:, i], self.v_caches[:, i]
+                causal, window = self.config.causal[i], self.config.windows[i]
+                mask = backend.parts_mask(
+                    batch.rows,
+                    batch.context_lens,
+                    batch.keys,
+                    [None] * len(parts),
+                    not causal,
+                    window,
+                    h.device,
+                )
+                q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
+                out = attn.attend_slots(q, batch, mask, kc, vc, backend)
+            else:
+                out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(
                 attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
             )

@@ -173,26 +173,33 @@ class Attention(nn.Module):
         )  # [T, Hq, D]
         return q.transpose(0, 1)
 
-    def attend_slots(
+    def rope_slots(
         self,
         qkv: Tensor,
         cos: Tensor,
         sin: Tensor,
         batch: SlotRows,
-        mask: Tensor,
         k_caches: Tensor,
         v_caches: Tensor,
         backend: Backend,
     ) -> Tensor:
-        """Every part's attention from the projection rows `qkv` [T, ...] in one call each of q/k norm
-        + RoPE (over all rows, into scratch K/V), the cache write (one scatter into every part's slot
-        of this layer's caches [S, Hkv, S_max, D]) and `backend.attention_parts`: [Hq, T, D]."""
-        t, hq, d = qkv.shape[0], self.n_heads, self.head_dim
+        """`rope` of several parts' projection rows `qkv` [T, ...] in one step (into scratch K/V),
+        then one scatter of their K/V rows into each part's slot of this layer's caches
+        [S, Hkv, S_max, D]. Returns the queries [Hq, T, D]."""
+        t, d = qkv.shape[0], self.head_dim
         k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
         start = as_device_length(0, qkv.device)
-        q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend)  # [Hq, T, D]
+        q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend)
         k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1)
         v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1)
+        return q
+
+    def attend_slots(
+        self, q: Tensor, batch: SlotRows, mask: Tensor, k_caches: Tensor, v_caches: Tensor, backend: Backend
+    ) -> Tensor:
+        """Every part's attention in one `backend.attention_parts` call: q [Hq, T, D] (`rope_slots`),
+        its rows padded per part and back -> [Hq, T, D]."""
+        hq, _, d = q.shape
         padded = torch.cat([q, q.new_zeros(hq, 1, d)], dim=1)[:, batch.pad].transpose(0, 1)  # [P, Hq, N, D]
         out = backend.attention_parts(padded, k_caches, v_caches, batch.slots, mask, d**-0.5)
         return out.transpose(0, 1).reshape(hq, -1, d)[:, batch.unpad]
@@ -367,7 +374,8 @@ class Qwen3(nn.Module):
             qkv = attn.qkv(h, backend)
             if batch is not None:
                 kc, vc = self.k_caches[:, i], self.v_caches[:, i]
-                out = attn.attend_slots(qkv, self.cos, self.sin, batch, mask, kc, vc, backend)
+                q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
+                out = attn.attend_slots(q, batch, mask, kc, vc, backend)
             else:
                 out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(

@@ -78,7 +78,7 @@ class SlotRows:
     `attention_parts` (built once per pass; every layer reads it): the per-part launches, not the
     arithmetic, are what a batched round of a small model pays for on the CPU."""
 
-    slots: Tensor  # [P] each part's cache slot
+    slots: Tensor | slice  # each part's cache slot: [P], or a slice when they are consecutive (a view)
     row_slots: Tensor  # [T] each row's cache slot
     cache_rows: Tensor  # [T] each row's cache row
     positions: Tensor  # [T] each row's RoPE position
@@ -99,9 +99,11 @@ class SlotRows:
         rows_t = torch.tensor(rows, device=device)
         valid = offsets[None, :] < rows_t[:, None]  # [P, N]
         pad = torch.where(valid, starts[:, None] + offsets[None, :], sum(rows))
-        slots = torch.tensor([p.slot for p in parts], device=device)
+        ids = [p.slot for p in parts]
+        slots = torch.tensor(ids, device=device)
+        consecutive = ids == list(range(ids[0], ids[0] + len(ids)))
         return cls(
-            slots=slots,
+            slots=slice(ids[0], ids[0] + len(ids)) if consecutive else slots,
             row_slots=slots.repeat_interleave(rows_t),
             cache_rows=torch.cat(
                 [c + torch.arange(r, device=device) for c, r in zip(ctxs, rows, strict=True)]
