@@ -248,9 +248,8 @@ class TorchBackend:
         device: torch.device,
     ) -> Tensor:
         """The masks of several sequences' rows (as `attention` builds each), padded to the most rows
-        N and to `keys` keys: bool [P, N, keys]. A padding row sees key 0 only (no empty softmax)."""
+        N and to `keys` keys: bool [P, N, keys]. A padding row sees nothing (its output is dropped)."""
         mask = torch.zeros(len(rows), max(rows), keys, dtype=torch.bool, device=device)
-        mask[:, :, 0] = True
         for p, (n, ctx, vis) in enumerate(zip(rows, context_lens, visibilities, strict=True)):
             mask[p, :n] = attention_mask(n, ctx, keys, vis, all_visible, window, device)
         return mask

@@ -162,3 +162,43 @@ def test_attention_sees_context_and_ancestors(hq: int, hkv: int, context_len: in
     want = naive_attention(q, k, v, context_len, lambda i, j: j <= i, scale)
     torch.testing.assert_close(causal.double(), want, atol=1e-5, rtol=1e-5)
     assert math.isfinite(float(tree.sum()))
+
+
+@pytest.mark.parametrize("slots", [[2, 0, 3], [1, 2, 3]])  # scattered slots (a gather), consecutive (a view)
+@pytest.mark.parametrize(("all_visible", "window"), [(False, None), (True, 4)])
+def test_attention_parts_is_each_sequences_attention(
+    slots: list[int], all_visible: bool, window: int | None
+) -> None:
+    """One padded call over several sequences gives each its own `attention`: other slots' rows,
+    stale rows past its keys and the padding rows change nothing."""
+    gen = torch.Generator().manual_seed(len(slots) + int(all_visible))
+    hq, hkv, d = 4, 2, 8
+    k_caches = torch.randn(5, hkv, 40, d, generator=gen)  # every row finite, most of them stale
+    v_caches = torch.randn(5, hkv, 40, d, generator=gen)
+    rows, ctxs = [5, 1, 3], [7, 12, 0]
+    vis = [
+        B.tree_visibility(*random_tree(5, gen)),
+        None,
+        None if all_visible else B.tree_visibility(*random_tree(3, gen)),
+    ]
+    bounds = [
+        c + r + extra for c, r, extra in zip(ctxs, rows, [0, 2, 5], strict=True)
+    ]  # some keys past the rows
+    q = torch.randn(len(slots), hq, max(rows), d, generator=gen)
+    mask = B.parts_mask(rows, ctxs, max(bounds), vis, all_visible, window, q.device)
+    index = torch.tensor(slots) if slots != [1, 2, 3] else slice(1, 4)
+    got = B.attention_parts(q, k_caches, v_caches, index, mask, d**-0.5)
+    for p, slot in enumerate(slots):
+        n = rows[p]
+        want = B.attention(
+            q[p, :, :n],
+            k_caches[slot],
+            v_caches[slot],
+            ctxs[p],
+            vis[p],
+            d**-0.5,
+            bounds[p],
+            all_visible,
+            window,
+        )
+        torch.testing.assert_close(got[p, :, :n], want, atol=1e-6, rtol=1e-6)
