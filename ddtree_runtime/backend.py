@@ -332,24 +332,32 @@ class TorchBackend:
         it. Returns path [N] (N - 1 is the deepest a tree of N nodes can be; padded with -1),
         path_len (0-d, counts the root) and bonus (0-d: the last path node's choice).
         """
-        n = tokens.shape[0]
+        n = tokens.shape[-1]
         if temperature > 0:
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             choice = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [N]
         else:
-            choice = logits.argmax(dim=-1)  # [N]
-        chosen = tokens == choice[parents.clamp(min=0)]
-        chosen[0] = True
-        vis = ancestors(parents)  # ancestor-or-self [N, N]
-        on_path = ~(vis & ~chosen[None, :]).any(dim=1)  # [N]
-        depth = vis.sum(dim=1) - 1
+            choice = logits.argmax(dim=-1)  # [..., N]
+        chosen = tokens == choice.gather(-1, parents.clamp(min=0))
+        chosen[..., 0] = True
+        vis = ancestors(parents)  # ancestor-or-self [..., N, N]
+        on_path = ~(vis & ~chosen[..., None, :]).any(dim=-1)  # [..., N]
+        depth = vis.sum(dim=-1) - 1
         slot = torch.where(on_path, depth, torch.full_like(depth, n))  # off-path nodes go to a spare slot
-        path = torch.full((n + 1,), -1, dtype=torch.int64, device=tokens.device)
-        path.scatter_(0, slot, torch.arange(n, device=tokens.device))
-        path = path[:n]
-        path_len = on_path.sum()
-        last = path.gather(0, (path_len - 1).reshape(1)).squeeze(0)
-        return path, path_len, choice[last]
+        path = torch.full((*tokens.shape[:-1], n + 1), -1, dtype=torch.int64, device=tokens.device)
+        path.scatter_(-1, slot, torch.arange(n, device=tokens.device).expand_as(slot))
+        path = path[..., :n]
+        path_len = on_path.sum(dim=-1)
+        last = path.gather(-1, (path_len - 1).unsqueeze(-1))
+        return path, path_len, choice.gather(-1, last).squeeze(-1)
+
+    def tree_walk_parts(
+        self, tokens: Tensor, parents: Tensor, logits: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The greedy `tree_walk` of P trees at once: tokens, parents [P, N], logits [P, N, V] (a
+        smaller tree padded with nodes of token -1 under the root, which no walk takes). Returns
+        path [P, N], path_len [P] and bonus [P]."""
+        return self.tree_walk(tokens, parents, logits, 0.0, None)
 
     def compact(
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
@@ -450,15 +458,16 @@ def attention_mask(
 
 
 def ancestors(parents: Tensor) -> Tensor:
-    """Ancestor-or-self matrix (bool [N, N]) by boolean closure, without a host sync.
+    """Ancestor-or-self matrix (bool [..., N, N] of parents [..., N]) by boolean closure, without a
+    host sync.
 
     Repeated squaring of `I | parent-edge`: after t squarings it holds every ancestor up to 2**t
     steps away, and a tree of N nodes is at most N - 1 deep.
     """
-    n = parents.shape[0]
-    reach = torch.eye(n, device=parents.device, dtype=torch.float32)
+    n = parents.shape[-1]
+    reach = torch.eye(n, device=parents.device, dtype=torch.float32).expand(*parents.shape, n).clone()
     # parents[0] == -1: clamped, the root points at itself, which the identity already holds.
-    reach[torch.arange(n, device=parents.device), parents.clamp(min=0)] = 1.0
+    reach.scatter_(-1, parents.clamp(min=0).unsqueeze(-1), 1.0)
     for _ in range(max(1, (max(n, 2) - 1).bit_length())):  # ceil(log2(n)) squarings
         reach = (reach @ reach).clamp(max=1.0)
     return reach > 0

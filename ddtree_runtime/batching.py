@@ -42,6 +42,8 @@ from ddtree_runtime.models.target import Part, Target, TreeInputs
 from ddtree_runtime.rounds import Sampling, choose, nucleus
 from specops_contract import SERVE_OPTIONS, verify_rows
 
+Walk = tuple[Tensor, Tensor, Tensor]  # a tree walk: path, path_len, bonus (`Backend.tree_walk`)
+
 
 @dataclass
 class Live:
@@ -234,10 +236,35 @@ class BatchEngine(Engine):
         sizes = [p.rows for p in parts]
         finished = []
         hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
-        for t, rows, h in zip(trees, logits.split(sizes), hiddens, strict=True):
-            if t.live.out.emit(self._walk(t, rows, h)):
+        rows = logits.split(sizes)
+        walks = self._greedy_walks(trees, rows)
+        for t, r, h in zip(trees, rows, hiddens, strict=True):
+            if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
                 finished.append(t.live)
         return finished
+
+    def _greedy_walks(self, trees: list[_Tree], rows: Sequence[Tensor]) -> dict[int, Walk]:
+        """Every greedy tree's walk (by `id` of its tree) in one call, on a backend that walks
+        padded trees together (`tree_walk_parts`); none otherwise, and each slot walks its own."""
+        walk_parts = getattr(self.backend, "tree_walk_parts", None)
+        batch = [
+            (t, r) for t, r in zip(trees, rows, strict=True) if t.tree is not None and t.live.sampling.greedy
+        ]
+        if walk_parts is None or len(batch) < 2:
+            return {}
+        n = max(t.tokens.shape[0] for t, _ in batch)
+        tokens = torch.full(
+            (len(batch), n), -1, dtype=torch.int64, device=self.device
+        )  # padding: taken by no walk
+        parents = torch.zeros_like(tokens)
+        logits = rows[0].new_zeros(len(batch), n, rows[0].shape[-1])
+        for i, (t, r) in enumerate(batch):
+            m = t.tokens.shape[0]
+            tokens[i, :m], parents[i, :m], logits[i, :m] = t.tokens, t.parents, r
+        path, path_len, bonus = walk_parts(tokens, parents, logits)
+        return {
+            id(t): (path[i, : t.tokens.shape[0]], path_len[i], bonus[i]) for i, (t, _) in enumerate(batch)
+        }
 
     def _draft(self, spec: list[Live]) -> Tensor:
         """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
@@ -311,16 +338,16 @@ class BatchEngine(Engine):
                 t.depth[: budget + 1],
             )
 
-    def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None) -> list[int]:
-        """A slot's walk and commit after the verify pass: its new tokens (accepted drafts, then the
-        target's own next token)."""
+    def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None, walked: Walk | None) -> list[int]:
+        """A slot's walk (unless `walked` already) and commit after the verify pass: its new tokens
+        (accepted drafts, then the target's own next token)."""
         s, sampling = t.live, t.live.sampling
         if t.tree is None:  # ar: the pass already committed the row
             s.root = int(choose(logits[0], sampling))
             s.ctx += 1
             s.accepted.append(0)
             return [s.root]
-        path, path_len, bonus = self.backend.tree_walk(
+        path, path_len, bonus = walked or self.backend.tree_walk(
             t.tokens,
             t.parents,
             nucleus(logits, sampling.temperature, sampling.top_p),

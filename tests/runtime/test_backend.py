@@ -98,6 +98,29 @@ def test_greedy_walk_matches_the_sequential_walk(seed: int) -> None:
     assert (path[int(path_len) :] == -1).all()
 
 
+def test_walking_padded_trees_together_is_walking_each() -> None:
+    """`tree_walk_parts` over trees of different sizes, padded, gives each tree its own greedy walk."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, trees = 4, []
+    for budget in (12, 1, 6, 9):
+        tokens, parents, _ = B.build_tree(torch.randn(3, vocab, generator=gen), budget, torch.tensor(1))
+        target = torch.randn(budget + 1, vocab, generator=gen) * 3
+        target[0, tokens[1]] += 10.0  # every walk takes the first draft at least
+        trees.append((tokens, parents, target))
+    n = max(t.shape[0] for t, _, _ in trees)
+    tokens = torch.full((len(trees), n), -1)
+    parents = torch.zeros(len(trees), n, dtype=torch.int64)
+    logits = torch.zeros(len(trees), n, vocab)
+    for i, (t, par, lg) in enumerate(trees):
+        tokens[i, : t.shape[0]], parents[i, : t.shape[0]], logits[i, : t.shape[0]] = t, par, lg
+    path, path_len, bonus = B.tree_walk_parts(tokens, parents, logits)
+    for i, (t, par, lg) in enumerate(trees):
+        want_path, want_len, want_bonus = B.tree_walk(t, par, lg, 0.0, None)
+        assert int(want_len) >= 2
+        assert torch.equal(path[i, : t.shape[0]], want_path)
+        assert int(path_len[i]) == int(want_len) and int(bonus[i]) == int(want_bonus)
+
+
 def test_sampled_walk_follows_tree_edges() -> None:
     gen = torch.Generator().manual_seed(0)
     tokens, parents, _ = B.build_tree(torch.randn(3, 3, generator=gen), 10, torch.tensor(0))
