@@ -73,7 +73,8 @@ class DFlashDrafter(nn.Module):
     def ingest_parts(self, features: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> None:
         """`ingest` for several slots at once: features [sum of the parts' rows, n_ids * hidden], each
         part's rows at `input_pos` from `context_len` in its slot (its `tokens` only count its rows).
-        `fc` and the projections run over every part's rows at once."""
+        `fc`, the projections and (for several parts) q/k norm + RoPE and the cache write run over
+        every part's rows at once."""
         assert self.k_cache is not None and self.v_cache is not None
         lc = self.config.layers
         ctx, _ = backend.rms_norm(
@@ -110,7 +111,8 @@ class DFlashDrafter(nn.Module):
         """Several slots' blocks in one pass: noise [sum of the parts' rows, hidden], each part a
         block at `input_pos` right after its slot's ingested context (`context_len`; its `tokens`
         only count its rows). The projections and MLPs run over every block's rows at once,
-        attention per part over its own cache."""
+        attention per part over its own cache (one padded call for all, on a backend with
+        `attention_parts`)."""
         assert self.k_cache is not None and self.v_cache is not None
         eps = self.config.layers.rms_norm_eps
         parts = [p.resolved() for p in parts]

@@ -354,7 +354,8 @@ class Qwen3(nn.Module):
         """Several sequences' rows in one pass (each part as `forward` does its rows, in its own
         slot), outputs in the parts' order. The projections and the MLP run over every part's rows
         at once (one read of the weights); q/k norm + RoPE and attention run per part, over its own
-        cache and context length (the existing kernels, one launch per part)."""
+        cache and context length (the existing kernels, one launch per part), or, on a backend with
+        `attention_parts`, once per layer over every part's rows (padded)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
         parts = [p.resolved() for p in parts]
