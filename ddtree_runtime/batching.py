@@ -256,9 +256,8 @@ class BatchEngine(Engine):
         if walk_parts is None or len(batch) < 2:
             return {}
         n = max(t.tokens.shape[0] for t, _ in batch)
-        tokens = torch.full(
-            (len(batch), n), -1, dtype=torch.int64, device=self.device
-        )  # padding: taken by no walk
+        # padding nodes: token -1 under the root, which no walk takes
+        tokens = torch.full((len(batch), n), -1, dtype=torch.int64, device=self.device)
         parents = torch.zeros_like(tokens)
         logits = rows[0].new_zeros(len(batch), n, rows[0].shape[-1])
         for i, (t, r) in enumerate(batch):

@@ -73,15 +73,15 @@ class DFlashDrafter(nn.Module):
     def ingest_parts(self, features: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> None:
         """`ingest` for several slots at once: features [sum of the parts' rows, n_ids * hidden], each
         part's rows at `input_pos` from `context_len` in its slot (its `tokens` only count its rows).
-        `fc`, the projections and (for several parts) q/k norm + RoPE and the cache write run over
-        every part's rows at once."""
+        `fc` and the projections run over every part's rows at once, and so do q/k norm + RoPE and
+        the cache write on a backend with `attention_parts` (the CPU's batched path)."""
         assert self.k_cache is not None and self.v_cache is not None
         lc = self.config.layers
         ctx, _ = backend.rms_norm(
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
         sizes = [p.rows for p in parts]
-        batch = SlotRows.of(parts) if len(parts) > 1 else None
+        batch = SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             if batch is not None:  # every part's K/V in one step and one scatter
