@@ -110,7 +110,7 @@ class BatchEngine(Engine):
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk or max_context
         self.policy = policy  # None: every ddtree request verifies its own budget each round
-        self.free = list(range(max_batch - 1, -1, -1))  # popped from the end: slot 0 first
+        self.free = list(range(max_batch))  # `add` takes the lowest
         self.live: list[Live] = []
         self.chunks = 0  # prefill chunks run so far
         self.rounds = 0  # batched rounds run so far
@@ -142,7 +142,7 @@ class BatchEngine(Engine):
         self._check(mode, prompt_ids, max_new_tokens, budget, self.block)
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
         live = Live(
-            self.free.pop(),
+            self.free.pop(self.free.index(min(self.free))),  # the lowest: slots in use stay 0 .. P-1
             list(prompt_ids),
             mode,
             budget if mode == "ddtree" else 0,
@@ -162,7 +162,8 @@ class BatchEngine(Engine):
             s = min(prefilling, key=lambda s: len(s.prompt) - s.prefilled)
             if self._prefill_chunk(s):
                 finished.append(s)
-        decoding = [s for s in self.live if s.decoding and s not in finished]
+        # in slot order, lowest first: with the slots 0 .. P-1 in use the caches read as a view
+        decoding = sorted((s for s in self.live if s.decoding and s not in finished), key=lambda s: s.slot)
         if decoding:
             finished += self._round(decoding)
         for s in finished:
