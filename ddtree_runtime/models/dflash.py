@@ -117,22 +117,25 @@ class DFlashDrafter(nn.Module):
         eps = self.config.layers.rms_norm_eps
         parts = [p.resolved() for p in parts]
         batch = SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
+        masks: dict[tuple[bool, int | None], Tensor] = {}  # one per kind of layer (causal?, window)
         h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = attn.qkv(h, backend)
             if batch is not None:  # every block's attention in one call
                 kc, vc = self.k_caches[:, i], self.v_caches[:, i]
-                causal, window = self.config.causal[i], self.config.windows[i]
-                mask = backend.parts_mask(
-                    batch.rows,
-                    batch.context_lens,
-                    batch.keys,
-                    [None] * len(parts),
-                    not causal,
-                    window,
-                    h.device,
-                )
+                kind = (self.config.causal[i], self.config.windows[i])
+                if kind not in masks:
+                    masks[kind] = backend.parts_mask(
+                        batch.rows,
+                        batch.context_lens,
+                        batch.keys,
+                        [None] * len(parts),
+                        not kind[0],
+                        kind[1],
+                        h.device,
+                    )
+                mask = masks[kind]
                 q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
                 out = attn.attend_slots(q, batch, mask, kc, vc, backend)
             else:

@@ -131,20 +131,6 @@ class Attention(nn.Module):
             return linear(self.qkv_proj, x, backend)
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
-    def project(
-        self,
-        x: Tensor,
-        cos: Tensor,
-        sin: Tensor,
-        positions: Tensor,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        context_len: Tensor,
-        backend: Backend,
-    ) -> Tensor:
-        """Queries [Hq, T, D] of x; its keys and values go to cache rows `context_len ..`."""
-        return self.rope(self.qkv(x, backend), cos, sin, positions, k_cache, v_cache, context_len, backend)
-
     def rope(
         self,
         qkv: Tensor,
