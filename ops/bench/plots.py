@@ -20,6 +20,7 @@ from ops.errors import SpecopsError
 from specops_files.store import LocalStore
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from ops.bench.report import Labels, Row
@@ -131,15 +132,20 @@ def _against_budget(
             label=f"{labels.cell(row)} (reference)",
         )
     ax.axhline(floor, color="grey", linewidth=0.8)
-    ax.set_xscale("log", base=2)
     budgets = sorted({r.result.budget for r in tree if r.result.budget})
-    ax.set_xticks(budgets, [str(b) for b in budgets])
-    ax.set_xlabel("DDTree budget (tree nodes per round, log scale)")
+    _log2_axis(ax, budgets, "DDTree budget (tree nodes per round, log scale)", ylabel, title)
+    ax.legend(fontsize=8)
+    return True
+
+
+def _log2_axis(ax: Axes, ticks: Sequence[int], xlabel: str, ylabel: str, title: str) -> None:
+    """A log2 x axis ticked at the measured values (budgets, client counts), labels and a grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return True
 
 
 def length_distribution(result: BenchResult) -> dict[int, float] | None:
@@ -212,12 +218,7 @@ def _concurrency(fig: Figure, rows: Sequence[Row], labels: Labels) -> bool:
         (total, "output tokens/s, all clients", "Total throughput against concurrency"),
         (ttft, "TTFT p50 (ms, log scale)", "Time to first token against concurrency"),
     ):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set_xlabel("concurrent clients (log scale)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
+        _log2_axis(ax, levels, "concurrent clients (log scale)", ylabel, title)
     total.set_ylim(bottom=0)
     ttft.set_yscale("log")
     plain = FormatStrFormatter("%g")  # 20, 50, 100 ms rather than 2x10^1
