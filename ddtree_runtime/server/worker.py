@@ -160,7 +160,7 @@ class Worker(threading.Thread):
         """A job leaves the engine: its slot freed, then its outcome handed over (whoever sees
         "done" sees the slot free), and a cancelled running job's last round logged."""
         self.scheduler.finish(job)
-        self.metrics.kv_usage.set(self.scheduler.context_rows() / (self.engine.max_context * self.slots))
+        self.show_kv_usage()
         freed = time.perf_counter()
         job.put(outcome)
         if job.cancelled_at is not None and job.started is not None and job.started < job.cancelled_at:
@@ -171,6 +171,18 @@ class Worker(threading.Thread):
                 tokens=job.tokens,
                 engine_freed_after_s=round(freed - job.cancelled_at, 6),
             )
+
+    def show_kv_usage(self) -> None:
+        """The KV usage gauge: cache rows the running jobs hold over the rows of every slot."""
+        self.metrics.kv_usage.set(self.scheduler.context_rows() / (self.engine.max_context * self.slots))
+
+    @staticmethod
+    def left_early(job: Job) -> tuple[str, Any] | None:
+        """The outcome of a job whose client left between the queue and the engine (None: still wanted)."""
+        if not job.cancelled.is_set():
+            return None
+        job.started = time.perf_counter()
+        return "error", APIError(499, "the client left", kind="client_closed")
 
     def arguments(self, job: Job) -> dict[str, Any]:
         """The engine's keyword arguments for a job: its request, streaming and cancel wired to it."""
@@ -186,7 +198,7 @@ class Worker(threading.Thread):
                 self.metrics.itl.observe(now - last)
             last = now
             job.tokens += len(tokens)
-            self.metrics.kv_usage.set(self.scheduler.context_rows() / (self.engine.max_context * self.slots))
+            self.show_kv_usage()
             if req.stream:
                 job.put(("tokens", tokens))
 
@@ -221,9 +233,9 @@ class Worker(threading.Thread):
 
     def serve(self, job: Job) -> tuple[str, Any]:
         """Run one job; ("done", GenerationResult) or ("error", APIError)."""
-        if job.cancelled.is_set():  # its client left between the queue and here
-            job.started = time.perf_counter()
-            return "error", APIError(499, "the client left", kind="client_closed")
+        left = self.left_early(job)
+        if left is not None:
+            return left
         req = job.request
         try:
             result = self.engine.generate(
@@ -285,9 +297,9 @@ class BatchWorker(Worker):
 
     def admit(self, job: Job) -> None:
         """A job into a free slot; its prefill starts at the next step."""
-        if job.cancelled.is_set():  # its client left between the queue and here
-            job.started = time.perf_counter()
-            self.complete(job, ("error", APIError(499, "the client left", kind="client_closed")))
+        left = self.left_early(job)
+        if left is not None:
+            self.complete(job, left)
             return
         req = job.request
         if req.logprobs is not None or req.prompt_top is not None:
