@@ -9,6 +9,7 @@ matmul is which) and the wall time per replay.
 
     python benchmarks/round_profile.py --shape qwen3.6-27b --context 4096 --rounds ar,ddtree/256
     python benchmarks/round_profile.py --shape qwen3-8b --context 32768 --rounds ddtree/64
+    python benchmarks/round_profile.py --fp8 block --rounds ar,ddtree/64    # an FP8 target (issue 23)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.fp8_bench import quantize_linears
 from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.graphs import key_bound
@@ -88,10 +90,13 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--sequence", type=int, default=60, help="kernels of the round's start to list in order")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--fp8", choices=["block", "channel"], help="quantize the target's decoder linears first")
     p.add_argument("--json", help="write the per-name tables here")
     args = p.parse_args()
     rounds = [(m, int(b or 0)) for m, _, b in (r.partition("/") for r in args.rounds.split(","))]
     target, drafter = random_pair(args.shape, torch.device("cuda"), torch.bfloat16, small=False)
+    if args.fp8:
+        quantize_linears(target, args.fp8)
     engine = Engine(target, drafter, args.context + 2048)
     engine.warmup([m for m, _ in rounds], sorted({max(b, 1) for _, b in rounds}), max_prompt=64)
     prompt = torch.randint(0, target.config.vocab_size, (args.context,)).tolist()
