@@ -17,7 +17,8 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
 
     python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
         [--skip-kernels] [--skip-model]
-    python benchmarks/fp8_bench.py --sweep    # fp8_gemm's tile grid at 32-257 rows, best configs
+    python benchmarks/fp8_bench.py --sweep gemm    # fp8_gemm's tile grid at 32-257 rows, best configs
+    python benchmarks/fp8_bench.py --sweep skinny --shape qwen3.6-27b    # fp8_skinny's grid at T = 1
 
 `--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
 minutes of GPU time in all.
@@ -46,10 +47,12 @@ from benchmarks.roofline import (
     verify_pass_ms,
 )
 from benchmarks.roofline import SHAPES as MODEL_SHAPES
-from benchmarks.skinny_matmul_bench import SHAPES, graphed_ms
+from benchmarks.skinny_matmul_bench import SHAPES, SHAPES_27B, graphed_ms
 from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm, gemm_config
+from ddtree_kernels.fp8_skinny import default_config as fp8_default_config
 from ddtree_kernels.fp8_skinny import fp8_skinny
-from ddtree_kernels.skinny_matmul import skinny_matmul
+from ddtree_kernels.host import num_sms
+from ddtree_kernels.skinny_matmul import SkinnyConfig, skinny_matmul
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.fp8 import quantize_weight
 from ddtree_runtime.quant import Fp8Linear
@@ -182,6 +185,48 @@ def sweep_rows() -> list[dict]:
     return rows
 
 
+def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dict]:
+    """`fp8_skinny`'s grid at T = 1 (block 128 x 128): the best configs per shape beside today's
+    choice, as a fraction of the copy ceiling (the kernel only streams the e4m3 weight)."""
+    dev, rows = torch.device("cuda"), []
+    grid = [
+        SkinnyConfig(bn, 128, w, s, sk)
+        for bn in (32, 64, 128)
+        for w in (4, 8)
+        for s in (4, 6)
+        for sk in (1, 2, 4)
+    ]
+    for name, (n, k) in shapes.items():
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        default = fp8_default_config(n, k, 128, num_sms(dev))
+        timed = []
+        for cfg in [default, *grid]:
+            ms = graphed_ms(
+                lambda x, i, cfg=cfg, pairs=pairs: fp8_skinny(x, *pairs[i], (128, 128), cfg),
+                x,
+                list(range(4)),
+            )
+            timed.append((ms, cfg))
+        default_ms = timed[0][0]
+        timed.sort(key=lambda p: p[0])
+
+        def of_copy(ms: float, nbytes: int = n * k) -> float:
+            return round(nbytes / (ms * 1e-3) / bw, 2)
+
+        row = {
+            "shape": name, "N": n, "K": k,
+            "default": [default.block_n, default.num_warps, default.num_stages, default.split_k],
+            "default_us": round(1e3 * default_ms, 1), "default_of_copy": of_copy(default_ms),
+            "best": [[c.block_n, c.num_warps, c.num_stages, c.split_k, round(1e3 * ms, 1), of_copy(ms)]
+                     for ms, c in timed[:5]],
+        }  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) -> float:
     """One target pass over `rows` new rows (`roofline.pass_cost`, dense or hybrid) with its decoder
     matmul weights at 1 byte and their FLOPs at the FP8 rate; LM head, embeddings, KV cache and
@@ -278,7 +323,11 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--skip-kernels", action="store_true")
     p.add_argument("--skip-model", action="store_true")
-    p.add_argument("--sweep", action="store_true", help="only fp8_gemm's tile grid at verify rows")
+    p.add_argument(
+        "--sweep",
+        choices=["gemm", "skinny"],
+        help="only a tile grid: fp8_gemm at verify rows, fp8_skinny at T=1",
+    )
     p.add_argument("--json", help="write everything here")
     args = p.parse_args()
     device = torch.device("cuda")
@@ -290,8 +339,12 @@ def main() -> None:
         flush=True,
     )
     out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
-    if args.sweep:
+    if args.sweep == "gemm":
         out["sweep"] = sweep_rows()
+    elif args.sweep == "skinny":
+        out["sweep"] = skinny_sweep_rows(
+            SHAPES if args.shape == "qwen3-8b" else SHAPES_27B, ceil.copy_bytes_per_s
+        )
     elif not args.skip_kernels:
         out["kernels"] = kernel_rows(ceil)
     if not args.skip_model and not args.sweep:
