@@ -190,11 +190,11 @@ def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dic
     choice, as a fraction of the copy ceiling (the kernel only streams the e4m3 weight)."""
     dev, rows = torch.device("cuda"), []
     grid = [
-        SkinnyConfig(bn, 128, w, s, sk)
-        for bn in (32, 64, 128)
-        for w in (4, 8)
-        for s in (4, 6)
-        for sk in (1, 2, 4)
+        SkinnyConfig(bn, bk, 4, s, sk)
+        for bn in (32, 64)
+        for bk in (128, 256, 512)
+        for s in (3, 4)
+        for sk in (1, 2, 4, 8)
     ]
     for name, (n, k) in shapes.items():
         w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
@@ -217,9 +217,9 @@ def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dic
 
         row = {
             "shape": name, "N": n, "K": k,
-            "default": [default.block_n, default.num_warps, default.num_stages, default.split_k],
+            "default": [default.block_n, default.block_k, default.num_stages, default.split_k],
             "default_us": round(1e3 * default_ms, 1), "default_of_copy": of_copy(default_ms),
-            "best": [[c.block_n, c.num_warps, c.num_stages, c.split_k, round(1e3 * ms, 1), of_copy(ms)]
+            "best": [[c.block_n, c.block_k, c.num_stages, c.split_k, round(1e3 * ms, 1), of_copy(ms)]
                      for ms, c in timed[:5]],
         }  # fmt: skip
         rows.append(row)

@@ -854,6 +854,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                 dict(
                     BLOCK_N=cfg.block_n,
                     BLOCK_K=cfg.block_k,
+                    GROUP_K=cfg.block_k if per_row else block[1],
                     PER_ROW=per_row,
                     SPLIT=cfg.split_k > 1,
                     PRECISION=0,

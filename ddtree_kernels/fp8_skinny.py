@@ -6,9 +6,12 @@ arithmetic happens per byte. cuBLAS's FP8 GEMM (``torch._scaled_mm``) is no fast
 matmul there (benchmarks/RESULTS.md), so this kernel streams the weight itself, as
 ``ddtree_kernels/skinny_matmul.py`` does for bf16: one program owns ``BLOCK_N`` output columns and
 walks K in ``BLOCK_K`` steps, each step loading a ``[BLOCK_N, BLOCK_K]`` tile of W8 and the
-``[16, BLOCK_K]`` tile of x8 (rows past T masked to zero). The activations are quantized once
-before it (``fp8_gemm.act_quant``: per row and ``block_k`` group, one group = one step, or per row
-over the whole of K with per-channel weight scales), not in every program: quantizing x in
+``[16, BLOCK_K]`` tile of x8 (rows past T masked to zero) as one tile per scale group of
+``GROUP_K = block_k`` columns. A step of several groups keeps as many bytes in flight as the bf16
+kernel's tiles: an e4m3 tile holds half the bytes, and one 128-column group per step left the H200's
+copy bandwidth 20-70% idle. The activations are quantized once before it (``fp8_gemm.act_quant``:
+per row and ``block_k`` group, or per row over the whole of K with per-channel weight scales), not
+in every program: quantizing x in
 registers in each of the ~300 programs cost 5-20x the weight stream on the H200. The fp8 tile
 product accumulates in fp32 and is scaled by the row's and the block's scales once per group, so
 the result is the GEMM's. When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
@@ -17,8 +20,6 @@ whose fp32 partials ``skinny_matmul``'s second kernel sums. Its reference is
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 import triton
@@ -52,6 +53,7 @@ def _fp8_skinny_kernel(
     block_n,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_K: tl.constexpr,
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -60,27 +62,30 @@ def _fp8_skinny_kernel(
     split = tl.program_id(1)
     rows = tl.arange(0, 16)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, GROUP_K)
     row_ok = rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
     for k in range(k0, k0 + k_per_split, BLOCK_K):
-        kk = k + offs_k
-        k_ok = kk < k_total
-        x8 = tl.load(
-            X8 + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
-        )
-        w = tl.load(
-            W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
-        )
-        if PER_ROW:
-            acc = dot(x8, tl.trans(w), PRECISION, acc)
-        else:  # one step is one group of block_k columns
-            x_s = tl.load(X_SCALE + rows * stride_xs + k // BLOCK_K, mask=row_ok, other=0.0)
-            w_s = tl.load(w_scale_row + k // BLOCK_K, mask=col_ok, other=0.0)
-            acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
+        for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step, loads issued together
+            kk = k + g * GROUP_K + offs_k
+            k_ok = kk < k_total
+            x8 = tl.load(
+                X8 + rows[:, None] * stride_xt + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            w = tl.load(
+                W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            if PER_ROW:
+                acc = dot(x8, tl.trans(w), PRECISION, acc)
+            else:
+                # a step's last groups may lie past K: read the last group's (finite) scales, x8 is 0
+                group = tl.minimum(k // GROUP_K + g, (k_total - 1) // GROUP_K)
+                x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
+                w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
+                acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
     if PER_ROW:
         x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
         acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
@@ -92,10 +97,18 @@ def _fp8_skinny_kernel(
 
 
 def default_config(n: int, k: int, block_k: int, sms: int) -> SkinnyConfig:
-    """The bf16 kernel's grid (columns, then K splits) with K steps of one activation group
-    (``block_k``, or 128 with per-row groups), so that no split cuts a group."""
-    cfg = bf16_config(n, k, sms)
-    return replace(cfg, block_k=block_k if block_k < k else 128)
+    """The bf16 kernel's column tiles, 256-column K steps (whole scale groups), and K split until
+    about 2.5 programs per SM while each split keeps >= 1024 of K. Swept on the H200
+    (`fp8_bench.py --sweep skinny`, T = 1): one 128-column group per step and the bf16 rule's 1.5
+    programs per SM left 5120-column projections at 0.39-0.54 of the copy ceiling; this rule is
+    within 0.6 µs of the best swept config on every Qwen3-8B and Qwen3.6-27B projection."""
+    block_n = bf16_config(n, k, sms).block_n
+    programs = cdiv(n, block_n)
+    split_k = 1
+    while programs * split_k < 2.5 * sms and k // (split_k * 2) >= 1024:
+        split_k *= 2
+    step = max(256, block_k) if block_k < k else 256
+    return SkinnyConfig(block_n=block_n, block_k=step, num_warps=4, num_stages=3, split_k=split_k)
 
 
 def fp8_skinny(
@@ -109,8 +122,8 @@ def fp8_skinny(
         raise RuntimeError(f"fp8_skinny wants x [T <= {MAX_ROWS}, K] with a unit last stride, got {x.shape}")
     per_row = block[1] >= k
     cfg = config or default_config(n, k, block[1], num_sms(x.device))
-    if not per_row and cfg.block_k != block[1]:
-        raise RuntimeError(f"fp8_skinny steps one group at a time: block_k {cfg.block_k} != {block[1]}")
+    if not per_row and cfg.block_k % block[1]:
+        raise RuntimeError(f"fp8_skinny steps whole groups: block_k {cfg.block_k} is not a multiple of {block[1]}")
     x8, x_scale = act_quant(x, k if per_row else block[1])  # once, not in every program
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
@@ -134,6 +147,7 @@ def fp8_skinny(
         block[0],
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
+        GROUP_K=cfg.block_k if per_row else block[1],
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),

@@ -66,6 +66,13 @@ def test_quantized_weights_round_trip_within_e4m3_precision() -> None:
             SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=2, split_k=3),
         ),
         (16, 96, 160, (32, 32), None),
+        (  # two scale groups per step, K not a multiple of the step
+            4,
+            64,
+            384,
+            (128, 128),
+            SkinnyConfig(block_n=32, block_k=256, num_warps=4, num_stages=2, split_k=1),
+        ),
         (3, 130, 200, (1, 200), SkinnyConfig(block_n=16, block_k=128, num_warps=4, num_stages=2, split_k=2)),
     ],
 )
