@@ -41,7 +41,7 @@ from ddtree_kernels.tree_attention import (
     tree_visibility,
 )
 from ddtree_kernels.tree_build import build_tree, candidate_pairs
-from ddtree_kernels.tree_walk import tree_walk
+from ddtree_kernels.tree_walk import tree_walk, tree_walk_parts
 from ddtree_runtime.fp8 import fp8_linear_reference
 from ddtree_runtime.gated_delta import GdnSpec, advance_conv
 
@@ -162,6 +162,11 @@ class TritonBackend:
     ) -> tuple[Tensor, Tensor, Tensor]:
         """path [N], path_len, bonus: the target's own choices followed down the tree."""
         return tree_walk(tokens, parents, logits, temperature, generator)
+
+    @staticmethod
+    def tree_walk_parts(tokens: Tensor, parents: Tensor, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The greedy walks of P padded trees [P, N] in two launches: path [P, N], path_len, bonus [P]."""
+        return tree_walk_parts(tokens, parents, logits)
 
     def compact(
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor

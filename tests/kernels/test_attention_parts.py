@@ -69,12 +69,13 @@ def test_a_verify_pass_of_trees_and_chains_matches_torch(hq, hkv, dtype, splits)
     _compare(q, k, v, slots, rows, ctxs, 80, shapes, False, None, dtype, gen, config)
 
 
-@pytest.mark.parametrize("window", [None, 7])
-def test_drafter_blocks_with_a_sliding_window_match_torch(window) -> None:
-    """The drafter's batched pass: equal blocks that see themselves whole (and, in a sliding layer,
-    only keys fewer than `window` positions away), consecutive slots read as a slice."""
+@pytest.mark.parametrize(("rows", "window"), [([4, 4, 4], None), ([4, 4, 4], 7), ([4, 2, 3], 3)])
+def test_drafter_blocks_with_a_sliding_window_match_torch(rows, window) -> None:
+    """The drafter's batched pass: blocks that see themselves whole (and, in a sliding layer, only
+    keys fewer than `window` positions away), consecutive slots read as a slice; a shorter block
+    sees only its own rows."""
     gen = torch.Generator().manual_seed(7)
-    hq, hkv, d, rows, ctxs = 4, 2, 16, [4, 4, 4], [3, 50, 21]
+    hq, hkv, d, ctxs = 4, 2, 16, [3, 50, 21]
     k, v = _caches(hkv, d, torch.float32, gen)
     # q as `attend_slots` pads it: an [Hq, P, N, D] buffer seen as [P, Hq, N, D]
     q = torch.randn(hq, len(rows), 4, d, generator=gen).to(DEVICE).transpose(0, 1)
