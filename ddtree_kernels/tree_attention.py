@@ -34,6 +34,13 @@ them would cost a second wave, so the planner gives those rows their own launch 
 inside the context take an unmasked path. K/V tiles come
 through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
 pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
+
+**Batched passes** (continuous batching): ``tree_attention_parts`` runs P sequences' rows, padded to
+N, through the same kernel in one launch. The sequence is folded into the KV-head grid axis
+(``seq * Hkv + kvh``); each program reads its sequence's cache slot, row count and context length
+from small device tensors (``PartsVisibility``), and the descriptors span one layer of every slot,
+``[S, Hkv, key bound, D]``. A causal sequence beside trees gets a chain's bitmasks; tiles past a
+shorter sequence's rows skip the keys; split-K partials of all sequences merge in one launch.
 """
 
 from __future__ import annotations
