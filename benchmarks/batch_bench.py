@@ -14,6 +14,10 @@ total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, 
         [--context 1024] [--json OUT.json] [--cost-table costs.json]
     python benchmarks/batch_bench.py --small --device cpu     # a CPU smoke run of the script
 
+The rounds batch attention and the greedy walks over the slots (`attention_parts`, `tree_walk_parts`:
+one Triton launch per layer on CUDA); `--per-slot` hides those seams, so that the same run measures
+the path without them (one attention launch per slot per layer, one walk per slot).
+
 `--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
 decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
 policy, as total tokens/s, tau and the ratio to the same config one request at a time
@@ -35,12 +39,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.roofline import SHAPES, random_pair
+from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.budgets import BudgetPolicy
 from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
 TAUS = (3, 5, 7)
+BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts")
+
+
+class PerSlot:
+    """A backend without its batched seams: the models and the engine fall back to one attention
+    launch per slot per layer and one walk per slot (`--per-slot`, the comparison row)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name in BATCHED_SEAMS:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, reps: int) -> float:
@@ -124,6 +143,7 @@ def main() -> None:
     p.add_argument("--cost-table", help="write the ddtree rows as a --budget-policy load cost table")
     p.add_argument("--pair", help="a real pair directory (with held_out_prompts.jsonl): end-to-end rows")
     p.add_argument("--max-new-tokens", type=int, default=96, help="with --pair")
+    p.add_argument("--per-slot", action="store_true", help="without the batched attention and walk seams")
     args = p.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -135,8 +155,15 @@ def main() -> None:
     context = 16 if args.small else args.context
     target, drafter = random_pair(args.shape, device, dtype, args.small)
     max_context = context + (args.reps + 4) * drafter.config.block_size + max(budgets) + 1
-    engine = BatchEngine(target, drafter, max_context, max(batches))
-    print(f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager")
+    backend = select_backend(device)
+    if args.per_slot:
+        backend = PerSlot(backend)
+    engine = BatchEngine(target, drafter, max_context, max(batches), backend)
+    seams = "per-slot" if args.per_slot else "batched"
+    print(
+        f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager, "
+        f"{backend.name} backend, {seams} attention and walks"
+    )
     print(
         f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "
         + "  ".join(f"tok/s@tau{t}" for t in TAUS)

@@ -72,9 +72,9 @@ def _attention(
     (with ``head_dim`` 256: the shape of a Qwen3.6 gated full-attention layer's heads)."""
     q = _empty(HQ, nodes, head_dim, dtype=torch.bfloat16)
     cache_rows = CONTEXT + BUDGET + 1
-    k_cache = _empty(HKV, cache_rows, head_dim, dtype=torch.bfloat16)
+    k_cache = _empty(1, HKV, cache_rows, head_dim, dtype=torch.bfloat16)
     desc = TensorDescriptor(
-        k_cache, [HKV, cache_rows, head_dim], list(k_cache.stride()), [1, tiles.block_n, head_dim]
+        k_cache, list(k_cache.shape), list(k_cache.stride()), [1, 1, tiles.block_n, head_dim]
     )
     node0 = row0 // (HQ // HKV)
     part = _empty(4, HQ, nodes - node0, head_dim) if split else q
@@ -88,15 +88,22 @@ def _attention(
         OUT=q,
         PART_ACC=part,
         PART_ML=part_ml,
+        SLOTS=None,
+        ROWS=None,
+        stride_qz=0,
         **_strides("stride_qh stride_qn stride_qd", q),
+        stride_oz=0,
         **_strides("stride_oh stride_on stride_od", q),
+        stride_bz=0,
         stride_bn=bits.stride(0),
         **_strides("stride_ps stride_ph stride_pn", part),
+        stride_pz=0,
         n_nodes=nodes,
         row0=row0,
         part_node0=node0,
         CTX=_empty((), dtype=torch.int64),
         qk_scale=0.127,
+        kv_heads=HKV,
     )
     constexprs = dict(
         GROUP=HQ // HKV,
@@ -161,6 +168,7 @@ def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spe
         ),
         _drafter_attention(row, cc, head_dim),
         *([_drafter_attention(row, cc, head_dim, window=2048)] if head_dim == HEAD_DIM else []),
+        *(parts_specs(row, cc) if head_dim == HEAD_DIM else []),
     ]
 
 
@@ -185,6 +193,89 @@ def _drafter_attention(row: ArchRow, cc: int, head_dim: int, window: int = 0) ->
         spec.fn,
         spec.args,
         {**spec.constexprs, "ALL": True, "WINDOW": window},
+        spec.num_warps,
+        spec.num_stages,
+        row=spec.row,
+        limit=spec.limit,
+    )
+
+
+def parts_specs(row: ArchRow, cc: int) -> list[Spec]:
+    """``tree_attention_parts`` in a batched round of Qwen3-8B (a dense target: its attention batches)."""
+    return [
+        _attention_parts("verify P=16 ar N=1", row, cc, row.decode, 1, 16, tree=False, split=False),
+        _attention_parts("verify P=16 B=16 N=17", row, cc, row.small, 17, 16, tree=True, split=False),
+        _attention_parts("verify P=4 B=64 N=65", row, cc, row.large, 65, 4, tree=True, split=True),
+        _attention_parts(
+            "drafter P=4 N=16", row, cc, row.small, 16, 4, tree=False, split=True, all_visible=True
+        ),
+        _attention_parts(
+            "drafter P=4 N=16 window 2048",
+            row,
+            cc,
+            row.small,
+            16,
+            4,
+            tree=False,
+            split=True,
+            all_visible=True,
+            window=2048,
+        ),
+    ]
+
+
+def _attention_parts(
+    case: str,
+    row: ArchRow,
+    cc: int,
+    tiles: Tiles,
+    nodes: int,
+    seqs: int,
+    tree: bool,
+    split: bool,
+    all_visible: bool = False,
+    window: int = 0,
+) -> Spec:
+    """One launch over ``seqs`` sequences' rows padded to ``nodes``, as ``attend_slots`` lays them out
+    (q and out: [Hq, P, N, D] buffers seen as [P, Hq, N, D]), over layer 0 of 64 slots' caches."""
+    spec = _attention(f"parts {case}", row, cc, tiles, nodes, 0, tree, split)
+    q = _empty(HQ, seqs, nodes, HEAD_DIM, dtype=torch.bfloat16).transpose(0, 1)
+    caches = _empty(64, LAYERS, HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)[:, 0]
+    desc = TensorDescriptor(
+        caches, list(caches.shape), list(caches.stride()), [1, 1, tiles.block_n, HEAD_DIM]
+    )
+    part = _empty(4, HQ, seqs, nodes, HEAD_DIM) if split else q  # q: unused, as in the launch
+    bits = _empty(seqs, nodes, cdiv(nodes, 32), dtype=torch.int32) if tree else q
+    args = dict(
+        spec.args,
+        Q=q,
+        K=desc,
+        V=desc,
+        BITS=bits,
+        OUT=q,
+        PART_ACC=part,
+        PART_ML=_empty(4, HQ, seqs, nodes, 2) if split else q,
+        SLOTS=_empty(seqs, dtype=torch.int64),
+        ROWS=_empty(seqs, dtype=torch.int32),
+        **_strides("stride_qz stride_qh stride_qn stride_qd", q),
+        **_strides("stride_oz stride_oh stride_on stride_od", q),
+        **_strides("stride_bz stride_bn", bits),
+        **(
+            _strides("stride_ps stride_ph stride_pz stride_pn", part)
+            if split
+            else dict.fromkeys(("stride_ps", "stride_ph", "stride_pz", "stride_pn"), 0)
+        ),
+        n_nodes=nodes,
+        CTX=_empty(seqs, dtype=torch.int64),
+    )
+    constexprs = {**spec.constexprs, "ALL": all_visible, "WINDOW": window}
+    return Spec(
+        spec.kernel,
+        spec.case,
+        cc,
+        spec.fn,
+        args,
+        constexprs,
         spec.num_warps,
         spec.num_stages,
         row=spec.row,

@@ -34,10 +34,18 @@ them would cost a second wave, so the planner gives those rows their own launch 
 inside the context take an unmasked path. K/V tiles come
 through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
 pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
+
+**Batched passes** (continuous batching): ``tree_attention_parts`` runs P sequences' rows, padded to
+N, through the same kernel in one launch. The sequence is folded into the KV-head grid axis
+(``seq * Hkv + kvh``); each program reads its sequence's cache slot, row count and context length
+from small device tensors (``PartsVisibility``), and the descriptors span one layer of every slot,
+``[S, Hkv, key bound, D]``. A causal sequence beside trees gets a chain's bitmasks; tiles past a
+shorter sequence's rows skip the keys; split-K partials of all sequences merge in one launch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
@@ -65,6 +73,19 @@ class TreeVisibility:
     @property
     def num_nodes(self) -> int:
         return self.bits.shape[0]
+
+
+@dataclass(frozen=True)
+class PartsVisibility:
+    """What each of P sequences' rows (padded to N) see in ``tree_attention_parts``: device tensors,
+    built once per batched pass (``parts_visibility``) and read by every layer."""
+
+    rows: Tensor  # int32 [P]: each sequence's real rows (the rest of its N are padding)
+    context_lens: Tensor  # int64 [P]
+    keys: int  # static bound on any sequence's context + rows: sizes the TMA descriptors and the splits
+    bits: Tensor | None  # int32 [P, N, ceil(N / 32)] ancestor-or-self bitmasks; None: every one causal
+    all_visible: bool = False
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,14 +136,20 @@ def _tree_attention_kernel(
     OUT,
     PART_ACC,
     PART_ML,
+    SLOTS,
+    ROWS,
+    stride_qz,
     stride_qh,
     stride_qn,
     stride_qd,
+    stride_oz,
     stride_oh,
     stride_on,
     stride_od,
+    stride_bz,
     stride_bn,
     stride_ps,
+    stride_pz,
     stride_ph,
     stride_pn,
     n_nodes,
@@ -130,6 +157,7 @@ def _tree_attention_kernel(
     part_node0,
     CTX,
     qk_scale,
+    kv_heads,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
@@ -143,11 +171,18 @@ def _tree_attention_kernel(
 ):
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     pid_m = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) % kv_heads
+    seq = tl.program_id(1) // kv_heads  # the sequence (0 but in tree_attention_parts)
     split = tl.program_id(2)
+    slot = seq if SLOTS is None else tl.load(SLOTS + seq).to(tl.int32)
+    if ROWS is not None:  # several sequences in one launch: each its own row count (n_nodes: padded)
+        n_nodes = tl.load(ROWS + seq).to(tl.int32)
+    Q += seq * stride_qz
+    OUT += seq * stride_oz
+    BITS += seq * stride_bz
     # the context length lives on the device, so one captured launch serves a whole range of them;
     # the split-K ranges follow it (a split past the keys writes an empty partial: m = -inf, l = 0)
-    context_len = tl.load(CTX).to(tl.int32)
+    context_len = tl.load(CTX + seq).to(tl.int32)
     # a sliding window (WINDOW > 0) hides every key WINDOW or more positions before the first node
     key0 = (tl.maximum(context_len - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N if WINDOW > 0 else 0
     keys_per_split = tl.cdiv(tl.cdiv(context_len + n_nodes - key0, BLOCK_N), tl.num_programs(2)) * BLOCK_N
@@ -173,6 +208,8 @@ def _tree_attention_kernel(
         last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
     lo = key0 + split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
+    if ROWS is not None:  # a shorter sequence's tiles past its rows skip the keys
+        hi = tl.where(row0 + pid_m * BLOCK_M < n_nodes * GROUP, hi, lo)
     # whole tiles inside the context are visible to every row, unless a window cuts them
     ctx_full = lo if WINDOW > 0 else (context_len // BLOCK_N) * BLOCK_N
 
@@ -183,8 +220,8 @@ def _tree_attention_kernel(
 
     # phase 1: whole tiles inside the context, every key visible
     for start in range(lo, tl.minimum(hi, ctx_full), BLOCK_N):
-        k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
-        v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        k = K.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        v = V.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         s = dot(q, tl.trans(k), PRECISION) * qk_scale
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.math.exp2(m_i - m_new)
@@ -197,8 +234,8 @@ def _tree_attention_kernel(
     for start in range(tl.maximum(lo, ctx_full), hi, BLOCK_N):
         pos = start + offs_n
         key_ok = pos < hi
-        k = K.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
-        v = V.load([kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        k = K.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
+        v = V.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         s = dot(q, tl.trans(k), PRECISION) * qk_scale
         j = pos - context_len  # tree index of the key (negative inside the context)
         if TREE:
@@ -233,7 +270,7 @@ def _tree_attention_kernel(
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if SPLIT:
-        part = split * stride_ps + head * stride_ph + (node - part_node0) * stride_pn
+        part = split * stride_ps + seq * stride_pz + head * stride_ph + (node - part_node0) * stride_pn
         tl.store(PART_ACC + part[:, None] + dims[None, :], acc, mask=out_mask)
         tl.store(PART_ML + 2 * (part // D_PAD), m_i, mask=row_ok)
         tl.store(PART_ML + 2 * (part // D_PAD) + 1, l_i, mask=row_ok)
@@ -429,6 +466,13 @@ def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, v
         raise RuntimeError(f"visibility describes {visibility.num_nodes} nodes but q has {n} rows")
 
 
+def _kv_descriptor(caches: Tensor, key_bound: int, block_n: int, d_pad: int) -> TensorDescriptor:
+    """A TMA descriptor over [S, Hkv, key_bound, D] caches: rows past the bound read as zeros, rows
+    between a live length and the bound are masked, and K/V addressing costs no registers."""
+    s, hkv, _, d = caches.shape
+    return TensorDescriptor(caches, [s, hkv, key_bound, d], list(caches.stride()), [1, 1, block_n, d_pad])
+
+
 def tree_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -482,27 +526,31 @@ def tree_attention(
         else:
             part_acc = part_ml = out  # unused: this launch writes out directly
         partials.append(_Partials(part_acc, part_ml, splits, node0))
-        # TMA descriptors over [Hkv, key_bound, D]: rows past the bound read as zeros, rows between
-        # the live length and the bound are masked, and K/V addressing costs no registers
-        k_desc = TensorDescriptor(k_cache, [hkv, key_bound, d], list(k_cache.stride()), [1, c.block_n, d_pad])
-        v_desc = TensorDescriptor(v_cache, [hkv, key_bound, d], list(v_cache.stride()), [1, c.block_n, d_pad])
         _tree_attention_kernel[(cdiv(launch.rows, c.block_m), hkv, splits)](
             q,
-            k_desc,
-            v_desc,
+            _kv_descriptor(k_cache[None], key_bound, c.block_n, d_pad),
+            _kv_descriptor(v_cache[None], key_bound, c.block_n, d_pad),
             bits,
             out,
             part_acc,
             part_ml,
+            None,
+            None,
+            0,
             *q.stride(),
+            0,
             *out.stride(),
+            0,
             bits.stride(0),
-            *part_acc.stride()[:3],
+            part_acc.stride(0),
+            0,
+            *part_acc.stride()[1:3],
             n,
             launch.row0,
             node0,
             context_len,
             scale * _LOG2E,
+            hkv,
             GROUP=group,
             HEAD_DIM=d,
             D_PAD=d_pad,
@@ -546,6 +594,126 @@ def tree_attention(
     return out
 
 
+def tree_attention_parts(
+    q: Tensor,
+    k_caches: Tensor,
+    v_caches: Tensor,
+    slots: Tensor | slice,
+    parts: PartsVisibility,
+    scale: float,
+    config: AttentionConfig | None = None,
+) -> Tensor:
+    """``tree_attention`` of P sequences in one launch (a batched pass: one launch per layer, not
+    one per sequence), each over its own cache slot, context length, rows and visibility.
+
+    q [P, Hq, N, D]: sequence p's first ``parts.rows[p]`` rows, then padding; k_caches, v_caches:
+    one layer of every slot [S, Hkv, S_max, D] with the new rows written; ``slots`` [P] (device),
+    or a slice of consecutive slots. The kernel folds the sequence into the KV-head grid axis and
+    reads its slot, rows and length from ``parts``, so nothing syncs the host. Returns
+    [P, Hq, N, D] (padding rows undefined), a view of an [Hq, P, N, D] buffer so that gathering
+    the real rows back into [Hq, T, D] is free.
+    """
+    if q.dim() != 4 or k_caches.dim() != 4:
+        raise RuntimeError(
+            f"batched tree attention wants q [P, Hq, N, D] and caches [S, Hkv, S_max, D], got "
+            f"q {tuple(q.shape)}, k {tuple(k_caches.shape)}"
+        )
+    p, hq, n, d = q.shape
+    if parts.rows.shape != (p,) or (parts.bits is not None and parts.bits.shape[:2] != (p, n)):
+        raise RuntimeError(
+            f"the parts describe {parts.rows.shape[0]} sequences"
+            f"{'' if parts.bits is None else f' of {parts.bits.shape[1]} rows'} but q has {p} of {n} rows"
+        )
+    slot_ids = None  # a slice reads a view of its slots: sequence p is slot p of the view
+    if isinstance(slots, slice):
+        k_caches, v_caches = k_caches[slots], v_caches[slots]
+    else:
+        slot_ids = slots
+    _check_inputs(q[0], k_caches[0], v_caches[0], parts.keys, None)
+    if any(c.stride(0) * c.element_size() % 16 for c in (k_caches, v_caches)):
+        raise RuntimeError(
+            f"TMA needs 16-byte aligned slot strides, got {k_caches.stride()}, {v_caches.stride()}"
+        )
+    hkv = k_caches.shape[1]
+    group = hq // hkv
+    d_pad = max(16, next_pow2(d))
+    cfg = config or _default_config(n * group, device_row(q.device, d))
+    window = parts.window
+    keys = parts.keys if window is None else min(parts.keys, window + n + cfg.block_n)  # keys a row can see
+    m_tiles = cdiv(n * group, cfg.block_m)
+    _, splits = _split_cost(m_tiles * hkv * p, cdiv(keys, cfg.block_n), num_sms(q.device))
+    splits = min(cfg.splits or splits, cdiv(keys, cfg.block_n))
+
+    out = torch.empty(hq, p, n, d, device=q.device, dtype=q.dtype).transpose(0, 1)
+    bits = parts.bits if parts.bits is not None else q  # q: a placeholder, never read
+    if splits > 1:
+        part_acc = torch.empty(splits, hq, p, n, d_pad, device=q.device, dtype=torch.float32)
+        part_ml = torch.empty(splits, hq, p, n, 2, device=q.device, dtype=torch.float32)
+        ps, ph, pz, pn = part_acc.stride()[:4]
+    else:
+        part_acc = part_ml = out  # unused: the launch writes out directly
+        ps = ph = pz = pn = 0
+    _tree_attention_kernel[(m_tiles, p * hkv, splits)](
+        q,
+        _kv_descriptor(k_caches, parts.keys, cfg.block_n, d_pad),
+        _kv_descriptor(v_caches, parts.keys, cfg.block_n, d_pad),
+        bits,
+        out,
+        part_acc,
+        part_ml,
+        slot_ids,
+        parts.rows,
+        *q.stride(),
+        *out.stride(),
+        *bits.stride()[:2],
+        ps,
+        pz,
+        ph,
+        pn,
+        n,
+        0,
+        0,
+        parts.context_lens,
+        scale * _LOG2E,
+        hkv,
+        GROUP=group,
+        HEAD_DIM=d,
+        D_PAD=d_pad,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        TREE=parts.bits is not None,
+        ALL=parts.all_visible,
+        WINDOW=window or 0,
+        SPLIT=splits > 1,
+        PRECISION=dot_precision(q.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if splits > 1:  # the sequences' rows side by side: [splits, Hq, P * N, .] into [Hq, P * N, D]
+        acc, ml = part_acc.view(splits, hq, p * n, d_pad), part_ml.view(splits, hq, p * n, 2)
+        flat = out.transpose(0, 1).view(hq, p * n, d)
+        block_r = 16
+        _merge_splits_kernel[(cdiv(p * n, block_r), hq)](
+            acc,
+            ml,
+            acc,
+            ml,
+            flat,
+            *acc.stride()[:3],
+            *acc.stride()[:3],
+            *flat.stride(),
+            p * n,
+            splits,
+            splits,
+            p * n,  # no tail rows
+            HEAD_DIM=d,
+            D_PAD=d_pad,
+            BLOCK_R=block_r,
+            num_warps=4,
+        )
+    return out
+
+
 def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
     """Ancestor-or-self bitmasks from ``parents`` (parents[i] < i, root -1) and ``depth``, on the device."""
     if parents.dim() != 1 or depth.shape != parents.shape:
@@ -565,6 +733,49 @@ def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
         num_warps=1,
     )
     return TreeVisibility(bits)
+
+
+def parts_visibility(
+    rows: Sequence[int],
+    context_lens: Sequence[int],
+    keys: int,
+    trees: Sequence[TreeVisibility | None],
+    all_visible: bool,
+    window: int | None,
+    device: torch.device,
+) -> PartsVisibility:
+    """The ``PartsVisibility`` of P sequences of ``rows`` new rows after ``context_lens`` (at most
+    ``keys`` in all): each a tree (its bitmasks) or causal (None). When some are trees, the causal
+    ones get a chain's bitmasks, so that one launch describes them all."""
+    p, n = len(rows), max(rows)
+    bits = None
+    if any(t is not None for t in trees):
+        bits = _chain_bits(n, device).repeat(p, 1, 1)  # [P, N, W]
+        for i, (m, tree) in enumerate(zip(rows, trees, strict=True)):
+            if tree is not None:
+                if tree.num_nodes != m:
+                    raise RuntimeError(
+                        f"sequence {i}'s visibility describes {tree.num_nodes} nodes, not its {m} rows"
+                    )
+                bits[i, :m] = 0
+                bits[i, :m, : tree.bits.shape[1]] = tree.bits
+    return PartsVisibility(
+        torch.tensor(rows, dtype=torch.int32, device=device),
+        torch.tensor(context_lens, dtype=torch.int64, device=device),
+        keys,
+        bits,
+        all_visible,
+        window,
+    )
+
+
+def _chain_bits(n: int, device: torch.device) -> Tensor:
+    """A causal chain's ancestor-or-self bitmasks, int32 [N, ceil(N / 32)]: bit j of row i iff j <= i."""
+    words = cdiv(n, 32)
+    j = torch.arange(words * 32, device=device)
+    seen = (j[None, :] <= torch.arange(n, device=device)[:, None]).view(n, words, 32).to(torch.int64)
+    packed = (seen << torch.arange(32, device=device)).sum(-1)  # in [0, 2^32): int32's bit pattern
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def ancestors_reference(parents: Tensor) -> Tensor:
@@ -604,10 +815,13 @@ def attention_flops(hq: int, n: int, context_len: int, head_dim: int) -> float:
 
 __all__ = [
     "AttentionConfig",
+    "PartsVisibility",
     "TreeVisibility",
     "ancestors_reference",
     "attention_flops",
+    "parts_visibility",
     "tree_attention",
+    "tree_attention_parts",
     "tree_attention_reference",
     "tree_visibility",
 ]

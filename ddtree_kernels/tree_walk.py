@@ -18,7 +18,8 @@ Two launches, no host sync:
      tree: next = the child of ``cur`` whose token equals ``choice[cur]`` (siblings carry distinct
      tokens, so at most one matches).
 Outputs, matching ``TorchBackend.tree_walk``: path [N] int64 (node indices from 0, padded with -1),
-path_len (0-d, counts the root) and bonus (0-d, the last path node's choice).
+path_len (0-d, counts the root) and bonus (0-d, the last path node's choice). ``tree_walk_parts``
+walks P greedy trees of a batched round in the same two launches (one walk program per tree).
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ def _walk_kernel(
     SPLITS: tl.constexpr,
     N_PAD: tl.constexpr,
 ):
+    # program t walks tree t of [P, N] trees (one, but in tree_walk_parts): rows t * N .. of every input
+    tree = tl.program_id(0)
+    TOKENS += tree * n_nodes
+    PARENTS += tree * n_nodes
+    PART_VAL += tree * n_nodes * SPLITS
+    PART_IDX += tree * n_nodes * SPLITS
+    PATH += tree * n_nodes
+    PATH_LEN += tree
+    BONUS += tree
     idx = tl.arange(0, N_PAD)
     ok = idx < n_nodes
     par = tl.load(PARENTS + idx, mask=ok, other=-2)
@@ -213,6 +223,19 @@ def tree_walk(
     return _walk(tokens, parents, part_val, part_idx)
 
 
+def tree_walk_parts(tokens: Tensor, parents: Tensor, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The greedy walks of P trees at once: tokens, parents [P, N], logits [P, N, V] (a smaller
+    tree padded with nodes of token -1 under the root, which no walk takes). Returns path [P, N],
+    path_len [P] and bonus [P], as ``TorchBackend.tree_walk_parts``."""
+    if tokens.dim() != 2 or parents.shape != tokens.shape or logits.shape[:2] != tokens.shape:
+        raise RuntimeError(
+            f"batched tree walk wants tokens [P, N], parents [P, N], logits [P, N, V]; got "
+            f"{tuple(tokens.shape)}, {tuple(parents.shape)}, {tuple(logits.shape)}"
+        )
+    part_val, part_idx = _partial_choices(logits.reshape(-1, logits.shape[-1]), 0.0, None)
+    return _walk(tokens.contiguous(), parents.contiguous(), part_val, part_idx)
+
+
 def walk_choices(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The walk itself, given every node's choice ([N] int64)."""
     part_val = torch.zeros(choice.shape[0], 1, dtype=torch.float32, device=choice.device)
@@ -222,12 +245,13 @@ def walk_choices(tokens: Tensor, parents: Tensor, choice: Tensor) -> tuple[Tenso
 def _walk(
     tokens: Tensor, parents: Tensor, part_val: Tensor, part_idx: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    n = tokens.shape[0]
-    path = torch.empty(n, dtype=torch.int64, device=tokens.device)
-    path_len = torch.empty((), dtype=torch.int64, device=tokens.device)
-    bonus = torch.empty((), dtype=torch.int64, device=tokens.device)
+    """One walk per tree of contiguous tokens, parents [..., N] (choices: [trees * N, splits])."""
+    *trees, n = tokens.shape
+    path = torch.empty(*trees, n, dtype=torch.int64, device=tokens.device)
+    path_len = torch.empty(trees, dtype=torch.int64, device=tokens.device)
+    bonus = torch.empty(trees, dtype=torch.int64, device=tokens.device)
     meta, warps = walk_launch(n, part_val.shape[1])
-    _walk_kernel[(1,)](
+    _walk_kernel[(path_len.numel(),)](
         tokens,
         parents,
         part_val,

@@ -11,12 +11,12 @@ every decoding sequence:
              the root alone (`ar`: a one-node tree)
     verify   every slot's nodes in ONE target pass (`Target.forward_parts`): the linear layers run
              over the concatenated rows of all slots (one read of the weights, where batching
-             pays); attention and the DeltaNet recurrence loop over the slots with the existing
-             kernels, each over its own cache and context length (a varlen kernel is a later step);
-             on a backend with `attention_parts` (the CPU) a dense model's attention is one padded
-             call per layer over all slots
+             pays); a dense model's attention is one padded call per layer over all slots
+             (`attention_parts`: an SDPA on the CPU, one Triton launch on CUDA), each slot over
+             its own cache, context length and tree; a hybrid's attention and DeltaNet recurrence
+             loop over the slots with the existing kernels
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
-             one call on a backend with `tree_walk_parts` (the CPU)
+             one call (`tree_walk_parts`)
     commit   per slot, accepted K/V rows and DeltaNet states into place
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens

@@ -32,9 +32,16 @@ from ddtree_kernels.qk_rope import qk_rope
 from ddtree_kernels.rms_norm import rms_norm
 from ddtree_kernels.silu_mul import silu_mul
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
-from ddtree_kernels.tree_attention import TreeVisibility, tree_attention, tree_visibility
+from ddtree_kernels.tree_attention import (
+    PartsVisibility,
+    TreeVisibility,
+    parts_visibility,
+    tree_attention,
+    tree_attention_parts,
+    tree_visibility,
+)
 from ddtree_kernels.tree_build import build_tree, candidate_pairs
-from ddtree_kernels.tree_walk import tree_walk
+from ddtree_kernels.tree_walk import tree_walk, tree_walk_parts
 from ddtree_runtime.fp8 import fp8_linear_reference
 from ddtree_runtime.gated_delta import GdnSpec, advance_conv
 
@@ -109,6 +116,33 @@ class TritonBackend:
             window=window,
         )
 
+    @staticmethod
+    def parts_mask(
+        rows: list[int],
+        context_lens: list[int],
+        keys: int,
+        visibilities: list[TreeVisibility | None],
+        all_visible: bool,
+        window: int | None,
+        device: torch.device,
+    ) -> PartsVisibility:
+        """What several sequences' rows see (as `attention` for each), for `attention_parts`: each
+        one's rows, length and bitmasks on the device, built once per pass."""
+        return parts_visibility(rows, context_lens, keys, visibilities, all_visible, window, device)
+
+    @staticmethod
+    def attention_parts(
+        q: Tensor,
+        k_caches: Tensor,
+        v_caches: Tensor,
+        slots: Tensor | slice,
+        mask: PartsVisibility,
+        scale: float,
+    ) -> Tensor:
+        """q [P, Hq, N, D] of several sequences over their slots of one layer's caches
+        [S, Hkv, S_max, D]: one launch for all; [P, Hq, N, D] (padding rows undefined)."""
+        return tree_attention_parts(q, k_caches, v_caches, slots, mask, scale)
+
     def build_tree(
         self, draft_logits: Tensor, budget: int, root_token: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
@@ -128,6 +162,11 @@ class TritonBackend:
     ) -> tuple[Tensor, Tensor, Tensor]:
         """path [N], path_len, bonus: the target's own choices followed down the tree."""
         return tree_walk(tokens, parents, logits, temperature, generator)
+
+    @staticmethod
+    def tree_walk_parts(tokens: Tensor, parents: Tensor, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The greedy walks of P padded trees [P, N] in two launches: path [P, N], path_len, bonus [P]."""
+        return tree_walk_parts(tokens, parents, logits)
 
     def compact(
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor

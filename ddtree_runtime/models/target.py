@@ -76,7 +76,8 @@ def per_part(x: Tensor, parts: Sequence[Part], fn: Callable[[Part, Tensor], Tens
 class SlotRows:
     """Several parts' rows laid out for one padded attention call per layer, on a backend with
     `attention_parts` (built once per pass; every layer reads it): the per-part launches, not the
-    arithmetic, are what a batched round of a small model pays for on the CPU."""
+    arithmetic, are what a batched round of a small model pays for on the CPU, and eager launches
+    are what it pays for on the GPU."""
 
     slots: Tensor | slice  # each part's cache slot: [P], or a slice when they are consecutive (a view)
     row_slots: Tensor  # [T] each row's cache slot

@@ -7,6 +7,7 @@ import torch
 
 from ddtree_kernels.tree_walk import node_choices, tree_walk, tree_walk_reference, walk_choices
 from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.triton_backend import TritonBackend
 from tests.kernels.trees import DEVICE, make_tree
 
 
@@ -47,6 +48,26 @@ def test_greedy_walk_matches_reference_and_torch_backend(shape: str, n: int, voc
     assert path.tolist() == want_path + [-1] * (n - len(want_path))
     t_path, t_len, t_bonus = TorchBackend().tree_walk(tokens, parents, logits, 0.0, None)
     assert torch.equal(path, t_path) and int(t_len) == int(path_len) and int(t_bonus) == int(bonus)
+
+
+def test_greedy_walks_of_padded_trees_match_torch_backend() -> None:
+    """A batched round's greedy slots: trees of different sizes (a one-node `ar` tree too) padded
+    with token -1 under the root, walked in one call."""
+    gen = torch.Generator().manual_seed(4)
+    vocab, sizes = 30, [17, 1, 40, 9]
+    n = max(sizes)
+    tokens = torch.full((len(sizes), n), -1, dtype=torch.int64, device=DEVICE)
+    parents = torch.zeros_like(tokens)
+    logits = torch.zeros(len(sizes), n, vocab, device=DEVICE)
+    for i, (shape, m) in enumerate(zip(["random", "chain", "bushy", "deep"], sizes, strict=True)):
+        t, p, _ = make_tree(shape, m, vocab, gen)
+        tokens[i, :m], parents[i, :m], logits[i, :m] = t, p, _logits_following(t, p, vocab, 0.9, gen)
+    got = TritonBackend.tree_walk_parts(tokens, parents, logits)
+    want = TorchBackend().tree_walk_parts(tokens, parents, logits)
+    assert got[0].shape == (len(sizes), n) and got[1].shape == got[2].shape == (len(sizes),)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    assert int(got[1].max()) > 2  # the walks go deep: the drafts are followed
 
 
 def test_argmax_ties_pick_the_first_index_like_torch() -> None:

@@ -140,3 +140,24 @@ def test_cancel_frees_the_slot_at_the_next_step(
     engine.add([5], mode="ar")
     with pytest.raises(GenerationError, match="slots are in use"):
         engine.add([5], mode="ar")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton backend's batched launches need a GPU")
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "mixed_pair"])
+@pytest.mark.parametrize("cuda_dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_batched_launches_give_each_request_its_tokens_alone(
+    request: pytest.FixtureRequest, pair_name: str, cuda_dtype: torch.dtype
+) -> None:
+    """TritonBackend's one attention launch per layer over every slot (`attention_parts`: trees,
+    chains and `ar` roots in the verify pass; the drafter's blocks, sliding layers in `mixed_pair`)
+    and one walk of every greedy tree (`tree_walk_parts`) keep each request's own tokens. CUDA
+    only (CI has no GPU): `TRITON_INTERPRET=0 pytest tests/runtime/test_batching.py` on a GPU host."""
+    pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
+    alone = engine_for(pair, device, cuda_dtype, max_context=256)
+    batched = batch_engine(pair, device, cuda_dtype, 4, chunk=5)
+    assert hasattr(batched.backend, "attention_parts") and hasattr(batched.backend, "tree_walk_parts")
+    reqs = requests(11, 10)
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, cuda_dtype)
+        assert result.stop_reason == want.stop_reason
