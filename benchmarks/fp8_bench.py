@@ -140,7 +140,7 @@ def kernel_rows(ceil: Ceilings) -> list[dict]:
     return rows
 
 
-def sweep_rows() -> list[dict]:
+def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...]) -> list[dict]:
     """`fp8_gemm`'s tile grid at the verify row counts (block 128 x 128, activation quantization
     included): the best configs per shape and T beside today's choice and cuBLAS bf16."""
     dev, rows = torch.device("cuda"), []
@@ -153,10 +153,10 @@ def sweep_rows() -> list[dict]:
         for s in (3, 4, 5)
         if m * n <= 128 * 128 and not (m == 32 and w == 8)
     ]
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
         pairs = [quantize_weight(w, (128, 128)) for w in w16]
-        for t in (32, 65, 129, 257):
+        for t in row_counts:
             x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
             timed = []
             for cfg in grid:
@@ -328,6 +328,7 @@ def main() -> None:
         choices=["gemm", "skinny"],
         help="only a tile grid: fp8_gemm at verify rows, fp8_skinny at T=1",
     )
+    p.add_argument("--rows", default="32,65,129,257", help="row counts of --sweep gemm")
     p.add_argument("--json", help="write everything here")
     args = p.parse_args()
     device = torch.device("cuda")
