@@ -39,7 +39,8 @@ class ArchRow:
     """Launch choices of one architecture family, all checked to fit ``smem_per_block`` bytes.
 
     ``decode``: <= 16 packed query rows; ``small``: <= 256; ``large``: more; ``tail``: the separate
-    launch for the rows past the last ``large`` tile. ``targets``: the capabilities (major * 10 +
+    launch for the rows past the last ``small`` or ``large`` tile (its ``block_m`` is also the rows
+    of the accumulator that folds them into that tile's program instead). ``targets``: the capabilities (major * 10 +
     minor) the ahead-of-time test compiles the row for.
     """
 
