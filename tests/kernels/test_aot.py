@@ -36,6 +36,18 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
                     cc,
                     t,
                 )
+    # the folded tail on the small and large tiles: the planner's fold launches
+    folds = {
+        (s.row, s.cc, s.constexprs["BLOCK_M"])
+        for s in aot_specs.specs().values()
+        if s.kernel == "tree_attention" and s.constexprs["FOLD_M"] == row_tail_rows(s.row)
+    }
+    for row in (*ROWS.values(), *WIDE_ROWS.values()):
+        for cc in row.targets:
+            assert {(row.family, cc, row.small.block_m), (row.family, cc, row.large.block_m)} <= folds, (
+                row,
+                cc,
+            )
     others = {(s.kernel, s.cc) for s in aot_specs.specs().values() if s.kernel != "tree_attention"}
     assert {cc for _, cc in others} == set(aot.TARGETS) == {90, 100, 120}
     assert {k for k, _ in others} >= {
@@ -47,6 +59,10 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
         "tree_walk.walk",
         "kv_compact",
     }
+
+
+def row_tail_rows(family: str) -> int:
+    return next(r for r in (*ROWS.values(), *WIDE_ROWS.values()) if r.family == family).tail.block_m
 
 
 @pytest.mark.slow
