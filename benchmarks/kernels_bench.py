@@ -383,8 +383,8 @@ def main() -> None:
             tail_summary(result["tail_layouts"])
         return
 
-    sweep = {  # beside the planner's choice: without the tail launch, other stage counts and splits
-        257: [AttentionConfig(128, 64, 8, 4, None, False), AttentionConfig(128, 64, 8, 3)],
+    sweep = {  # beside the planner's choice: the tail in a whole tile, other stage counts and splits
+        257: [AttentionConfig(128, 64, 8, 4, None, "plain"), AttentionConfig(128, 64, 8, 3)],
         1025: [AttentionConfig(128, 64, 8, 3)],
         1: [AttentionConfig(16, 128, 4, 3, sp) for sp in (8, 16)],
         256: [],
