@@ -169,7 +169,8 @@ def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spe
                 head_dim=head_dim,
                 fold=row.tail.block_m,
             )
-            for budget, tiles in ((16, row.small), (BUDGET // 4, row.large))
+            for tiles in row.fold
+            for budget in (BUDGET // 4 if tiles == row.large else 16,)
         ),
         _attention(
             "tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False, head_dim=head_dim

@@ -56,7 +56,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ddtree_kernels.arch import ROWS, ArchRow, device_row
+from ddtree_kernels.arch import ROWS, ArchRow, Tiles, device_row
 from ddtree_kernels.host import cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 
@@ -561,11 +561,14 @@ def _plan(
     sms: int,
     tail_cfg: AttentionConfig = _TAIL_CONFIG,
     elem_bytes: int = 2,
+    can_fold: bool = True,
 ) -> tuple[_Launch, ...]:
     """The launches of the cheapest tail layout (``cfg.tail`` picks one; one the shape cannot take
-    falls back to plain). Cached: a decode loop asks for the same few shapes every layer, and eager
-    launches pay for any host work."""
+    falls back to plain; ``can_fold``: the row's tiles fold without spilling, see arch.py). Cached:
+    a decode loop asks for the same few shapes every layer, and eager launches pay for any host work."""
     plans = tail_layouts(rows, group, keys, hkv, cfg, sms, tail_cfg, elem_bytes)
+    if not can_fold and cfg.tail is None:
+        plans.pop("fold", None)
     if cfg.tail is not None:
         return plans.get(cfg.tail, plans["plain"])[1]
     return min(plans.values(), key=lambda plan: plan[0])[1]
@@ -613,6 +616,11 @@ def tail_layouts(
         )
         plans["separate"] = (cost, launches)
     return plans
+
+
+def can_fold(cfg: AttentionConfig, arch: ArchRow) -> bool:
+    """Whether the planner may fold a tail into ``cfg``'s tiles on ``arch``'s family (arch.py ``fold``)."""
+    return Tiles(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in arch.fold
 
 
 def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, visibility) -> None:
@@ -688,7 +696,17 @@ def tree_attention(
         raise RuntimeError(f"a sliding window must be at least 1 position, got {window}")
     keys = key_bound if window is None else min(key_bound, window + n + cfg.block_n)  # keys a row can see
     tail_cfg = AttentionConfig(*arch.tail)
-    launches = _plan(n * group, group, keys, hkv, cfg, num_sms(q.device), tail_cfg, k_cache.element_size())
+    launches = _plan(
+        n * group,
+        group,
+        keys,
+        hkv,
+        cfg,
+        num_sms(q.device),
+        tail_cfg,
+        k_cache.element_size(),
+        can_fold(cfg, arch),
+    )
 
     out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
     bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read

@@ -54,8 +54,9 @@ def run_attention(entry, k, torch, device, row, nodes, tree, tail):
     rows = nodes * hq // hkv
     cfg = ta._default_config(rows, row)
     cfg = ta.AttentionConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, tail=tail)
+    sms, tail_cfg = k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
     launches = ta._plan(
-        rows, hq // hkv, ctx + nodes, hkv, cfg, k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
+        rows, hq // hkv, ctx + nodes, hkv, cfg, sms, tail_cfg, k_cache.element_size(), ta.can_fold(cfg, row)
     )
     entry["config"] = " + ".join(
         f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
