@@ -38,6 +38,7 @@ from ddtree_kernels.tree_attention import (
     _default_config,
     _plan,
     _tree_attention_kernel,
+    can_fold,
     tail_layouts,
     tree_attention,
     tree_attention_reference,
@@ -172,7 +173,9 @@ def tail_case(model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torc
     tail_cfg = AttentionConfig(*device_row(DEV, d).tail)
     keys = ctx + n
     modelled = tail_layouts(n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2)
-    picked = _plan(n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2)
+    picked = _plan(
+        n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2, can_fold(base, device_row(DEV, d))
+    )
     pick = next(name for name, (_, launches) in modelled.items() if launches == picked)
     ref = tree_attention_reference(q.float(), k[0].float(), v[0].float(), ctx, parents, scale)
     row = {
