@@ -4,6 +4,11 @@ Qwen3-8B-shaped layer: 32 query heads, 8 KV heads, head_dim 128, bf16, 4096 toke
 Times are medians of CUDA-graph replays (``triton.testing.do_bench_cudagraph``), so launch gaps
 stay out; "eager" columns time plain Python launches. Attention rotates over 8 layers' caches
 (> L2) and reports per layer. Run: ``python benchmarks/kernels_bench.py [--out DIR] [--sweep]``.
+
+``--tail`` runs only the tail-layout table (issue 22): trees of 17, 65 and 257 nodes at 4K, 16K and
+32K context, for Qwen3-8B's attention (32/8 heads, head_dim 128) and Qwen3.6-27B's gated full
+attention (24/4 heads, head_dim 256): the planner's pick beside each layout forced (plain, separate,
+fold), with the planner's modelled cost of each, to check and fit ``_FOLD_ROW_COST``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -21,11 +28,18 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ddtree_kernels.arch import device_row
+from ddtree_kernels.host import num_sms
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.marginal_topk import marginal_topk
 from ddtree_kernels.tree_attention import (
+    TAIL_LAYOUTS,
     AttentionConfig,
+    _default_config,
+    _plan,
     _tree_attention_kernel,
+    can_fold,
+    tail_layouts,
     tree_attention,
     tree_attention_reference,
     tree_visibility,
@@ -68,11 +82,11 @@ def depth_of(parents: torch.Tensor) -> torch.Tensor:
     return torch.tensor(depth, device=DEV)
 
 
-def make_layer_caches(ctx: int, n: int):
+def make_layer_caches(ctx: int, n: int, hq: int = HQ, hkv: int = HKV, d: int = D):
     s = ctx + n + 8
-    k = torch.randn(LAYERS_ROT, HKV, s, D, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn(LAYERS_ROT, HKV, s, D, device=DEV, dtype=torch.bfloat16)
-    q = torch.randn(HQ, n, D, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(LAYERS_ROT, hkv, s, d, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(LAYERS_ROT, hkv, s, d, device=DEV, dtype=torch.bfloat16)
+    q = torch.randn(hq, n, d, device=DEV, dtype=torch.bfloat16)
     return q, k, v
 
 
@@ -141,6 +155,79 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
     row["tree_tflops"] = flops / (row["tree_us"] * 1e-6) / 1e12
     row["kv_bytes"] = 2 * HKV * (ctx + n) * D * 2
     return row
+
+
+# (model, query heads, KV heads, head_dim) of the tail table
+TAIL_SHAPES = (("Qwen3-8B", 32, 8, 128), ("Qwen3.6-27B", 24, 4, 256))
+
+
+def tail_case(model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torch.Generator) -> dict:
+    """One tree at one context: µs per layer of the planner's pick and of each tail layout forced,
+    the planner's modelled cost (key-tile steps) of each, and each one's error against SDPA."""
+    q, k, v = make_layer_caches(ctx, n, hq, hkv, d)
+    parents = random_tree(n, gen)
+    vis = tree_visibility(parents, depth_of(parents))
+    scale = d**-0.5
+    group = hq // hkv
+    base = _default_config(n * group, device_row(DEV, d))
+    tail_cfg = AttentionConfig(*device_row(DEV, d).tail)
+    keys = ctx + n
+    modelled = tail_layouts(n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2)
+    picked = _plan(
+        n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2, can_fold(base, device_row(DEV, d))
+    )
+    pick = next(name for name, (_, launches) in modelled.items() if launches == picked)
+    ref = tree_attention_reference(q.float(), k[0].float(), v[0].float(), ctx, parents, scale)
+    row = {
+        "model": model,
+        "nodes": n,
+        "context": ctx,
+        "tiles": f"{base.block_m}x{base.block_n}",
+        "pick": pick,
+    }
+    for name, cfg in (("planner", None), *((t, replace(base, tail=t)) for t in TAIL_LAYOUTS)):
+        if name != "planner" and name not in modelled:
+            continue
+
+        def run(cfg=cfg):
+            for layer in range(LAYERS_ROT):
+                tree_attention(q, k[layer], v[layer], ctx, vis, scale, cfg)
+
+        out = tree_attention(q, k[0], v[0], ctx, vis, scale, cfg)
+        row[f"{name}_rel_err"] = ((out.float() - ref).norm() / ref.norm()).item()
+        row[f"{name}_us"] = graph_us(run, LAYERS_ROT)
+        if name != "planner":
+            launches = modelled[name][1]
+            row[f"{name}_model"] = modelled[name][0]
+            row[f"{name}_splits"] = "+".join(str(launch.splits) for launch in launches)
+    row["kv_read_floor_us"] = 2 * hkv * keys * d * 2 / copy_bandwidth_cached() * 1e6
+    return row
+
+
+@lru_cache(maxsize=1)
+def copy_bandwidth_cached() -> float:
+    return copy_bandwidth()
+
+
+def _tail_cell(row: dict, name: str) -> str:
+    if f"{name}_us" not in row:
+        return "-"
+    return f"{row[f'{name}_us']:.1f} (model {row[f'{name}_model']:.0f}, splits {row[f'{name}_splits']})"
+
+
+def tail_summary(rows: list[dict]) -> None:
+    print(
+        "\n| model | N | context | tiles | pick | planner µs | plain µs | separate µs | fold µs | KV read µs |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['nodes']} | {r['context']} | {r['tiles']} | {r['pick']} | {r['planner_us']:.1f} | "
+            f"{_tail_cell(r, 'plain')} | {_tail_cell(r, 'separate')} | {_tail_cell(r, 'fold')} | "
+            f"{r['kv_read_floor_us']:.1f} |"
+        )
+    worst = max((v for r in rows for key, v in r.items() if key.endswith("_rel_err")), default=float("nan"))
+    print(f"largest relative error against SDPA (fp32): {worst:.1e}")
 
 
 def drafter_like_logits(depth: int, vocab: int, peak: float, gen: torch.Generator) -> torch.Tensor:
@@ -269,6 +356,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--sweep", action="store_true", help="also try launch configurations")
+    parser.add_argument("--tail", action="store_true", help="only the tail-layout table (issue 22)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
@@ -282,9 +370,24 @@ def main() -> None:
     bw = copy_bandwidth()
     result["copy_bw_TBps"] = bw / 1e12
     print(f"{props.name}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write)", flush=True)
+    if args.tail:
+        section(
+            result,
+            "tail_layouts",
+            lambda: [
+                tail_case(model, hq, hkv, d, n, ctx, gen)
+                for model, hq, hkv, d in TAIL_SHAPES
+                for n in (17, 65, 257)
+                for ctx in (4096, 16384, 32768)
+            ],
+        )
+        (args.out / "kernels_bench_tail.json").write_text(json.dumps(result, indent=1))
+        if isinstance(result["tail_layouts"], list):
+            tail_summary(result["tail_layouts"])
+        return
 
-    sweep = {  # beside the planner's choice: without the tail launch, other stage counts and splits
-        257: [AttentionConfig(128, 64, 8, 4, None, False), AttentionConfig(128, 64, 8, 3)],
+    sweep = {  # beside the planner's choice: the tail in a whole tile, other stage counts and splits
+        257: [AttentionConfig(128, 64, 8, 4, None, "plain"), AttentionConfig(128, 64, 8, 3)],
         1025: [AttentionConfig(128, 64, 8, 3)],
         1: [AttentionConfig(16, 128, 4, 3, sp) for sp in (8, 16)],
         256: [],

@@ -27,11 +27,18 @@ are read once per group. Online softmax in base 2 with fp32 accumulators: for ea
 split into S key ranges (split-K) so that the grid fills the GPU; each split writes ``(acc, m, l)``
 and a second kernel merges them: ``M = max_s m_s``, ``out = sum_s 2^(m_s - M) acc_s /
 sum_s 2^(m_s - M) l_s``. The split count comes from a cost model (waves of programs times key
-tiles per program, plus a per-program overhead). A tree of 2^k + 1 nodes (the root plus a power-of-
-two budget) leaves G rows past the last full 128-row tile; a whole tile program per KV head for
-them would cost a second wave, so the planner gives those rows their own launch of 16-row tiles
-(``separate_tail``; H200, 4096 context: 257 nodes 64.8 -> 57.6 µs, against 47.8 µs for 256 nodes). Tiles wholly
-inside the context take an unmasked path. K/V tiles come
+tiles per program, plus a per-program overhead).
+
+**The tail.** A tree of 2^k + 1 nodes (the root plus a power-of-two budget) leaves G rows past the
+last full 128-row tile. The planner prices three layouts (``AttentionConfig.tail``): *plain*, a
+whole tile program per KV head for them (a second wave when the first is full); *separate*, their
+own launch of 16-row tiles (H200, 4096 context: 257 nodes 64.8 -> 57.6 µs, against 47.8 µs for 256
+nodes), which reads the whole KV range a second time (134 MB a layer for Qwen3-8B at 32K: at 32K
+and 65 nodes the second launch was ~30 of 114 µs); *fold*, a 16-row accumulator carried by the
+program of the last full tile, which applies each K/V tile it loads to both row sets (two online
+softmax states), so the keys are read once and that program's steps grow by the 16 rows. Every
+launch is priced at least one read of its KV range (``_kv_read_cost``). Tiles wholly inside the
+context take an unmasked path. K/V tiles come
 through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
 pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
 
@@ -57,7 +64,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ddtree_kernels.arch import ROWS, ArchRow, device_row
+from ddtree_kernels.arch import ROWS, ArchRow, Tiles, device_row
 from ddtree_kernels.host import cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 
@@ -92,9 +99,10 @@ class PartsVisibility:
 class AttentionConfig:
     """Launch configuration; ``None`` fields are chosen by the wrapper from the grid size.
 
-    ``separate_tail``: the last ``rows % block_m`` packed rows go to a second launch of 16-row
-    tiles, so that a 257-node tree does not pay a whole 128-row tile program per KV head for the
-    4 rows of its 257th node.
+    ``tail``: where the last ``rows % block_m`` packed rows go (the 4 rows of a 257-node tree's
+    257th node): ``"plain"``, a whole ``block_m`` tile program per KV head; ``"separate"``, a second
+    launch of 16-row tiles; ``"fold"``, a 16-row accumulator carried by the last tile's program on
+    the K/V tiles it loads anyway. A layout the shape cannot take falls back to plain.
     """
 
     block_m: int
@@ -102,7 +110,16 @@ class AttentionConfig:
     num_warps: int
     num_stages: int
     splits: int | None = None
-    separate_tail: bool | None = None
+    tail: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tail not in (None, *TAIL_LAYOUTS):
+            raise RuntimeError(
+                f"AttentionConfig.tail must be one of {TAIL_LAYOUTS} or None, got {self.tail!r}"
+            )
+
+
+TAIL_LAYOUTS = ("plain", "separate", "fold")
 
 
 @triton.jit
@@ -125,6 +142,104 @@ def _visibility_kernel(
         acc = tl.where(words == cur // 32, acc | bit, acc)
         cur = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
     tl.store(BITS + node * stride_bn + words, acc, mask=words < WORDS)
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """One key tile of the online softmax for scores ``s`` (base 2); MASKED: a row may see none of it."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new) if MASKED else m_new
+    alpha = tl.math.exp2(m_i - m_ref)
+    p = tl.math.exp2(s - m_ref[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _mask_scores(
+    s,
+    start,
+    hi,
+    context_len,
+    node,
+    row_ok,
+    BITS,
+    stride_bn,
+    n_nodes,
+    ROWS_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr,
+    ALL: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Scores of rows ``node`` (ROWS_M of them) against keys [start, start + BLOCK_N), -inf where hidden."""
+    pos = start + tl.arange(0, BLOCK_N)
+    key_ok = pos < hi
+    j = pos - context_len  # tree index of the key (negative inside the context)
+    if TREE:
+        # BLOCK_N consecutive keys span at most (BLOCK_N + 30) // 32 + 1 bitmask words: load
+        # each as a per-row vector and pick per column, instead of a [ROWS_M, BLOCK_N] gather
+        n_words = (n_nodes + 31) // 32
+        jc = tl.maximum(j, 0)
+        w0 = tl.maximum(start - context_len, 0) // 32
+        word = tl.zeros([ROWS_M, BLOCK_N], dtype=tl.int32)
+        for t in tl.static_range((BLOCK_N + 30) // 32 + 1):
+            w_idx = tl.full([ROWS_M], 0, tl.int32) + w0 + t
+            w = tl.load(BITS + node * stride_bn + w_idx, mask=row_ok & (w_idx < n_words), other=0)
+            word = tl.where((jc // 32 == w0 + t)[None, :], w[:, None], word)
+        seen = ((word >> (jc % 32)[None, :]) & 1) != 0
+    elif ALL:
+        seen = j[None, :] < n_nodes
+    else:
+        seen = j[None, :] <= node[:, None]
+    visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
+    if WINDOW > 0:  # key position - query position within (-WINDOW, WINDOW) (past only, unless ALL)
+        dist = j[None, :] - node[:, None]
+        visible &= dist > -WINDOW
+        if ALL:
+            visible &= dist < WINDOW
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _store_rows(
+    acc,
+    m_i,
+    l_i,
+    node,
+    head,
+    row_ok,
+    split,
+    OUT,
+    PART_ACC,
+    PART_ML,
+    stride_oh,
+    stride_on,
+    stride_od,
+    stride_ps,
+    stride_ph,
+    stride_pn,
+    part_node0,
+    HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """A split's (acc, m, l) partial of these rows, or (one split) their output acc / l."""
+    dims = tl.arange(0, D_PAD)
+    out_mask = row_ok[:, None] & (dims < HEAD_DIM)[None, :]
+    if SPLIT:
+        part = split * stride_ps + head * stride_ph + (node - part_node0) * stride_pn
+        tl.store(PART_ACC + part[:, None] + dims[None, :], acc, mask=out_mask)
+        tl.store(PART_ML + 2 * (part // D_PAD), m_i, mask=row_ok)
+        tl.store(PART_ML + 2 * (part // D_PAD) + 1, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i == 0 only on padding rows
+        tl.store(
+            OUT + head[:, None] * stride_oh + node[:, None] * stride_on + dims[None, :] * stride_od,
+            out.to(OUT.dtype.element_ty),
+            mask=out_mask,
+        )
 
 
 @triton.jit
@@ -168,6 +283,7 @@ def _tree_attention_kernel(
     WINDOW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    FOLD_M: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     pid_m = tl.program_id(0)
@@ -180,6 +296,8 @@ def _tree_attention_kernel(
     Q += seq * stride_qz
     OUT += seq * stride_oz
     BITS += seq * stride_bz
+    PART_ACC += seq * stride_pz  # a whole number of D_PAD rows, so the (m, l) pairs follow
+    PART_ML += 2 * (seq * stride_pz // D_PAD)
     # the context length lives on the device, so one captured launch serves a whole range of them;
     # the split-K ranges follow it (a split past the keys writes an empty partial: m = -inf, l = 0)
     context_len = tl.load(CTX + seq).to(tl.int32)
@@ -198,14 +316,31 @@ def _tree_attention_kernel(
         mask=row_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )
+    if FOLD_M > 0:
+        # the FOLD_M rows past the launch's tiles (a 2^k + 1 tree's last node): the last program
+        # carries them on the K/V tiles it loads anyway, so their keys are read once
+        carry = pid_m == tl.num_programs(0) - 1
+        rows_f = row0 + tl.num_programs(0) * BLOCK_M + tl.arange(0, FOLD_M)
+        node_f = rows_f // GROUP
+        head_f = kvh * GROUP + rows_f % GROUP
+        row_ok_f = node_f < n_nodes
+        q_f = tl.load(
+            Q + head_f[:, None] * stride_qh + node_f[:, None] * stride_qn + dims[None, :] * stride_qd,
+            mask=row_ok_f[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        m_f = tl.full([FOLD_M], float("-inf"), dtype=tl.float32)
+        l_f = tl.zeros([FOLD_M], dtype=tl.float32)
+        acc_f = tl.zeros([FOLD_M, D_PAD], dtype=tl.float32)
 
     # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
     # last node is visible (causal skip).
-    n_words = (n_nodes + 31) // 32
     if ALL:  # every new row sees every new row (a drafter block): no causal skip
         last_node = n_nodes - 1
     else:
         last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
+        if FOLD_M > 0:
+            last_node = tl.where(carry, n_nodes - 1, last_node)
     lo = key0 + split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
     if ROWS is not None:  # a shorter sequence's tiles past its rows skip the keys
@@ -216,70 +351,103 @@ def _tree_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
 
     # phase 1: whole tiles inside the context, every key visible
     for start in range(lo, tl.minimum(hi, ctx_full), BLOCK_N):
         k = K.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         v = V.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         s = dot(q, tl.trans(k), PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION, False)
+        if FOLD_M > 0 and carry:
+            s_f = dot(q_f, tl.trans(k), PRECISION) * qk_scale
+            m_f, l_f, acc_f = _softmax_step(s_f, v, m_f, l_f, acc_f, PRECISION, False)
 
     # phase 2: the context's ragged tail and the tree rows, masked
     for start in range(tl.maximum(lo, ctx_full), hi, BLOCK_N):
-        pos = start + offs_n
-        key_ok = pos < hi
         k = K.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         v = V.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         s = dot(q, tl.trans(k), PRECISION) * qk_scale
-        j = pos - context_len  # tree index of the key (negative inside the context)
-        if TREE:
-            # BLOCK_N consecutive keys span at most (BLOCK_N + 30) // 32 + 1 bitmask words: load
-            # each as a per-row vector and pick per column, instead of a [BLOCK_M, BLOCK_N] gather
-            jc = tl.maximum(j, 0)
-            w0 = tl.maximum(start - context_len, 0) // 32
-            word = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-            for t in tl.static_range((BLOCK_N + 30) // 32 + 1):
-                w_idx = tl.full([BLOCK_M], 0, tl.int32) + w0 + t
-                w = tl.load(BITS + node * stride_bn + w_idx, mask=row_ok & (w_idx < n_words), other=0)
-                word = tl.where((jc // 32 == w0 + t)[None, :], w[:, None], word)
-            seen = ((word >> (jc % 32)[None, :]) & 1) != 0
-        elif ALL:
-            seen = j[None, :] < n_nodes
-        else:
-            seen = j[None, :] <= node[:, None]
-        visible = ((j < 0)[None, :] | seen) & key_ok[None, :]
-        if WINDOW > 0:  # key position - query position within (-WINDOW, WINDOW) (past only, unless ALL)
-            dist = j[None, :] - node[:, None]
-            visible &= dist > -WINDOW
-            if ALL:
-                visible &= dist < WINDOW
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, PRECISION)
-        m_i = m_new
+        s = _mask_scores(
+            s,
+            start,
+            hi,
+            context_len,
+            node,
+            row_ok,
+            BITS,
+            stride_bn,
+            n_nodes,
+            BLOCK_M,
+            BLOCK_N,
+            TREE,
+            ALL,
+            WINDOW,
+        )
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION, True)
+        if FOLD_M > 0 and carry:
+            s_f = dot(q_f, tl.trans(k), PRECISION) * qk_scale
+            s_f = _mask_scores(
+                s_f,
+                start,
+                hi,
+                context_len,
+                node_f,
+                row_ok_f,
+                BITS,
+                stride_bn,
+                n_nodes,
+                FOLD_M,
+                BLOCK_N,
+                TREE,
+                ALL,
+                WINDOW,
+            )
+            m_f, l_f, acc_f = _softmax_step(s_f, v, m_f, l_f, acc_f, PRECISION, True)
 
-    out_mask = row_ok[:, None] & dim_ok[None, :]
-    if SPLIT:
-        part = split * stride_ps + seq * stride_pz + head * stride_ph + (node - part_node0) * stride_pn
-        tl.store(PART_ACC + part[:, None] + dims[None, :], acc, mask=out_mask)
-        tl.store(PART_ML + 2 * (part // D_PAD), m_i, mask=row_ok)
-        tl.store(PART_ML + 2 * (part // D_PAD) + 1, l_i, mask=row_ok)
-    else:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # l_i == 0 only on padding rows
-        tl.store(
-            OUT + head[:, None] * stride_oh + node[:, None] * stride_on + dims[None, :] * stride_od,
-            out.to(OUT.dtype.element_ty),
-            mask=out_mask,
+    _store_rows(
+        acc,
+        m_i,
+        l_i,
+        node,
+        head,
+        row_ok,
+        split,
+        OUT,
+        PART_ACC,
+        PART_ML,
+        stride_oh,
+        stride_on,
+        stride_od,
+        stride_ps,
+        stride_ph,
+        stride_pn,
+        part_node0,
+        HEAD_DIM,
+        D_PAD,
+        SPLIT,
+    )
+    if FOLD_M > 0 and carry:
+        _store_rows(
+            acc_f,
+            m_f,
+            l_f,
+            node_f,
+            head_f,
+            row_ok_f,
+            split,
+            OUT,
+            PART_ACC,
+            PART_ML,
+            stride_oh,
+            stride_on,
+            stride_od,
+            stride_ps,
+            stride_ph,
+            stride_pn,
+            part_node0,
+            HEAD_DIM,
+            D_PAD,
+            SPLIT,
         )
 
 
@@ -306,6 +474,7 @@ def _merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    SPLITS_C: tl.constexpr,
 ):
     """Merge the splits' (acc, m, l) of BLOCK_R nodes of one head: one log-sum-exp per row.
 
@@ -325,22 +494,28 @@ def _merge_splits_kernel(
     acc_base = tl.where(is_tail, TAIL_ACC + row_part, MAIN_ACC + row_part)
     ml_base = tl.where(is_tail, TAIL_ML + 2 * (row_part // D_PAD), MAIN_ML + 2 * (row_part // D_PAD))
     block_splits = tl.max(tl.where(row_ok, n_splits, 0), 0)  # main-only blocks skip the tail's splits
+    # SPLITS_C splits at a time in one load each (a loop of one split per step was a chain of
+    # dependent loads: 6.6-12 µs for one decode row on the H200), combined as online softmax
     m_all = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    for s in range(block_splits):
-        ok = row_ok & (s < n_splits)
-        m_all = tl.maximum(
-            m_all, tl.load(ml_base + 2 * (s * split_stride // D_PAD), mask=ok, other=float("-inf"))
-        )
-    m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, D_PAD], dtype=tl.float32)
-    for s in range(block_splits):
-        ok = row_ok & (s < n_splits)
-        ml = ml_base + 2 * (s * split_stride // D_PAD)
-        w = tl.math.exp2(tl.load(ml, mask=ok, other=float("-inf")) - m_safe)
-        l_all += w * tl.load(ml + 1, mask=ok, other=0.0)
-        a_s = tl.load((acc_base + s * split_stride)[:, None] + dims[None, :], mask=ok[:, None], other=0.0)
-        acc += w[:, None] * a_s
+    for s0 in range(0, block_splits, SPLITS_C):
+        s = s0 + tl.arange(0, SPLITS_C)
+        ok = row_ok[None, :] & (s[:, None] < n_splits[None, :])  # [SPLITS_C, BLOCK_R]
+        offset = s[:, None] * split_stride[None, :]
+        ml = ml_base[None, :] + 2 * (offset // D_PAD)
+        m_s = tl.load(ml, mask=ok, other=float("-inf"))
+        l_s = tl.load(ml + 1, mask=ok, other=0.0)
+        a_s = tl.load(
+            (acc_base[None, :] + offset)[:, :, None] + dims[None, None, :], mask=ok[:, :, None], other=0.0
+        )
+        m_new = tl.maximum(m_all, tl.max(m_s, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_all - m_ref)
+        w = tl.math.exp2(m_s - m_ref[None, :])
+        l_all = l_all * alpha + tl.sum(w * l_s, 0)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * a_s, 0)
+        m_all = m_new
     out = acc / tl.where(row_ok, l_all, 1.0)[:, None]
     tl.store(
         OUT + head * stride_oh + node[:, None] * stride_on + dims[None, :] * stride_od,
@@ -364,20 +539,48 @@ def _default_config(rows: int, arch: ArchRow) -> AttentionConfig:
 # The tail launch's tiles on sm_90: 16 rows (the smallest tl.dot tile), many splits over the keys;
 # other families take theirs from ddtree_kernels/arch.py.
 _TAIL_CONFIG = AttentionConfig(*ROWS["sm_90"].tail)
-# Per-program cost outside the key loop, in key tiles (prologue, partial store, merge share), and
-# the cost of a second (tail) launch in the same units; fitted to the H200 sweep in RESULTS.md.
+# Costs are in steps of one main-tile program over one key tile. Per-program cost outside the key
+# loop (prologue, partial store, merge share), and the cost of a second (tail) launch; fitted to the
+# H200 sweep in RESULTS.md.
 _PROGRAM_OVERHEAD_TILES = 4
 _TAIL_LAUNCH_TILES = 4
 # The tail's splits are merged row by row; more than this costs the merge more than it saves.
 _TAIL_MAX_SPLITS = 16
+# The kernel's tile maths over HBM bandwidth on the H200 (~1.3 µs per 128x64 key tile at head_dim 128
+# on 132 SMs: ~425 TFLOP/s, against ~4.2 TB/s): how many FLOPs of tile work take as long as reading
+# one byte of K/V. It prices a launch's read of the KV range in key-tile steps.
+_FLOPS_PER_BYTE = 100
+# A folded row's key-tile step against a main-tile row's: 16-row products cannot use wgmma (mma.sync
+# instead) and get their own softmax. An estimate, not yet fitted: benchmarks/kernels_bench.py
+# --tail times fold, separate and the planner's pick side by side.
+_FOLD_ROW_COST = 1.5
 
 
-def _split_cost(programs: int, key_tiles: int, sms: int, max_splits: int = 64) -> tuple[int, int]:
-    """(cost, splits) for the best split-K: cost ~ waves x (key tiles per program + overhead)."""
+def _split_cost(
+    programs: int, key_tiles: int, sms: int, max_splits: int = 64, step: float = 1.0
+) -> tuple[float, int]:
+    """(cost, splits) for the best split-K: cost ~ waves x (key tiles per program x ``step`` + overhead)."""
     options = range(1, max(1, min(max_splits, key_tiles // 2)) + 1)
     return min(
-        (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) + _PROGRAM_OVERHEAD_TILES), sp) for sp in options
+        (cdiv(programs * sp, sms) * (cdiv(key_tiles, sp) * step + _PROGRAM_OVERHEAD_TILES), sp)
+        for sp in options
     )
+
+
+def _kv_read_cost(hkv: int, key_tiles: int, block_m: int, sms: int, elem_bytes: int) -> float:
+    """One read of the KV range from HBM, in key-tile steps: the floor of any launch over it.
+
+    A step is 4 * block_m * block_n * D FLOPs on every SM; the read is hkv * key_tiles * block_n * D
+    * 2 (K and V) * elem_bytes bytes, so D and block_n cancel.
+    """
+    return hkv * key_tiles * elem_bytes * _FLOPS_PER_BYTE / (2 * sms * block_m)
+
+
+def merge_tiles(splits: int, d_pad: int) -> tuple[int, int]:
+    """(rows per merge program, splits per load): up to 16 splits' partials of a few rows in one
+    [splits, rows, D] load, about 4K fp32 values a program."""
+    splits_c = min(next_pow2(splits), 16)
+    return max(1, min(16, 4096 // (splits_c * d_pad))), splits_c
 
 
 class _Partials(NamedTuple):
@@ -391,12 +594,14 @@ class _Partials(NamedTuple):
 
 @dataclass(frozen=True)
 class _Launch:
-    """One launch of the attention kernel over packed rows [row0, row0 + rows) with ``splits`` key ranges."""
+    """One launch of the attention kernel over packed rows [row0, row0 + rows) with ``splits`` key
+    ranges; ``fold`` > 0: its last tile's program also carries the ``fold`` rows after them."""
 
     row0: int
     rows: int
     config: AttentionConfig
     splits: int
+    fold: int = 0
 
 
 @lru_cache(maxsize=1024)
@@ -408,28 +613,67 @@ def _plan(
     cfg: AttentionConfig,
     sms: int,
     tail_cfg: AttentionConfig = _TAIL_CONFIG,
+    elem_bytes: int = 2,
+    can_fold: bool = True,
 ) -> tuple[_Launch, ...]:
-    """The main launch, and a tail launch when it saves whole waves of big-tile programs.
+    """The launches of the cheapest tail layout (``cfg.tail`` picks one; one the shape cannot take
+    falls back to plain; ``can_fold``: the row's tiles fold without spilling, see arch.py). Cached:
+    a decode loop asks for the same few shapes every layer, and eager launches pay for any host work."""
+    plans = tail_layouts(rows, group, keys, hkv, cfg, sms, tail_cfg, elem_bytes)
+    if not can_fold and cfg.tail is None:
+        plans.pop("fold", None)
+    if cfg.tail is not None:
+        return plans.get(cfg.tail, plans["plain"])[1]
+    return min(plans.values(), key=lambda plan: plan[0])[1]
 
-    Cached: a decode loop asks for the same few shapes every layer, and eager launches pay for
-    any host work.
+
+def tail_layouts(
+    rows: int,
+    group: int,
+    keys: int,
+    hkv: int,
+    cfg: AttentionConfig,
+    sms: int,
+    tail_cfg: AttentionConfig,
+    elem_bytes: int,
+) -> dict[str, tuple[float, tuple[_Launch, ...]]]:
+    """Each tail layout this shape can take: its modelled cost in key-tile steps, and its launches.
+
+    Every launch reads the whole KV range at least once (``_kv_read_cost``), so a separate tail
+    launch pays that read a second time; a folded tail reads nothing more but makes the last
+    tile's program, and with it its wave, longer. ``benchmarks/kernels_bench.py --tail`` prints
+    these costs beside the measured times.
     """
     tail = rows % cfg.block_m
     m_tiles = cdiv(rows, cfg.block_m)
     key_tiles = cdiv(keys, cfg.block_n)
+    kv_read = _kv_read_cost(hkv, key_tiles, cfg.block_m, sms, elem_bytes)
     cost, splits = _split_cost(m_tiles * hkv, key_tiles, sms)
-    can_split_tail = tail and rows > cfg.block_m > tail_cfg.block_m and cfg.block_m % group == 0
-    if cfg.separate_tail is False or not can_split_tail:
-        return (_Launch(0, rows, cfg, cfg.splits or splits),)
-    main_cost, main_splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms)
-    if cfg.separate_tail is None and main_cost + _TAIL_LAUNCH_TILES >= cost:
-        return (_Launch(0, rows, cfg, cfg.splits or splits),)
-    tail_programs = cdiv(tail, tail_cfg.block_m) * hkv
-    _, tail_splits = _split_cost(tail_programs, cdiv(keys, tail_cfg.block_n), sms, _TAIL_MAX_SPLITS)
-    return (
-        _Launch(0, rows - tail, cfg, cfg.splits or main_splits),
-        _Launch(rows - tail, tail, tail_cfg, tail_splits),
-    )
+    plans = {"plain": (max(cost, kv_read), (_Launch(0, rows, cfg, cfg.splits or splits),))}
+    fold = tail_cfg.block_m  # the fold's accumulator has the tail launch's rows
+    if rows > cfg.block_m > fold >= tail > 0:
+        step = 1 + _FOLD_ROW_COST * fold / cfg.block_m
+        cost, splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms, step=step)
+        plans["fold"] = (max(cost, kv_read), (_Launch(0, rows - tail, cfg, cfg.splits or splits, fold),))
+    if tail and rows > cfg.block_m > tail_cfg.block_m and cfg.block_m % group == 0:
+        cost, splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms)
+        tail_tiles = cdiv(keys, tail_cfg.block_n)
+        step = tail_cfg.block_m * tail_cfg.block_n / (cfg.block_m * cfg.block_n)
+        tail_cost, tail_splits = _split_cost(
+            cdiv(tail, tail_cfg.block_m) * hkv, tail_tiles, sms, _TAIL_MAX_SPLITS, step
+        )
+        cost = max(cost, kv_read) + max(tail_cost, kv_read) + _TAIL_LAUNCH_TILES
+        launches = (
+            _Launch(0, rows - tail, cfg, cfg.splits or splits),
+            _Launch(rows - tail, tail, tail_cfg, tail_splits),
+        )
+        plans["separate"] = (cost, launches)
+    return plans
+
+
+def can_fold(cfg: AttentionConfig, arch: ArchRow) -> bool:
+    """Whether the planner may fold a tail into ``cfg``'s tiles on ``arch``'s family (arch.py ``fold``)."""
+    return Tiles(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in arch.fold
 
 
 def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, visibility) -> None:
@@ -511,7 +755,18 @@ def tree_attention(
     if window is not None and window < 1:
         raise RuntimeError(f"a sliding window must be at least 1 position, got {window}")
     keys = key_bound if window is None else min(key_bound, window + n + cfg.block_n)  # keys a row can see
-    launches = _plan(n * group, group, keys, hkv, cfg, num_sms(q.device), AttentionConfig(*arch.tail))
+    tail_cfg = AttentionConfig(*arch.tail)
+    launches = _plan(
+        n * group,
+        group,
+        keys,
+        hkv,
+        cfg,
+        num_sms(q.device),
+        tail_cfg,
+        k_cache.element_size(),
+        can_fold(cfg, arch),
+    )
 
     out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
     bits = visibility.bits if visibility is not None else q  # q: a placeholder, never read
@@ -561,6 +816,7 @@ def tree_attention(
             WINDOW=window or 0,
             SPLIT=splits > 1,
             PRECISION=dot_precision(q.dtype),
+            FOLD_M=launch.fold,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -572,7 +828,7 @@ def tree_attention(
             p if p.splits > 1 else p._replace(acc=split[0].acc, ml=split[0].ml)
             for p in (*partials, _Partials(out, out, 1, n))[:2]
         )
-        block_r = 16
+        block_r, splits_c = merge_tiles(max(main.splits, tail.splits), d_pad)
         _merge_splits_kernel[(cdiv(n, block_r), hq)](
             main.acc,
             main.ml,
@@ -589,6 +845,7 @@ def tree_attention(
             HEAD_DIM=d,
             D_PAD=d_pad,
             BLOCK_R=block_r,
+            SPLITS_C=splits_c,
             num_warps=4,
         )
     return out
@@ -686,13 +943,14 @@ def tree_attention_parts(
         WINDOW=window or 0,
         SPLIT=splits > 1,
         PRECISION=dot_precision(q.dtype),
+        FOLD_M=0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
     if splits > 1:  # the sequences' rows side by side: [splits, Hq, P * N, .] into [Hq, P * N, D]
         acc, ml = part_acc.view(splits, hq, p * n, d_pad), part_ml.view(splits, hq, p * n, 2)
         flat = out.transpose(0, 1).view(hq, p * n, d)
-        block_r = 16
+        block_r, splits_c = merge_tiles(splits, d_pad)
         _merge_splits_kernel[(cdiv(p * n, block_r), hq)](
             acc,
             ml,
@@ -709,6 +967,7 @@ def tree_attention_parts(
             HEAD_DIM=d,
             D_PAD=d_pad,
             BLOCK_R=block_r,
+            SPLITS_C=splits_c,
             num_warps=4,
         )
     return out

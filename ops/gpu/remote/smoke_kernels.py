@@ -4,7 +4,7 @@ Runs before anything is deployed, so the kernels arrive with the script: the con
 line ``SOURCES = {...}`` (file name -> source of its ``ddtree_kernels/*.py``) in front of this file, and
 they are written to a temporary package first (``@triton.jit`` reads its function's source file).
 Small shapes, but the attention cases reach every tile choice of the device's row in
-``ddtree_kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
+``ddtree_kernels/arch.py`` (decode, small, large, the folded tail and the separate tail launch). Prints one JSON object:
 ``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
 row and one entry per kernel: name, config, max error and tolerance, or the error. The FP8 cases
 run where the GPU has FP8 tensor cores (sm_89 and newer).
@@ -22,17 +22,19 @@ def _error(exc):
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:2000]
 
 
-# (name, nodes, tree?) at 8/2 heads (GQA group 4, as Qwen3-8B), head_dim 128: 4, 68, 260 (two
-# large tiles and a 4-row tail) and 256 packed rows reach every tile choice of the row
+# (name, nodes, tree?, tail layout: None for the planner's) at 8/2 heads (GQA group 4, as Qwen3-8B),
+# head_dim 128: 4, 68, 260 (two large tiles and a 4-row tail, folded or apart) and 256 packed rows
+# reach every tile choice of the row
 ATTENTION_CASES = [
-    ("attention decode", 1, False),
-    ("attention tree small", 17, True),
-    ("attention tree large + tail", 65, True),
-    ("attention chain", 64, False),
+    ("attention decode", 1, False, None),
+    ("attention tree small", 17, True, None),
+    ("attention tree large + tail", 65, True, None),
+    ("attention tree large + separate tail", 65, True, "separate"),
+    ("attention chain", 64, False, None),
 ]
 
 
-def run_attention(entry, k, torch, device, row, nodes, tree):
+def run_attention(entry, k, torch, device, row, nodes, tree, tail):
     """The planner's launches for this shape (recorded first), and the relative error against SDPA."""
     ta = k["tree_attention"]
     gen = torch.Generator().manual_seed(nodes)
@@ -51,15 +53,17 @@ def run_attention(entry, k, torch, device, row, nodes, tree):
         vis = ta.tree_visibility(parents, depth)
     rows = nodes * hq // hkv
     cfg = ta._default_config(rows, row)
+    cfg = ta.AttentionConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, tail=tail)
+    sms, tail_cfg = k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
     launches = ta._plan(
-        rows, hq // hkv, ctx + nodes, hkv, cfg, k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
+        rows, hq // hkv, ctx + nodes, hkv, cfg, sms, tail_cfg, k_cache.element_size(), ta.can_fold(cfg, row)
     )
     entry["config"] = " + ".join(
         f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
-        f"s{launch.config.num_stages} splits {launch.splits}"
+        f"s{launch.config.num_stages} splits {launch.splits}{f' fold {launch.fold}' if launch.fold else ''}"
         for launch in launches
     )
-    out = ta.tree_attention(q, k_cache, v_cache, ctx, vis, 0.088)
+    out = ta.tree_attention(q, k_cache, v_cache, ctx, vis, 0.088, cfg)
     ref = ta.tree_attention_reference(q, k_cache, v_cache, ctx, parents, 0.088)
     err = float(((out.float() - ref.float()).norm() / ref.float().norm()).item())
     entry["max_error"], entry["tolerance"] = err, 2e-2 if dtype == torch.bfloat16 else 1e-4
@@ -285,8 +289,8 @@ def run_kernels(k, torch, device):
     except RuntimeError as exc:
         return {"row": None, "row_error": _error(exc), "kernels": []}
     cases = [
-        (name, lambda e, n=nodes, t=tree: run_attention(e, k, torch, device, row, n, t))
-        for name, nodes, tree in ATTENTION_CASES
+        (name, lambda e, n=nodes, t=tree, tl=tail: run_attention(e, k, torch, device, row, n, t, tl))
+        for name, nodes, tree, tail in ATTENTION_CASES
     ]
     cases += [
         (name, lambda e, f=fn: f(e, k, torch, device))
