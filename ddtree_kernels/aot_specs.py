@@ -302,30 +302,31 @@ def _attention_parts(
     )
 
 
-def merge_spec(cc: int) -> Spec:
-    acc = _empty(4, HQ, BUDGET + 1, HEAD_DIM)
+def merge_spec(cc: int, splits: int) -> Spec:
+    acc = _empty(splits, HQ, BUDGET + 1, HEAD_DIM)
     out = _empty(HQ, BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
     args = dict(
         MAIN_ACC=acc,
-        MAIN_ML=_empty(4, HQ, BUDGET + 1, 2),
+        MAIN_ML=_empty(splits, HQ, BUDGET + 1, 2),
         TAIL_ACC=acc,
-        TAIL_ML=_empty(4, HQ, BUDGET + 1, 2),
+        TAIL_ML=_empty(splits, HQ, BUDGET + 1, 2),
         OUT=out,
         **_strides("stride_ms stride_mh stride_mn", acc),
         **_strides("stride_ts stride_th stride_tn", acc),
         **_strides("stride_oh stride_on stride_od", out),
         n_nodes=BUDGET + 1,
-        main_splits=4,
-        tail_splits=4,
+        main_splits=splits,
+        tail_splits=splits,
         tail_node0=BUDGET,
     )
+    block_r, splits_c = tree_attention.merge_tiles(splits, HEAD_DIM)
     return Spec(
         "merge_splits",
-        "B=1024 16 rows",
+        f"B=1024 {splits} splits, {block_r} rows x {splits_c} splits a load",
         cc,
         tree_attention._merge_splits_kernel,
         args,
-        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=16),
+        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=block_r, SPLITS_C=splits_c),
         4,
     )
 
@@ -1053,7 +1054,7 @@ def specs() -> dict[str, Spec]:
             found += attention_specs(row, cc, head_dim=256)
     for cc in TARGETS:
         found += [
-            merge_spec(cc),
+            *(merge_spec(cc, splits) for splits in (4, 16)),
             visibility_spec(cc),
             *topk_specs(cc),
             tree_spec(cc),

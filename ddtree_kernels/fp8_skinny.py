@@ -123,7 +123,9 @@ def fp8_skinny(
     per_row = block[1] >= k
     cfg = config or default_config(n, k, block[1], num_sms(x.device))
     if not per_row and cfg.block_k % block[1]:
-        raise RuntimeError(f"fp8_skinny steps whole groups: block_k {cfg.block_k} is not a multiple of {block[1]}")
+        raise RuntimeError(
+            f"fp8_skinny steps whole groups: block_k {cfg.block_k} is not a multiple of {block[1]}"
+        )
     x8, x_scale = act_quant(x, k if per_row else block[1])  # once, not in every program
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
