@@ -690,7 +690,7 @@ def gdn_specs(cc: int) -> list[Spec]:
         found.append(
             Spec(
                 "gdn_tree.solve",
-                f"N={n} {block_t}x{gdn_tree.BLOCK_V}",
+                f"N={n} {block_t}x{gdn_tree.BLOCK_V}{' tail' if gdn_tree.lone_tail(n, block_t) else ''}",
                 cc,
                 gdn_tree._tree_solve_kernel,
                 dict(
@@ -707,7 +707,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     D=_empty(GDN_HV, n, GDN_D),
                     **common,
                 ),
-                {**shapes, "DV": GDN_D, "BLOCK_V": gdn_tree.BLOCK_V},
+                {**shapes, "DV": GDN_D, "BLOCK_V": gdn_tree.BLOCK_V, "TAIL": gdn_tree.lone_tail(n, block_t)},
                 gdn_tree.NUM_WARPS,
             )
         )

@@ -37,7 +37,13 @@ ceil(log2(L + 1)) factors: 4 for a DDTree block of depth <= 15, 6 for a 64-node 
 kernel (one program per value head and block of value columns) is the forward substitution in node
 order: row block i starts from R_i = beta (V - exp(G) K S0), subtracts A[i, c] D_c for the earlier
 blocks that hold its ancestors (read back from the D it stored), applies the inverse, and gathers
-o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. The path sums G = anc @ g come out of the first kernel
+o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. These block steps are the serial part of the layer, and a
+verify tree has 2^k + 1 nodes (the root and a budget of 2^k), so whole blocks would leave the last
+node alone in a block step of its own (5 steps for 257 nodes in 64-node blocks, 2 for 65). That lone
+node is a leaf (nothing depends on it), so it rides along as the solve's **tail** instead: after the
+last full block, its row of (1) and (2), held in a 16-row matmul tile, against the state and against
+the blocks that hold its ancestors, with no squarings (its diagonal block is 1). The plan says
+``tail``, and ``node_block`` does not count that node. The path sums G = anc @ g come out of the first kernel
 too: each program sums its rows' and columns' ancestors in fp32 (an fp32 GEMM launch of its own cost
 8 µs a layer on the H200, the first kernel's whole run 13), and the diagonal programs store them. Every
 product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
@@ -68,8 +74,16 @@ BLOCK_V, NUM_WARPS = 64, 4  # the solve's launch: value columns per program, war
 def node_block(n: int, cc: int) -> int:
     """BLOCK_T for a tree of n nodes on compute capability `cc` (90, 100, 120): one block for a
     small tree, else 64-node blocks where the solve's products are wgmma (sm_90) and 32-node blocks
-    elsewhere, where a 64-node solve spills registers (ARCH.md)."""
-    return 16 if n <= 16 else 32 if n <= 32 or cc // 10 != 9 else 64
+    elsewhere, where a 64-node solve spills registers (ARCH.md). A verify tree has 2^k + 1 nodes
+    (the root and a budget of 2^k): its last node rides along as the solve's tail, so it is not
+    counted here (17 nodes take one 16-node block, not one of 32)."""
+    m = max(1, n - 1)
+    return 16 if m <= 16 else 32 if m <= 32 or cc // 10 != 9 else 64
+
+
+def lone_tail(n: int, block: int) -> bool:
+    """Whether n nodes in blocks of ``block`` leave one node alone in the last block (2^k + 1)."""
+    return n > block and n % block == 1
 
 
 def _capability(device: torch.device) -> int:
@@ -89,6 +103,7 @@ class TreePlan:
     steps: Tensor  # [NB] int32: squarings of diagonal block i's solve
     windows: Tensor  # [N, K] int32: hist rows of each node's conv window, oldest first
     block: int  # BLOCK_T
+    tail: bool  # the last node block holds one node, which the solve carries as a row (no step of its own)
 
     @property
     def num_nodes(self) -> int:
@@ -114,8 +129,12 @@ def _plan_kernel(PARENTS, DEPTH, ANC, WINDOWS, stride_anc, KERNEL: tl.constexpr)
         tl.store(WINDOWS + node * KERNEL + KERNEL - 2 - j, row)
 
 
-def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = None) -> TreePlan:
-    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync."""
+def tree_plan(
+    parents: Tensor, depth: Tensor, kernel: int, block: int | None = None, tail: bool = True
+) -> TreePlan:
+    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync.
+    ``tail=False`` gives a lone last node a block step of its own (the schedule before the tail,
+    which ``benchmarks/gdn_bench.py`` times against it)."""
     if parents.dim() != 1 or depth.shape != parents.shape:
         raise RuntimeError(
             f"tree_plan wants parents and depth [N], got {tuple(parents.shape)}, {tuple(depth.shape)}"
@@ -134,7 +153,7 @@ def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = N
     inside = tiles.diagonal(dim1=0, dim2=2).sum(dim=1)  # [block, nb]: in-block ancestors-or-self per node
     longest = (inside.amax(dim=0) - 1).clamp(min=0)  # the longest strict-ancestor chain in each block
     steps = torch.ceil(torch.log2(longest + 1.0)).to(torch.int32)
-    return TreePlan(anc, blocks, steps, windows, block)
+    return TreePlan(anc, blocks, steps, windows, block, tail and lone_tail(n, block))
 
 
 @triton.jit
@@ -155,18 +174,22 @@ def _products(
 
 @triton.jit
 def _against_state(
-    A, S0, rows, a_ok, vcol, v_ok, stride, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+    Q, K, S0, rows, r_ok, vcol, v_ok, stride, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Rows of A [N, HK, DK] times the state's columns S0[:, vcol] (fp32 [DK, DV]): [rows, vcol] fp32."""
-    acc = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
+    """Rows of Q and of K [N, HK, DK] times the state's columns S0[:, vcol] (fp32 [DK, DV]), each slice
+    of S0 loaded once for both: ([rows, vcol], [rows, vcol]) fp32."""
+    qs = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
+    ks = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
     for k0 in tl.static_range(0, DK, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < DK
-        a = tl.load(A + rows[:, None] * stride + kk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
         s = tl.load(S0 + kk[:, None] * DV + vcol[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-        acc = dot(a.to(tl.float32), s, PRECISION, acc)
-    return acc
+        tile = rows[:, None] * stride + kk[None, :]
+        ok = r_ok[:, None] & k_ok[None, :]
+        qs = dot(tl.load(Q + tile, mask=ok, other=0.0).to(tl.float32), s, PRECISION, qs)
+        ks = dot(tl.load(K + tile, mask=ok, other=0.0).to(tl.float32), s, PRECISION, ks)
+    return qs, ks
 
 
 @triton.jit
@@ -268,9 +291,11 @@ def _tree_solve_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (h, value block): D and the outputs of value head h, node block by node block."""
+    """Program (h, value block): D and the outputs of value head h, node block by node block; with
+    TAIL, the last node block is one lone node, carried along the others' steps as a single row."""
     h = tl.program_id(0)
     hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -280,16 +305,17 @@ def _tree_solve_kernel(
     Q, K, S0 = Q + hk * DK, K + hk * DK, S0 + h * DK * DV
     D, GSUM = D + h * n_nodes * DV, GSUM + h * n_nodes
     A, P = A + h * stride_anc * stride_anc, P + h * stride_anc * stride_anc
-    for i in range(n_blocks):
+    steps = n_blocks - 1 if TAIL else n_blocks
+    for i in range(steps):
         rows = i * BLOCK_T + local
         r_ok = rows < n_nodes
         mask = r_ok[:, None] & v_ok[None, :]
         eg = tl.exp(tl.load(GSUM + rows, mask=r_ok, other=0.0))
         beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
         vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0).to(tl.float32)
-        ks0 = _against_state(K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
-        rhs = beta[:, None] * (vb - eg[:, None] * ks0)  # (1) and (2) against the cached state
-        out = eg[:, None] * _against_state(Q, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        qs, ks = _against_state(Q, K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        rhs = beta[:, None] * (vb - eg[:, None] * ks)  # (1) and (2) against the cached state
+        out = eg[:, None] * qs
         for c in range(i):  # ... and against the earlier node blocks that hold ancestors
             if tl.load(BLOCKS + i * n_blocks + c) != 0:
                 cols = c * BLOCK_T + local
@@ -307,6 +333,27 @@ def _tree_solve_kernel(
         tl.store(D + rows[:, None] * DV + vcol[None, :], d, mask=mask)
         tl.store(OUT + (rows[:, None] * HV + h) * DV + vcol[None, :], out.to(OUT.dtype.element_ty), mask=mask)
         tl.debug_barrier()  # this block's D is read back by the later blocks
+    if TAIL:  # the lone last node: (1) and (2) as for a block, its row repeated over a matmul's least
+        # height (16); its diagonal block is 1, and its row of A and P is masked where it has no ancestor
+        t = tl.full([16], n_nodes - 1, tl.int32)
+        q_s0, k_s0 = _against_state(Q, K, S0, t, t >= 0, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        eg_t = tl.exp(tl.load(GSUM + t))[:, None]
+        v_t = tl.load(V + (t[:, None] * HV + h) * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+        d_tail = tl.load(BETA + t * HV + h)[:, None] * (v_t.to(tl.float32) - eg_t * k_s0)
+        out_tail = eg_t * q_s0
+        for c in range(steps):
+            cols = c * BLOCK_T + local
+            tile = t[:, None] * stride_anc + cols[None, :]
+            linked = (tl.zeros_like(tile) + tl.load(BLOCKS + steps * n_blocks + c)) != 0
+            dc = tl.load(D + cols[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+            d_tail -= dot(tl.load(A + tile, mask=linked, other=0.0), dc, PRECISION)
+            out_tail += dot(tl.load(P + tile, mask=linked, other=0.0), dc, PRECISION)
+        out_tail += tl.load(P + t * stride_anc + t)[:, None] * d_tail
+        once = (tl.arange(0, 16) == 0)[:, None] & v_ok[None, :]
+        tl.store(D + t[:, None] * DV + vcol[None, :], d_tail, mask=once)
+        tl.store(
+            OUT + (t[:, None] * HV + h) * DV + vcol[None, :], out_tail.to(OUT.dtype.element_ty), mask=once
+        )
 
 
 def gdn_tree(
@@ -400,6 +447,7 @@ def gdn_tree(
         BLOCK_K=block_k,
         BLOCK_T=block,
         BLOCK_V=block_v,
+        TAIL=plan.tail,
         PRECISION=precision,
         num_warps=num_warps,
     )

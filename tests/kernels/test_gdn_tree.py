@@ -48,6 +48,12 @@ def root_path(parents: list[int], leaf: int) -> list[int]:
         ("random", 33, 1, 2, 16, 20),
         ("chain", 100, 1, 1, 16, 16),  # a 64-node chain block: six squarings
         ("chain", 1, 1, 1, 16, 16),  # the root alone (an `ar`-sized verify)
+        # 2^k + 1 nodes (a verify at budget 2^k): the last node is the solve's tail
+        ("random", 257, 1, 2, 16, 16),  # B=256: four 64-node blocks and the tail
+        ("chain", 129, 1, 1, 16, 16),  # every block pair linked, the tail at the bottom of the chain
+        ("star", 129, 1, 1, 8, 12),  # the tail hangs off the root: no ancestor in block 1
+        ("bushy", 65, 1, 2, 16, 16),  # one 64-node block and the tail
+        ("deep", 17, 2, 4, 16, 20),  # one 16-node block and the tail, odd value dim
     ],
 )
 def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, hk, hv, dk, dv) -> None:
@@ -76,6 +82,28 @@ def test_the_plan_skips_empty_block_pairs_and_counts_squarings() -> None:
     _, chain = plan_of(list(range(-1, 99)))
     assert chain.steps.tolist() == [6, 6]  # 64 nodes deep inside block 0, 36 inside block 1
     assert chain.windows[0].tolist() == [0, 1, 2, 3] and chain.windows[5].tolist() == [5, 6, 7, 8]
+
+
+def test_a_lone_last_node_is_the_solves_tail_and_both_schedules_agree() -> None:
+    """2^k + 1 nodes leave one node in the last block: the solve carries it as a tail (17 nodes take
+    one 16-node block, not one of 32); ``tail=False`` gives it a block step of its own, same outputs."""
+    assert [
+        (p.block, p.blocks.shape[0], p.tail) for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 65))
+    ] == [
+        (16, 1, False),
+        (16, 2, True),
+        (64, 2, True),
+    ]
+    gen = torch.Generator().manual_seed(5)
+    parents = make_parents("deep", 65, gen)
+    q, k, v, g, beta, state = inputs(1, 2, 65, 16, 16, gen)
+    par, plan = plan_of(parents)
+    own_step = tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), 4, tail=False)
+    assert plan.tail and not own_step.tail and own_step.block == plan.block
+    want = gdn_tree_reference(q, k, v, g, beta, par, state)
+    for p in (plan, own_step):
+        for got, exp in zip(gdn_tree(q, k, v, g, beta, state, p), want, strict=True):
+            torch.testing.assert_close(got, exp, atol=3e-5, rtol=3e-5)
 
 
 @pytest.mark.parametrize("shape", ["bushy", "deep", "random"])
