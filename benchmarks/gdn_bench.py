@@ -106,27 +106,21 @@ def main() -> None:
             lambda: kernel(*batched, scale=1.0, initial_state=state[None], output_final_state=True), device
         )
 
-    for n in (17, 65, 257) if not args.small else (9, 17, 40):
+    for n in (17, 65, 257) if not args.small else (9, 40, 65):
         parents = ddtree_parents(n, 15, gen)
         par = torch.tensor(parents, device=device)
         dep = torch.tensor(depths(parents), device=device)
         x = q, k, v, g, beta = inputs(n)
         row(f"plan {n}", timed_us(lambda par=par, dep=dep: tree_plan(par, dep, 4), device))
-        configs = [(None, 64, 4, True), (32 if n == 17 else None, 64, 4, False)]
+        configs = [(None, 64, 4, tail, ahead) for tail in (True, False) for ahead in (True, False)]
         if args.sweep:
-            configs = [
-                (bt, bv, w, tail)
-                for bt in (32, 64)
-                for bv in (32, 64, 128)
-                for w in (4, 8)
-                for tail in (True, False)
-            ]
-        for block_t, block_v, warps, tail in configs:
+            configs += [(bt, bv, w, True, True) for bt in (32, 64) for bv in (32, 64, 128) for w in (4, 8)]
+        for block_t, block_v, warps, tail, ahead in configs:
             plan = tree_plan(par, dep, 4, block_t, tail)
             try:
                 us = timed_us(
-                    lambda q=q, k=k, v=v, g=g, beta=beta, plan=plan, bv=block_v, w=warps: gdn_tree(
-                        q, k, v, g, beta, state, plan, block_v=bv, num_warps=w
+                    lambda q=q, k=k, v=v, g=g, beta=beta, plan=plan, bv=block_v, w=warps, ah=ahead: gdn_tree(
+                        q, k, v, g, beta, state, plan, block_v=bv, num_warps=w, ahead=ah
                     ),
                     device,
                 )
@@ -137,12 +131,13 @@ def main() -> None:
                             "row": f"tree {n}",
                             "config": [plan.block, block_v, warps],
                             "tail": plan.tail,
+                            "ahead": ahead,
                             "error": str(exc)[:200],
                         }
                     )
                 )
                 continue
-            row(f"tree {n}", us, config=[plan.block, block_v, warps], tail=plan.tail)
+            row(f"tree {n}", us, config=[plan.block, block_v, warps], tail=plan.tail, ahead=ahead)
         chain = tree_plan(torch.arange(-1, n - 1, device=device), torch.arange(n, device=device), 4)
         row(
             f"tree-kernel chain {n}",

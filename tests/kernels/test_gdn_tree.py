@@ -53,7 +53,7 @@ def root_path(parents: list[int], leaf: int) -> list[int]:
         ("chain", 129, 1, 1, 16, 16),  # every block pair linked, the tail at the bottom of the chain
         ("star", 129, 1, 1, 8, 12),  # the tail hangs off the root: no ancestor in block 1
         ("bushy", 65, 1, 2, 16, 16),  # one 64-node block and the tail
-        ("deep", 17, 2, 4, 16, 20),  # one 16-node block and the tail, odd value dim
+        ("deep", 65, 2, 4, 16, 20),  # value heads sharing key heads, odd value dim
     ],
 )
 def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, hk, hv, dk, dv) -> None:
@@ -85,15 +85,13 @@ def test_the_plan_skips_empty_block_pairs_and_counts_squarings() -> None:
 
 
 def test_a_lone_last_node_is_the_solves_tail_and_both_schedules_agree() -> None:
-    """2^k + 1 nodes leave one node in the last block: the solve carries it as a tail (17 nodes take
-    one 16-node block, not one of 32); ``tail=False`` gives it a block step of its own, same outputs."""
+    """2^k + 1 nodes leave one node in the last block: the solve carries it as a tail; ``tail=False``
+    gives it a block step of its own, and ``ahead=False`` leaves the products with the cached state
+    to the solve's steps (the schedules before, which gdn_bench.py times): the same outputs."""
     assert [
-        (p.block, p.blocks.shape[0], p.tail) for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 65))
-    ] == [
-        (16, 1, False),
-        (16, 2, True),
-        (64, 2, True),
-    ]
+        (p.block, p.blocks.shape[0], p.tail)
+        for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 33, 65))
+    ] == [(16, 1, False), (32, 1, False), (64, 1, False), (64, 2, True)]
     gen = torch.Generator().manual_seed(5)
     parents = make_parents("deep", 65, gen)
     q, k, v, g, beta, state = inputs(1, 2, 65, 16, 16, gen)
@@ -101,16 +99,17 @@ def test_a_lone_last_node_is_the_solves_tail_and_both_schedules_agree() -> None:
     own_step = tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), 4, tail=False)
     assert plan.tail and not own_step.tail and own_step.block == plan.block
     want = gdn_tree_reference(q, k, v, g, beta, par, state)
-    for p in (plan, own_step):
-        for got, exp in zip(gdn_tree(q, k, v, g, beta, state, p), want, strict=True):
+    for p, ahead in ((plan, True), (own_step, True), (plan, False), (own_step, False)):
+        for got, exp in zip(gdn_tree(q, k, v, g, beta, state, p, ahead=ahead), want, strict=True):
             torch.testing.assert_close(got, exp, atol=3e-5, rtol=3e-5)
 
 
 @pytest.mark.parametrize("shape", ["bushy", "deep", "random"])
 def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(shape: str) -> None:
     """Each leaf's root path run as a plain chain from the cached state gives the same outputs at
-    its nodes, and the commit along it gives the chain's final state (recurrent and conv)."""
-    n, hk, hv, dk, dv, kernel, channels = 36, 1, 2, 16, 16, 4, 24
+    its nodes, and the commit along it gives the chain's final state (recurrent and conv). 65 nodes:
+    one 64-node block and the solve's tail, whose path is among those checked."""
+    n, hk, hv, dk, dv, kernel, channels = 65, 1, 2, 16, 16, 4, 24
     gen = torch.Generator().manual_seed(11)
     parents = make_parents(shape, n, gen)
     q, k, v, g, beta, state = inputs(hk, hv, n, dk, dv, gen)
@@ -119,7 +118,8 @@ def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(s
     conv = torch.randn(kernel - 1, channels, generator=gen).to(DEVICE)
     x = torch.randn(n, channels, generator=gen).to(DEVICE)
     leaves = sorted(set(range(n)) - set(parents))
-    for leaf in leaves[:: max(1, len(leaves) // 5)]:
+    assert plan.tail
+    for leaf in [*leaves[:: max(1, len(leaves) // 5)], n - 1]:
         path = root_path(parents, leaf)
         s = state.double()
         for i in path:  # the recurrence itself, token by token
