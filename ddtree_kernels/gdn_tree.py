@@ -238,11 +238,11 @@ def _tree_blocks_kernel(
     BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Programs (h, c < n_state) take node block c of value head h against the cached state, for the
+    """Program (h, c < n_state): node block c of value head h against the cached state, for the
     solve: its right-hand side R_c = beta (V - exp(G) K S0) and its outputs' start O0_c = exp(G) Q S0
-    (first in the launch: they are the longest with the diagonal ones). Program (h, n_state + i * n_blocks + c):
-    A[i, c] and P[i, c] (c < i), or P[i, i] and the inverse of (I + A[i, i]) (c == i); block pairs
-    with no ancestor link are skipped."""
+    (first in the launch: with the diagonal ones, the longest programs). Program (h, n_state + pair),
+    pair = i * n_blocks + c: A[i, c] and P[i, c] (c < i), or P[i, i] and the inverse of (I + A[i, i])
+    (c == i); block pairs with no ancestor link are skipped."""
     h = tl.program_id(0)
     pair = tl.program_id(1) - n_state
     hk = h // (HV // HK)
@@ -254,7 +254,7 @@ def _tree_blocks_kernel(
         r_ok = rows < n_nodes
         eg = tl.exp(_path_sums(ANC, G, h, rows, n_nodes, tl.program_id(1), stride_anc, HV, BLOCK_T))
         beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
-        for v0 in range(0, DV, BLOCK_V):  # a loop, not unrolled: its loads would all be hoisted
+        for v0 in range(0, DV, BLOCK_V):  # not unrolled: hoisting all its loads spilled registers
             vcol = v0 + tl.arange(0, BLOCK_V)
             v_ok = vcol < DV
             qs, ks = _against_state(
@@ -329,8 +329,8 @@ def _tree_solve_kernel(
     PRECISION: tl.constexpr,
 ):
     """Program (h, value block): D and the outputs of value head h, node block by node block; with
-    TAIL, the last node block is one lone node, carried along the others' steps as a single row.
-    AHEAD: the blocks against the cached state (R, O0) come from the first kernel."""
+    TAIL, the last node block is one lone node, taken after the others as a single row. AHEAD: the
+    blocks against the cached state (R, O0) come from the first kernel."""
     h = tl.program_id(0)
     hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -373,8 +373,8 @@ def _tree_solve_kernel(
         tl.store(D + rows[:, None] * DV + vcol[None, :], d, mask=mask)
         tl.store(OUT + (rows[:, None] * HV + h) * DV + vcol[None, :], out.to(OUT.dtype.element_ty), mask=mask)
         tl.debug_barrier()  # this block's D is read back by the later blocks
-    if TAIL:  # the lone last node: (1) and (2) as for a block, its row repeated over a matmul's least
-        # height (16); its diagonal block is 1, and its row of A and P is masked where it has no ancestor
+    if TAIL:  # the lone last node as a block, its row repeated over a matmul's least height (16); its
+        # diagonal block is 1, and its row of A and P is masked off the blocks without its ancestors
         t = tl.full([16], n_nodes - 1, tl.int32)
         if AHEAD:
             d_tail = tl.load(R + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
