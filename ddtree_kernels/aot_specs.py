@@ -774,7 +774,8 @@ def gdn_specs(cc: int) -> list[Spec]:
         )
         a = _empty(GDN_HV, pad, pad)
         inv = _empty(GDN_HV, blocks, block_t, block_t)
-        shapes = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
+        s0, r = _empty(GDN_HV, GDN_D, GDN_D), _empty(GDN_HV, pad, GDN_D)
+        shapes = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
         found.append(
             Spec(
                 "gdn_tree.blocks",
@@ -784,24 +785,30 @@ def gdn_specs(cc: int) -> list[Spec]:
                 dict(
                     Q=q,
                     K=q,
+                    V=v,
                     BETA=_empty(n, GDN_HV),
                     G=_empty(n, GDN_HV),
+                    S0=s0,
                     GSUM=_empty(GDN_HV, n),
                     ANC=_empty(pad, pad),
                     STEPS=_empty(blocks, dtype=torch.int32),
                     A=a,
                     P=a,
                     INV=inv,
+                    R=r,
+                    O0=r,
+                    n_state=blocks,
                     **common,
                 ),
-                shapes,
+                {**shapes, "BLOCK_V": gdn_tree.STATE_BLOCK_V},
                 4,
+                num_stages=1,
             )
         )
         found.append(
             Spec(
                 "gdn_tree.solve",
-                f"N={n} {block_t}x{gdn_tree.BLOCK_V}",
+                f"N={n} {block_t}x{gdn_tree.BLOCK_V}{' tail' if gdn_tree.lone_tail(n, block_t) else ''}",
                 cc,
                 gdn_tree._tree_solve_kernel,
                 dict(
@@ -809,16 +816,23 @@ def gdn_specs(cc: int) -> list[Spec]:
                     K=q,
                     V=v,
                     BETA=_empty(n, GDN_HV),
-                    S0=_empty(GDN_HV, GDN_D, GDN_D),
+                    S0=s0,
                     GSUM=_empty(GDN_HV, n),
                     A=a,
                     P=a,
                     INV=inv,
+                    R=r,
+                    O0=r,
                     OUT=v,
                     D=_empty(GDN_HV, n, GDN_D),
                     **common,
                 ),
-                {**shapes, "DV": GDN_D, "BLOCK_V": gdn_tree.BLOCK_V},
+                {
+                    **shapes,
+                    "BLOCK_V": gdn_tree.BLOCK_V,
+                    "TAIL": gdn_tree.lone_tail(n, block_t),
+                    "AHEAD": True,
+                },
                 gdn_tree.NUM_WARPS,
             )
         )

@@ -33,14 +33,25 @@ shallower ones, so with L the longest ancestor chain inside the block, (-A_ii)^(
 
     (I + A_ii)^-1 = sum_{m <= L} (-A_ii)^m = (I - A_ii)(I + A_ii^2)(I + A_ii^4) ...
 
-ceil(log2(L + 1)) factors: 4 for a DDTree block of depth <= 15, 6 for a 64-node chain. The second
-kernel (one program per value head and block of value columns) is the forward substitution in node
-order: row block i starts from R_i = beta (V - exp(G) K S0), subtracts A[i, c] D_c for the earlier
-blocks that hold its ancestors (read back from the D it stored), applies the inverse, and gathers
-o_i = exp(G_i) q_i S0 + sum_c P[i, c] D_c. The path sums G = anc @ g come out of the first kernel
-too: each program sums its rows' and columns' ancestors in fp32 (an fp32 GEMM launch of its own cost
-8 µs a layer on the H200, the first kernel's whole run 13), and the diagonal programs store them. Every
-product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
+ceil(log2(L + 1)) factors: 4 for a DDTree block of depth <= 15, 6 for a 64-node chain. Further
+programs of the same launch (one per value head and node block) take each block against the cached
+state, which needs no other block either: its right-hand side R_i = beta (V - exp(G) K S0) and its
+outputs' start O0_i = exp(G) Q S0. The second kernel (one program per value head and block of value
+columns) is the forward substitution in node order, the serial part of the layer, so it is left
+only what depends on the earlier blocks: row block i starts from R_i, subtracts A[i, c] D_c for the
+earlier blocks that hold its ancestors (read back from the D it stored), applies the inverse, and
+gathers o_i = O0_i + sum_c P[i, c] D_c. A verify tree has 2^k + 1 nodes (the root and a budget of
+2^k), so whole blocks would leave the last node alone in a block step of its own (5 steps for 257
+nodes in 64-node blocks, 2 for 65). That lone node is a leaf (nothing depends on it), so it rides
+along as the solve's **tail** instead: after the last full block, its row, held in a 16-row matmul
+tile, against the blocks that hold its ancestors, with no squarings (its diagonal block is 1); the
+plan says ``tail``. ``gdn_tree(ahead=False)`` and ``tree_plan(tail=False)`` are the schedules
+before these two (the state products inside the solve's steps; the lone node's own step), kept for
+``benchmarks/gdn_bench.py`` to time against them.
+
+The path sums G = anc @ g come out of the first kernel too: each program sums its rows' and
+columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first
+kernel's whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
 the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
 key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The outputs come with the
 corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
@@ -63,6 +74,7 @@ from ddtree_kernels.precision import dot, dot_precision
 
 MAX_NODES = 4096
 BLOCK_V, NUM_WARPS = 64, 4  # the solve's launch: value columns per program, warps (gdn_bench.py --sweep)
+STATE_BLOCK_V = 64  # value columns per slice of the first kernel's programs against the cached state
 
 
 def node_block(n: int, cc: int) -> int:
@@ -70,6 +82,11 @@ def node_block(n: int, cc: int) -> int:
     small tree, else 64-node blocks where the solve's products are wgmma (sm_90) and 32-node blocks
     elsewhere, where a 64-node solve spills registers (ARCH.md)."""
     return 16 if n <= 16 else 32 if n <= 32 or cc // 10 != 9 else 64
+
+
+def lone_tail(n: int, block: int) -> bool:
+    """Whether n nodes in blocks of ``block`` leave one node alone in the last block (2^k + 1)."""
+    return n > block and n % block == 1
 
 
 def _capability(device: torch.device) -> int:
@@ -89,6 +106,7 @@ class TreePlan:
     steps: Tensor  # [NB] int32: squarings of diagonal block i's solve
     windows: Tensor  # [N, K] int32: hist rows of each node's conv window, oldest first
     block: int  # BLOCK_T
+    tail: bool  # the last node block holds one node, which the solve carries as a row (no step of its own)
 
     @property
     def num_nodes(self) -> int:
@@ -114,8 +132,12 @@ def _plan_kernel(PARENTS, DEPTH, ANC, WINDOWS, stride_anc, KERNEL: tl.constexpr)
         tl.store(WINDOWS + node * KERNEL + KERNEL - 2 - j, row)
 
 
-def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = None) -> TreePlan:
-    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync."""
+def tree_plan(
+    parents: Tensor, depth: Tensor, kernel: int, block: int | None = None, tail: bool = True
+) -> TreePlan:
+    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync.
+    ``tail=False`` gives a lone last node a block step of its own (the schedule before the tail,
+    which ``benchmarks/gdn_bench.py`` times against it)."""
     if parents.dim() != 1 or depth.shape != parents.shape:
         raise RuntimeError(
             f"tree_plan wants parents and depth [N], got {tuple(parents.shape)}, {tuple(depth.shape)}"
@@ -134,7 +156,7 @@ def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = N
     inside = tiles.diagonal(dim1=0, dim2=2).sum(dim=1)  # [block, nb]: in-block ancestors-or-self per node
     longest = (inside.amax(dim=0) - 1).clamp(min=0)  # the longest strict-ancestor chain in each block
     steps = torch.ceil(torch.log2(longest + 1.0)).to(torch.int32)
-    return TreePlan(anc, blocks, steps, windows, block)
+    return TreePlan(anc, blocks, steps, windows, block, tail and lone_tail(n, block))
 
 
 @triton.jit
@@ -155,18 +177,22 @@ def _products(
 
 @triton.jit
 def _against_state(
-    A, S0, rows, a_ok, vcol, v_ok, stride, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
+    Q, K, S0, rows, r_ok, vcol, v_ok, stride, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Rows of A [N, HK, DK] times the state's columns S0[:, vcol] (fp32 [DK, DV]): [rows, vcol] fp32."""
-    acc = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
+    """Rows of Q and of K [N, HK, DK] times the state's columns S0[:, vcol] (fp32 [DK, DV]), each slice
+    of S0 loaded once for both: ([rows, vcol], [rows, vcol]) fp32."""
+    qs = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
+    ks = tl.zeros([rows.shape[0], vcol.shape[0]], dtype=tl.float32)
     for k0 in tl.static_range(0, DK, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < DK
-        a = tl.load(A + rows[:, None] * stride + kk[None, :], mask=a_ok[:, None] & k_ok[None, :], other=0.0)
         s = tl.load(S0 + kk[:, None] * DV + vcol[None, :], mask=k_ok[:, None] & v_ok[None, :], other=0.0)
-        acc = dot(a.to(tl.float32), s, PRECISION, acc)
-    return acc
+        tile = rows[:, None] * stride + kk[None, :]
+        ok = r_ok[:, None] & k_ok[None, :]
+        qs = dot(tl.load(Q + tile, mask=ok, other=0.0).to(tl.float32), s, PRECISION, qs)
+        ks = dot(tl.load(K + tile, mask=ok, other=0.0).to(tl.float32), s, PRECISION, ks)
+    return qs, ks
 
 
 @triton.jit
@@ -186,8 +212,10 @@ def _path_sums(ANC, G, h, nodes, n_nodes, last_block, stride_anc, HV: tl.constex
 def _tree_blocks_kernel(
     Q,
     K,
+    V,
     BETA,
     G,
+    S0,
     GSUM,
     ANC,
     BLOCKS,
@@ -195,29 +223,55 @@ def _tree_blocks_kernel(
     A,
     P,
     INV,
+    R,
+    O0,
     n_nodes,
     n_blocks,
+    n_state,
     stride_anc,
     HK: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
+    DV: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (h, i, c): A[i, c] and P[i, c] of value head h (c < i), or P[i, i] and the inverse of
-    (I + A[i, i]) (c == i); block pairs with no ancestor link are skipped."""
+    """Program (h, c < n_state): node block c of value head h against the cached state, for the
+    solve: its right-hand side R_c = beta (V - exp(G) K S0) and its outputs' start O0_c = exp(G) Q S0
+    (first in the launch: with the diagonal ones, the longest programs). Program (h, n_state + pair),
+    pair = i * n_blocks + c: A[i, c] and P[i, c] (c < i), or P[i, i] and the inverse of (I + A[i, i])
+    (c == i); block pairs with no ancestor link are skipped."""
     h = tl.program_id(0)
-    i = tl.program_id(1) // n_blocks
-    c = tl.program_id(1) % n_blocks
+    pair = tl.program_id(1) - n_state
+    hk = h // (HV // HK)
+    # q, k [N, HK, DK]; beta, g [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T];
+    # v [N, HV, DV]; s0 [HV, DK, DV]; r, o0 [HV, NP, DV]
+    Q, K = Q + hk * DK, K + hk * DK
+    if pair < 0:
+        rows = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        r_ok = rows < n_nodes
+        eg = tl.exp(_path_sums(ANC, G, h, rows, n_nodes, tl.program_id(1), stride_anc, HV, BLOCK_T))
+        beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
+        for v0 in range(0, DV, BLOCK_V):  # not unrolled: hoisting all its loads spilled registers
+            vcol = v0 + tl.arange(0, BLOCK_V)
+            v_ok = vcol < DV
+            qs, ks = _against_state(
+                Q, K, S0 + h * DK * DV, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION
+            )
+            mask = r_ok[:, None] & v_ok[None, :]
+            vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0)
+            out = (h * stride_anc + rows[:, None]) * DV + vcol[None, :]
+            tl.store(R + out, beta[:, None] * (vb.to(tl.float32) - eg[:, None] * ks), mask=v_ok[None, :])
+            tl.store(O0 + out, eg[:, None] * qs, mask=v_ok[None, :])
+        return
+    i, c = pair // n_blocks, pair % n_blocks
     if c > i or tl.load(BLOCKS + i * n_blocks + c) == 0:
         return
-    hk = h // (HV // HK)
     rows = i * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = c * BLOCK_T + tl.arange(0, BLOCK_T)
     r_ok, c_ok = rows < n_nodes, cols < n_nodes
-    # q, k [N, HK, DK]; beta, g [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T]
-    Q, K = Q + hk * DK, K + hk * DK
     g_r = _path_sums(ANC, G, h, rows, n_nodes, i, stride_anc, HV, BLOCK_T)
     g_c = _path_sums(ANC, G, h, cols, n_nodes, c, stride_anc, HV, BLOCK_T)
     if c == i:  # one program per node block stores its G (the solve and the commit read it)
@@ -256,6 +310,8 @@ def _tree_solve_kernel(
     A,
     P,
     INV,
+    R,
+    O0,
     OUT,
     D,
     n_nodes,
@@ -268,9 +324,13 @@ def _tree_solve_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    TAIL: tl.constexpr,
+    AHEAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (h, value block): D and the outputs of value head h, node block by node block."""
+    """Program (h, value block): D and the outputs of value head h, node block by node block; with
+    TAIL, the last node block is one lone node, taken after the others as a single row. AHEAD: the
+    blocks against the cached state (R, O0) come from the first kernel."""
     h = tl.program_id(0)
     hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -280,16 +340,22 @@ def _tree_solve_kernel(
     Q, K, S0 = Q + hk * DK, K + hk * DK, S0 + h * DK * DV
     D, GSUM = D + h * n_nodes * DV, GSUM + h * n_nodes
     A, P = A + h * stride_anc * stride_anc, P + h * stride_anc * stride_anc
-    for i in range(n_blocks):
+    R, O0 = R + h * stride_anc * DV, O0 + h * stride_anc * DV
+    steps = n_blocks - 1 if TAIL else n_blocks
+    for i in range(steps):
         rows = i * BLOCK_T + local
         r_ok = rows < n_nodes
         mask = r_ok[:, None] & v_ok[None, :]
-        eg = tl.exp(tl.load(GSUM + rows, mask=r_ok, other=0.0))
-        beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
-        vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0).to(tl.float32)
-        ks0 = _against_state(K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
-        rhs = beta[:, None] * (vb - eg[:, None] * ks0)  # (1) and (2) against the cached state
-        out = eg[:, None] * _against_state(Q, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+        if AHEAD:  # (1) and (2) against the cached state
+            rhs = tl.load(R + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+            out = tl.load(O0 + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+        else:
+            eg = tl.exp(tl.load(GSUM + rows, mask=r_ok, other=0.0))
+            beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
+            vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0)
+            qs, ks = _against_state(Q, K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+            rhs = beta[:, None] * (vb.to(tl.float32) - eg[:, None] * ks)
+            out = eg[:, None] * qs
         for c in range(i):  # ... and against the earlier node blocks that hold ancestors
             if tl.load(BLOCKS + i * n_blocks + c) != 0:
                 cols = c * BLOCK_T + local
@@ -307,6 +373,31 @@ def _tree_solve_kernel(
         tl.store(D + rows[:, None] * DV + vcol[None, :], d, mask=mask)
         tl.store(OUT + (rows[:, None] * HV + h) * DV + vcol[None, :], out.to(OUT.dtype.element_ty), mask=mask)
         tl.debug_barrier()  # this block's D is read back by the later blocks
+    if TAIL:  # the lone last node as a block, its row repeated over a matmul's least height (16); its
+        # diagonal block is 1, and its row of A and P is masked off the blocks without its ancestors
+        t = tl.full([16], n_nodes - 1, tl.int32)
+        if AHEAD:
+            d_tail = tl.load(R + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+            out_tail = tl.load(O0 + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+        else:
+            q_s0, k_s0 = _against_state(Q, K, S0, t, t >= 0, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
+            eg_t = tl.exp(tl.load(GSUM + t))[:, None]
+            v_t = tl.load(V + (t[:, None] * HV + h) * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+            d_tail = tl.load(BETA + t * HV + h)[:, None] * (v_t.to(tl.float32) - eg_t * k_s0)
+            out_tail = eg_t * q_s0
+        for c in range(steps):
+            cols = c * BLOCK_T + local
+            tile = t[:, None] * stride_anc + cols[None, :]
+            linked = (tl.zeros_like(tile) + tl.load(BLOCKS + steps * n_blocks + c)) != 0
+            dc = tl.load(D + cols[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+            d_tail -= dot(tl.load(A + tile, mask=linked, other=0.0), dc, PRECISION)
+            out_tail += dot(tl.load(P + tile, mask=linked, other=0.0), dc, PRECISION)
+        out_tail += tl.load(P + t * stride_anc + t)[:, None] * d_tail
+        once = (tl.arange(0, 16) == 0)[:, None] & v_ok[None, :]
+        tl.store(D + t[:, None] * DV + vcol[None, :], d_tail, mask=once)
+        tl.store(
+            OUT + (t[:, None] * HV + h) * DV + vcol[None, :], out_tail.to(OUT.dtype.element_ty), mask=once
+        )
 
 
 def gdn_tree(
@@ -321,12 +412,14 @@ def gdn_tree(
     gsum_out: Tensor | None = None,
     block_v: int = BLOCK_V,
     num_warps: int = NUM_WARPS,
+    ahead: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gated DeltaNet over the plan's tree from the cached state (the docstring's (1), (2)).
 
     q, k: [N, Hk, Dk] (l2-normalised, q scaled); v: [N, Hv, Dv]; g (log-decay), beta: [N, Hv] fp32;
     state: [Hv, Dk, Dv] fp32. Returns o [N, Hv, Dv] in v's dtype, the corrections d [Hv, N, Dv] and
-    the path sums G [Hv, N] (fp32; written into ``d_out``/``gsum_out`` when given).
+    the path sums G [Hv, N] (fp32; written into ``d_out``/``gsum_out`` when given). ``block_v``,
+    ``num_warps``: the solve's launch; ``ahead=False``: the schedule before (module docstring).
     """
     n, hk, dk = q.shape
     _, hv, dv = v.shape
@@ -351,13 +444,18 @@ def gdn_tree(
     a = torch.empty(hv, stride, stride, device=q.device, dtype=torch.float32)
     p = torch.empty_like(a)
     inv = torch.empty(hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
+    r = torch.empty(hv, stride, dv, device=q.device, dtype=torch.float32) if ahead else a
+    o0 = torch.empty_like(r) if ahead else a
     precision = dot_precision(q.dtype)
     block_k = min(32, max(16, next_pow2(dk)))
-    _tree_blocks_kernel[(hv, n_blocks * n_blocks)](
+    n_state = n_blocks if ahead else 0
+    _tree_blocks_kernel[(hv, n_state + n_blocks * n_blocks)](
         q,
         k,
+        v,
         beta,
         g,
+        state,
         gsum,
         plan.anc,
         plan.blocks,
@@ -365,16 +463,22 @@ def gdn_tree(
         a,
         p,
         inv,
+        r,
+        o0,
         n,
         n_blocks,
+        n_state,
         stride,
         HK=hk,
         HV=hv,
         DK=dk,
+        DV=dv,
         BLOCK_K=block_k,
         BLOCK_T=block,
+        BLOCK_V=min(STATE_BLOCK_V, max(16, next_pow2(dv))),
         PRECISION=precision,
         num_warps=4,
+        num_stages=1,  # nothing to pipeline but the loop against the state, whose stages would cost smem
     )
     block_v = max(16, min(block_v, next_pow2(dv)))
     _tree_solve_kernel[(hv, cdiv(dv, block_v))](
@@ -388,6 +492,8 @@ def gdn_tree(
         a,
         p,
         inv,
+        r,
+        o0,
         o,
         d,
         n,
@@ -400,6 +506,8 @@ def gdn_tree(
         BLOCK_K=block_k,
         BLOCK_T=block,
         BLOCK_V=block_v,
+        TAIL=plan.tail,
+        AHEAD=ahead,
         PRECISION=precision,
         num_warps=num_warps,
     )

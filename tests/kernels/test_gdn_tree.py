@@ -48,6 +48,12 @@ def root_path(parents: list[int], leaf: int) -> list[int]:
         ("random", 33, 1, 2, 16, 20),
         ("chain", 100, 1, 1, 16, 16),  # a 64-node chain block: six squarings
         ("chain", 1, 1, 1, 16, 16),  # the root alone (an `ar`-sized verify)
+        # 2^k + 1 nodes (a verify at budget 2^k): the last node is the solve's tail
+        ("random", 257, 1, 2, 16, 16),  # B=256: four 64-node blocks and the tail
+        ("chain", 129, 1, 1, 16, 16),  # every block pair linked, the tail at the bottom of the chain
+        ("star", 129, 1, 1, 8, 12),  # the tail hangs off the root: no ancestor in block 1
+        ("bushy", 65, 1, 2, 16, 16),  # one 64-node block and the tail
+        ("deep", 65, 2, 4, 16, 20),  # value heads sharing key heads, odd value dim
     ],
 )
 def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, hk, hv, dk, dv) -> None:
@@ -78,11 +84,32 @@ def test_the_plan_skips_empty_block_pairs_and_counts_squarings() -> None:
     assert chain.windows[0].tolist() == [0, 1, 2, 3] and chain.windows[5].tolist() == [5, 6, 7, 8]
 
 
+def test_a_lone_last_node_is_the_solves_tail_and_both_schedules_agree() -> None:
+    """2^k + 1 nodes leave one node in the last block: the solve carries it as a tail; ``tail=False``
+    gives it a block step of its own, and ``ahead=False`` leaves the products with the cached state
+    to the solve's steps (the schedules before, which gdn_bench.py times): the same outputs."""
+    assert [
+        (p.block, p.blocks.shape[0], p.tail)
+        for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 33, 65))
+    ] == [(16, 1, False), (32, 1, False), (64, 1, False), (64, 2, True)]
+    gen = torch.Generator().manual_seed(5)
+    parents = make_parents("deep", 65, gen)
+    q, k, v, g, beta, state = inputs(1, 2, 65, 16, 16, gen)
+    par, plan = plan_of(parents)
+    own_step = tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), 4, tail=False)
+    assert plan.tail and not own_step.tail and own_step.block == plan.block
+    want = gdn_tree_reference(q, k, v, g, beta, par, state)
+    for p, ahead in ((plan, True), (own_step, True), (plan, False), (own_step, False)):
+        for got, exp in zip(gdn_tree(q, k, v, g, beta, state, p, ahead=ahead), want, strict=True):
+            torch.testing.assert_close(got, exp, atol=3e-5, rtol=3e-5)
+
+
 @pytest.mark.parametrize("shape", ["bushy", "deep", "random"])
 def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(shape: str) -> None:
     """Each leaf's root path run as a plain chain from the cached state gives the same outputs at
-    its nodes, and the commit along it gives the chain's final state (recurrent and conv)."""
-    n, hk, hv, dk, dv, kernel, channels = 36, 1, 2, 16, 16, 4, 24
+    its nodes, and the commit along it gives the chain's final state (recurrent and conv). 65 nodes:
+    one 64-node block and the solve's tail, whose path is among those checked."""
+    n, hk, hv, dk, dv, kernel, channels = 65, 1, 2, 16, 16, 4, 24
     gen = torch.Generator().manual_seed(11)
     parents = make_parents(shape, n, gen)
     q, k, v, g, beta, state = inputs(hk, hv, n, dk, dv, gen)
@@ -91,7 +118,8 @@ def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(s
     conv = torch.randn(kernel - 1, channels, generator=gen).to(DEVICE)
     x = torch.randn(n, channels, generator=gen).to(DEVICE)
     leaves = sorted(set(range(n)) - set(parents))
-    for leaf in leaves[:: max(1, len(leaves) // 5)]:
+    assert plan.tail
+    for leaf in [*leaves[:: max(1, len(leaves) // 5)], n - 1]:
         path = root_path(parents, leaf)
         s = state.double()
         for i in path:  # the recurrence itself, token by token
