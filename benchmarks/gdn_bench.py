@@ -4,9 +4,8 @@ Qwen3.6-27B's DeltaNet layer by default: 16 key heads, 48 value heads, Dk = Dv =
 fp32 state. Rows (median µs of graph replays, `triton.testing.do_bench`):
 
 - `tree N`: our tree kernel over a DDTree-shaped tree of N nodes (a 16-deep trunk, the rest hung off
-  the early nodes), one row per launch config (node block, value block, warps, tail) when `--sweep`;
-  by default the shipped config and the schedule before the tail (`"tail": false`: the lone last node
-  of a 2^k + 1 tree takes a block step of its own, and 17 nodes one 32-node block);
+  the early nodes), the shipped launch config, and one row per launch config (node block, value
+  block, warps) when `--sweep`;
 - `fla chunk T`: fla's chunked chain over T tokens (the issue's yardstick: tree <= 1.5x chunk at 257);
 - `step` / `fla recurrent`: one token (the `ar` step), ours fused with the output norm;
 - `plan N`: the per-round tree plan; `commit x48`: every layer's state advance after a verify.
@@ -112,15 +111,15 @@ def main() -> None:
         dep = torch.tensor(depths(parents), device=device)
         x = q, k, v, g, beta = inputs(n)
         row(f"plan {n}", timed_us(lambda par=par, dep=dep: tree_plan(par, dep, 4), device))
-        configs = [(None, 64, 4, tail, ahead) for tail in (True, False) for ahead in (True, False)]
+        configs = [(None, 64, 4)]
         if args.sweep:
-            configs += [(bt, bv, w, True, True) for bt in (32, 64) for bv in (32, 64, 128) for w in (4, 8)]
-        for block_t, block_v, warps, tail, ahead in configs:
-            plan = tree_plan(par, dep, 4, block_t, tail)
+            configs += [(bt, bv, w) for bt in (32, 64) for bv in (32, 64, 128) for w in (4, 8)]
+        for block_t, block_v, warps in configs:
+            plan = tree_plan(par, dep, 4, block_t)
             try:
                 us = timed_us(
-                    lambda q=q, k=k, v=v, g=g, beta=beta, plan=plan, bv=block_v, w=warps, ah=ahead: gdn_tree(
-                        q, k, v, g, beta, state, plan, block_v=bv, num_warps=w, ahead=ah
+                    lambda q=q, k=k, v=v, g=g, beta=beta, plan=plan, bv=block_v, w=warps: gdn_tree(
+                        q, k, v, g, beta, state, plan, block_v=bv, num_warps=w
                     ),
                     device,
                 )
@@ -131,13 +130,12 @@ def main() -> None:
                             "row": f"tree {n}",
                             "config": [plan.block, block_v, warps],
                             "tail": plan.tail,
-                            "ahead": ahead,
                             "error": str(exc)[:200],
                         }
                     )
                 )
                 continue
-            row(f"tree {n}", us, config=[plan.block, block_v, warps], tail=plan.tail, ahead=ahead)
+            row(f"tree {n}", us, config=[plan.block, block_v, warps], tail=plan.tail)
         chain = tree_plan(torch.arange(-1, n - 1, device=device), torch.arange(n, device=device), 4)
         row(
             f"tree-kernel chain {n}",

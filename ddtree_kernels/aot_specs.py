@@ -831,7 +831,6 @@ def gdn_specs(cc: int) -> list[Spec]:
                     **shapes,
                     "BLOCK_V": gdn_tree.BLOCK_V,
                     "TAIL": gdn_tree.lone_tail(n, block_t),
-                    "AHEAD": True,
                 },
                 gdn_tree.NUM_WARPS,
             )

@@ -45,9 +45,10 @@ gathers o_i = O0_i + sum_c P[i, c] D_c. A verify tree has 2^k + 1 nodes (the roo
 nodes in 64-node blocks, 2 for 65). That lone node is a leaf (nothing depends on it), so it rides
 along as the solve's **tail** instead: after the last full block, its row, held in a 16-row matmul
 tile, against the blocks that hold its ancestors, with no squarings (its diagonal block is 1); the
-plan says ``tail``. ``gdn_tree(ahead=False)`` and ``tree_plan(tail=False)`` are the schedules
-before these two (the state products inside the solve's steps; the lone node's own step), kept for
-``benchmarks/gdn_bench.py`` to time against them.
+plan says ``tail``. Measured on the H200 (Qwen3.6-27B's 48 value heads, graph-timed per layer)
+against the schedule before these two (the state products inside the solve's steps, the lone node a
+step of its own): 257 nodes 84.3 -> 75.3 µs (fla's chunked chain over 257 tokens: 59.6), 65 nodes
+35.5 -> 31.1; 17 nodes, one block and no tail, 19.1 -> 19.5.
 
 The path sums G = anc @ g come out of the first kernel too: each program sums its rows' and
 columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first
@@ -132,12 +133,8 @@ def _plan_kernel(PARENTS, DEPTH, ANC, WINDOWS, stride_anc, KERNEL: tl.constexpr)
         tl.store(WINDOWS + node * KERNEL + KERNEL - 2 - j, row)
 
 
-def tree_plan(
-    parents: Tensor, depth: Tensor, kernel: int, block: int | None = None, tail: bool = True
-) -> TreePlan:
-    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync.
-    ``tail=False`` gives a lone last node a block step of its own (the schedule before the tail,
-    which ``benchmarks/gdn_bench.py`` times against it)."""
+def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = None) -> TreePlan:
+    """The round's plan from ``parents`` (parents[i] < i, root -1) and ``depth``, with no host sync."""
     if parents.dim() != 1 or depth.shape != parents.shape:
         raise RuntimeError(
             f"tree_plan wants parents and depth [N], got {tuple(parents.shape)}, {tuple(depth.shape)}"
@@ -156,7 +153,7 @@ def tree_plan(
     inside = tiles.diagonal(dim1=0, dim2=2).sum(dim=1)  # [block, nb]: in-block ancestors-or-self per node
     longest = (inside.amax(dim=0) - 1).clamp(min=0)  # the longest strict-ancestor chain in each block
     steps = torch.ceil(torch.log2(longest + 1.0)).to(torch.int32)
-    return TreePlan(anc, blocks, steps, windows, block, tail and lone_tail(n, block))
+    return TreePlan(anc, blocks, steps, windows, block, lone_tail(n, block))
 
 
 @triton.jit
@@ -325,12 +322,11 @@ def _tree_solve_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     TAIL: tl.constexpr,
-    AHEAD: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Program (h, value block): D and the outputs of value head h, node block by node block; with
-    TAIL, the last node block is one lone node, taken after the others as a single row. AHEAD: the
-    blocks against the cached state (R, O0) come from the first kernel."""
+    TAIL, the last node block is one lone node, taken after the others as a single row. The blocks
+    against the cached state (R, O0) come from the first kernel."""
     h = tl.program_id(0)
     hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -346,16 +342,9 @@ def _tree_solve_kernel(
         rows = i * BLOCK_T + local
         r_ok = rows < n_nodes
         mask = r_ok[:, None] & v_ok[None, :]
-        if AHEAD:  # (1) and (2) against the cached state
-            rhs = tl.load(R + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-            out = tl.load(O0 + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-        else:
-            eg = tl.exp(tl.load(GSUM + rows, mask=r_ok, other=0.0))
-            beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
-            vb = tl.load(V + (rows[:, None] * HV + h) * DV + vcol[None, :], mask=mask, other=0.0)
-            qs, ks = _against_state(Q, K, S0, rows, r_ok, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
-            rhs = beta[:, None] * (vb.to(tl.float32) - eg[:, None] * ks)
-            out = eg[:, None] * qs
+        # (1) and (2) against the cached state, from the first kernel
+        rhs = tl.load(R + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+        out = tl.load(O0 + rows[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
         for c in range(i):  # ... and against the earlier node blocks that hold ancestors
             if tl.load(BLOCKS + i * n_blocks + c) != 0:
                 cols = c * BLOCK_T + local
@@ -376,15 +365,8 @@ def _tree_solve_kernel(
     if TAIL:  # the lone last node as a block, its row repeated over a matmul's least height (16); its
         # diagonal block is 1, and its row of A and P is masked off the blocks without its ancestors
         t = tl.full([16], n_nodes - 1, tl.int32)
-        if AHEAD:
-            d_tail = tl.load(R + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-            out_tail = tl.load(O0 + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-        else:
-            q_s0, k_s0 = _against_state(Q, K, S0, t, t >= 0, vcol, v_ok, HK * DK, DK, DV, BLOCK_K, PRECISION)
-            eg_t = tl.exp(tl.load(GSUM + t))[:, None]
-            v_t = tl.load(V + (t[:, None] * HV + h) * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-            d_tail = tl.load(BETA + t * HV + h)[:, None] * (v_t.to(tl.float32) - eg_t * k_s0)
-            out_tail = eg_t * q_s0
+        d_tail = tl.load(R + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+        out_tail = tl.load(O0 + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
         for c in range(steps):
             cols = c * BLOCK_T + local
             tile = t[:, None] * stride_anc + cols[None, :]
@@ -412,14 +394,13 @@ def gdn_tree(
     gsum_out: Tensor | None = None,
     block_v: int = BLOCK_V,
     num_warps: int = NUM_WARPS,
-    ahead: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gated DeltaNet over the plan's tree from the cached state (the docstring's (1), (2)).
 
     q, k: [N, Hk, Dk] (l2-normalised, q scaled); v: [N, Hv, Dv]; g (log-decay), beta: [N, Hv] fp32;
     state: [Hv, Dk, Dv] fp32. Returns o [N, Hv, Dv] in v's dtype, the corrections d [Hv, N, Dv] and
     the path sums G [Hv, N] (fp32; written into ``d_out``/``gsum_out`` when given). ``block_v``,
-    ``num_warps``: the solve's launch; ``ahead=False``: the schedule before (module docstring).
+    ``num_warps``: the solve's launch.
     """
     n, hk, dk = q.shape
     _, hv, dv = v.shape
@@ -444,11 +425,11 @@ def gdn_tree(
     a = torch.empty(hv, stride, stride, device=q.device, dtype=torch.float32)
     p = torch.empty_like(a)
     inv = torch.empty(hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
-    r = torch.empty(hv, stride, dv, device=q.device, dtype=torch.float32) if ahead else a
-    o0 = torch.empty_like(r) if ahead else a
+    r = torch.empty(hv, stride, dv, device=q.device, dtype=torch.float32)
+    o0 = torch.empty_like(r)
     precision = dot_precision(q.dtype)
     block_k = min(32, max(16, next_pow2(dk)))
-    n_state = n_blocks if ahead else 0
+    n_state = n_blocks
     _tree_blocks_kernel[(hv, n_state + n_blocks * n_blocks)](
         q,
         k,
@@ -507,7 +488,6 @@ def gdn_tree(
         BLOCK_T=block,
         BLOCK_V=block_v,
         TAIL=plan.tail,
-        AHEAD=ahead,
         PRECISION=precision,
         num_warps=num_warps,
     )
