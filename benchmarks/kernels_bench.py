@@ -7,8 +7,9 @@ stay out; "eager" columns time plain Python launches. Attention rotates over 8 l
 
 ``--tail`` runs only the tail-layout table (issue 22): trees of 17, 65 and 257 nodes at 4K, 16K and
 32K context, for Qwen3-8B's attention (32/8 heads, head_dim 128) and Qwen3.6-27B's gated full
-attention (24/4 heads, head_dim 256): the planner's pick beside each layout forced (plain, separate,
-fold), with the planner's modelled cost of each, to check and fit ``_FOLD_ROW_COST``.
+attention (24/4 heads, head_dim 256): the planner's pick beside each layout forced (plain,
+separate), with the planner's modelled cost of each, to check and fit the cost model of
+``tail_layouts``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from ddtree_kernels.tree_attention import (
     _default_config,
     _plan,
     _tree_attention_kernel,
-    can_fold,
     tail_layouts,
     tree_attention,
     tree_attention_reference,
@@ -173,9 +173,7 @@ def tail_case(model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torc
     tail_cfg = AttentionConfig(*device_row(DEV, d).tail)
     keys = ctx + n
     modelled = tail_layouts(n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2)
-    picked = _plan(
-        n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2, can_fold(base, device_row(DEV, d))
-    )
+    picked = _plan(n * group, group, keys, hkv, base, num_sms(DEV), tail_cfg, 2)
     pick = next(name for name, (_, launches) in modelled.items() if launches == picked)
     ref = tree_attention_reference(q.float(), k[0].float(), v[0].float(), ctx, parents, scale)
     row = {
@@ -216,14 +214,12 @@ def _tail_cell(row: dict, name: str) -> str:
 
 
 def tail_summary(rows: list[dict]) -> None:
-    print(
-        "\n| model | N | context | tiles | pick | planner µs | plain µs | separate µs | fold µs | KV read µs |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| model | N | context | tiles | pick | planner µs | plain µs | separate µs | KV read µs |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(
             f"| {r['model']} | {r['nodes']} | {r['context']} | {r['tiles']} | {r['pick']} | {r['planner_us']:.1f} | "
-            f"{_tail_cell(r, 'plain')} | {_tail_cell(r, 'separate')} | {_tail_cell(r, 'fold')} | "
+            f"{_tail_cell(r, 'plain')} | {_tail_cell(r, 'separate')} | "
             f"{r['kv_read_floor_us']:.1f} |"
         )
     worst = max((v for r in rows for key, v in r.items() if key.endswith("_rel_err")), default=float("nan"))

@@ -44,10 +44,6 @@ DEVICE_SMEM = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 TARGETS = (90, 100, 120)
 # Register spills accepted, by Spec key, with the reason; the test fails when one is gone (remove it).
 ACCEPTED_SPILLS = {
-    "tree_attention | tree B=256 N=257 fold 16 128x64 w8 s4 | sm_90 | sm_90": (
-        "6 local-memory ops (16 B stack) with Triton 3.9: the folded tail's 16-row accumulator beside the "
-        "128-row one; unmeasured on the H200 (benchmarks/kernels_bench.py --tail), where the fold is picked"
-    ),
     "tree_attention | drafter block N=16 window 2048 64x64 w8 s3 | sm_120 | sm_120": (
         "12 local-memory ops (24 B stack) with Triton 3.9: the sliding window's per-element mask in the "
         "sm_120 row's 64x64 tile; the unwindowed launch does not spill. Unmeasured on sm_120 hardware, "

@@ -67,11 +67,9 @@ def _attention(
     tree: bool,
     split: bool,
     head_dim: int = HEAD_DIM,
-    fold: int = 0,
 ) -> Spec:
     """One ``_tree_attention_kernel`` launch over packed rows [row0, nodes * G) of a Qwen3-8B layer
-    (with ``head_dim`` 256: the shape of a Qwen3.6 gated full-attention layer's heads); ``fold``:
-    the rows its last tile's program carries past them (``FOLD_M``)."""
+    (with ``head_dim`` 256: the shape of a Qwen3.6 gated full-attention layer's heads)."""
     q = _empty(HQ, nodes, head_dim, dtype=torch.bfloat16)
     cache_rows = CONTEXT + BUDGET + 1
     k_cache = _empty(1, HKV, cache_rows, head_dim, dtype=torch.bfloat16)
@@ -118,7 +116,6 @@ def _attention(
         WINDOW=0,
         SPLIT=split,
         PRECISION=0,
-        FOLD_M=fold,
     )
     return Spec(
         "tree_attention",
@@ -162,22 +159,6 @@ def attention_specs(row: ArchRow, cc: int, head_dim: int = HEAD_DIM) -> list[Spe
             tree=True,
             split=True,
             head_dim=head_dim,
-        ),
-        *(
-            _attention(
-                f"tree B={budget} N={budget + 1} fold {row.tail.block_m}",
-                row,
-                cc,
-                tiles,
-                budget + 1,
-                0,
-                tree=True,
-                split=True,
-                head_dim=head_dim,
-                fold=row.tail.block_m,
-            )
-            for tiles in row.fold
-            for budget in (BUDGET // 4 if tiles == row.large else 16,)
         ),
         _attention(
             "tree B=1024 N=1025", row, cc, row.large, BUDGET + 1, 0, tree=True, split=False, head_dim=head_dim

@@ -39,10 +39,8 @@ class ArchRow:
     """Launch choices of one architecture family, all checked to fit ``smem_per_block`` bytes.
 
     ``decode``: <= 16 packed query rows; ``small``: <= 256; ``large``: more; ``tail``: the separate
-    launch for the rows past the last ``small`` or ``large`` tile (its ``block_m`` is also the rows
-    of the accumulator that folds them into that tile's program instead). ``fold``: the tiles whose
-    folded launch the planner may pick, those that compile for the family without spilling. ``targets``: the capabilities (major * 10 +
-    minor) the ahead-of-time test compiles the row for.
+    launch for the rows past the last ``small`` or ``large`` tile. ``targets``: the capabilities
+    (major * 10 + minor) the ahead-of-time test compiles the row for.
     """
 
     family: str
@@ -52,7 +50,6 @@ class ArchRow:
     large: Tiles
     tail: Tiles
     targets: tuple[int, ...]
-    fold: tuple[Tiles, ...] = ()
 
     def describe(self) -> str:
         """One line for logs and the provision smoke step: the family and its tile choices."""
@@ -95,8 +92,7 @@ _SMALL_SMEM = dict(
 )
 
 ROWS: dict[str, ArchRow] = {
-    # the folded tail spills on the 64-row tiles (Triton 3.9, 124 local-memory ops), so only big trees fold
-    "sm_90": ArchRow("sm_90", SMEM_SM90, targets=(90,), fold=(_HOPPER["large"],), **_HOPPER),
+    "sm_90": ArchRow("sm_90", SMEM_SM90, targets=(90,), **_HOPPER),
     # untuned on hardware: the Hopper tiles compile to tcgen05 (UTCHMMA); for the big trees a 64-key
     # tile spills registers at 1025 nodes (Triton 3.9), a 32-key tile does not; decode on 128-key
     # tiles spills once the context length is read on the device, 64-key tiles do not
@@ -104,17 +100,15 @@ ROWS: dict[str, ArchRow] = {
         "sm_100",
         SMEM_SM100,
         targets=(100,),
-        fold=(Tiles(128, 32, 8, 4),),
         **{**_HOPPER, "decode": Tiles(16, 64, 4, 3), "large": Tiles(128, 32, 8, 4)},
     ),
-    "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), fold=(_SMALL_SMEM["large"],), **_SMALL_SMEM),
+    "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
     # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
     # on 32-key tiles, which do not spill on sm_80 (mma.sync, no TMA) where 64-key tiles do
     "generic": ArchRow(
         "generic",
         SMEM_SM120,
         targets=(80, 120),
-        fold=(Tiles(64, 32, 8, 3),),
         **{**_SMALL_SMEM, "small": Tiles(64, 32, 8, 3), "large": Tiles(64, 32, 8, 3)},
     ),
 }
@@ -123,7 +117,6 @@ ROWS: dict[str, ArchRow] = {
 # two stages). On sm_120 64x32 tiles on 8 warps, 2 stages (70 KB), fit 99 KB without spilling (on 4
 # warps they spill at 1025 nodes); decode keeps 3 stages on 32-key tiles. Pre-Hopper parts (sm_80,
 # mma.sync with no TMA) spilled at every tile tried, so the generic wide row is checked on sm_120 only.
-# No wide row folds its tail: the 16-row accumulator spills registers on every one (Triton 3.9).
 _HOPPER_D256 = dict(
     decode=Tiles(16, 64, 4, 3),
     small=Tiles(64, 64, 8, 2),

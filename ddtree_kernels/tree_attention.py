@@ -30,17 +30,19 @@ sum_s 2^(m_s - M) l_s``. The split count comes from a cost model (waves of progr
 tiles per program, plus a per-program overhead).
 
 **The tail.** A tree of 2^k + 1 nodes (the root plus a power-of-two budget) leaves G rows past the
-last full 128-row tile. The planner prices three layouts (``AttentionConfig.tail``): *plain*, a
+last full 128-row tile. The planner prices two layouts (``AttentionConfig.tail``): *plain*, a
 whole tile program per KV head for them (a second wave when the first is full); *separate*, their
 own launch of 16-row tiles (H200, 4096 context: 257 nodes 64.8 -> 57.6 µs, against 47.8 µs for 256
-nodes), which reads the whole KV range a second time (134 MB a layer for Qwen3-8B at 32K: at 32K
-and 65 nodes the second launch was ~30 of 114 µs); *fold*, a 16-row accumulator carried by the
-program of the last full tile, which applies each K/V tile it loads to both row sets (two online
-softmax states), so the keys are read once and that program's steps grow by the 16 rows. Every
-launch is priced at least one read of its KV range (``_kv_read_cost``). Tiles wholly inside the
-context take an unmasked path. K/V tiles come
-through TMA tensor descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no
-pointer tensors occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
+nodes), which reads the whole KV range a second time (134 MB a layer for Qwen3-8B at 32K). Every
+launch is priced at least one read of its KV range (``_kv_read_cost``); on the H200 separate wins
+from 257 nodes, plain below. A third layout, the tail's rows carried by the last full tile's
+program (one KV read), was tried and measured slower everywhere (H200, Qwen3-8B, µs per layer at
+4K/16K/32K: 65 nodes 37.0/87.6/152.6 against plain's 30.9/69.7/120.3; 257 nodes 98.9/297.5/556.2
+against separate's 82.4/193.2/346.1), so it was removed.
+
+Tiles wholly inside the context take an unmasked path. K/V tiles come through TMA tensor
+descriptors over ``[Hkv, C + N, D]`` (rows past the tree read as zeros, and no pointer tensors
+occupy registers); on sm_90 the two products are wgmma (``HGMMA`` in SASS).
 
 **Batched passes** (continuous batching): ``tree_attention_parts`` runs P sequences' rows, padded to
 N, through the same kernel in one launch. The sequence is folded into the KV-head grid axis
@@ -64,7 +66,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ddtree_kernels.arch import ROWS, ArchRow, Tiles, device_row
+from ddtree_kernels.arch import ROWS, ArchRow, device_row
 from ddtree_kernels.host import cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 
@@ -101,8 +103,7 @@ class AttentionConfig:
 
     ``tail``: where the last ``rows % block_m`` packed rows go (the 4 rows of a 257-node tree's
     257th node): ``"plain"``, a whole ``block_m`` tile program per KV head; ``"separate"``, a second
-    launch of 16-row tiles; ``"fold"``, a 16-row accumulator carried by the last tile's program on
-    the K/V tiles it loads anyway. A layout the shape cannot take falls back to plain.
+    launch of 16-row tiles. A layout the shape cannot take falls back to plain.
     """
 
     block_m: int
@@ -119,7 +120,7 @@ class AttentionConfig:
             )
 
 
-TAIL_LAYOUTS = ("plain", "separate", "fold")
+TAIL_LAYOUTS = ("plain", "separate")
 
 
 @triton.jit
@@ -283,7 +284,6 @@ def _tree_attention_kernel(
     WINDOW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
-    FOLD_M: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     pid_m = tl.program_id(0)
@@ -316,31 +316,12 @@ def _tree_attention_kernel(
         mask=row_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )
-    if FOLD_M > 0:
-        # the FOLD_M rows past the launch's tiles (a 2^k + 1 tree's last node): the last program
-        # carries them on the K/V tiles it loads anyway, so their keys are read once
-        carry = pid_m == tl.num_programs(0) - 1
-        rows_f = row0 + tl.num_programs(0) * BLOCK_M + tl.arange(0, FOLD_M)
-        node_f = rows_f // GROUP
-        head_f = kvh * GROUP + rows_f % GROUP
-        row_ok_f = node_f < n_nodes
-        q_f = tl.load(
-            Q + head_f[:, None] * stride_qh + node_f[:, None] * stride_qn + dims[None, :] * stride_qd,
-            mask=row_ok_f[:, None] & dim_ok[None, :],
-            other=0.0,
-        )
-        m_f = tl.full([FOLD_M], float("-inf"), dtype=tl.float32)
-        l_f = tl.zeros([FOLD_M], dtype=tl.float32)
-        acc_f = tl.zeros([FOLD_M, D_PAD], dtype=tl.float32)
-
     # keys [lo, hi) of this split; ancestors have smaller indices, so nothing past the tile's
     # last node is visible (causal skip).
     if ALL:  # every new row sees every new row (a drafter block): no causal skip
         last_node = n_nodes - 1
     else:
         last_node = tl.minimum(row0 + (pid_m + 1) * BLOCK_M - 1, n_nodes * GROUP - 1) // GROUP
-        if FOLD_M > 0:
-            last_node = tl.where(carry, n_nodes - 1, last_node)
     lo = key0 + split * keys_per_split
     hi = tl.minimum(lo + keys_per_split, context_len + last_node + 1)
     if ROWS is not None:  # a shorter sequence's tiles past its rows skip the keys
@@ -358,9 +339,6 @@ def _tree_attention_kernel(
         v = V.load([slot, kvh, start, 0]).reshape(BLOCK_N, D_PAD)
         s = dot(q, tl.trans(k), PRECISION) * qk_scale
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION, False)
-        if FOLD_M > 0 and carry:
-            s_f = dot(q_f, tl.trans(k), PRECISION) * qk_scale
-            m_f, l_f, acc_f = _softmax_step(s_f, v, m_f, l_f, acc_f, PRECISION, False)
 
     # phase 2: the context's ragged tail and the tree rows, masked
     for start in range(tl.maximum(lo, ctx_full), hi, BLOCK_N):
@@ -384,25 +362,6 @@ def _tree_attention_kernel(
             WINDOW,
         )
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, PRECISION, True)
-        if FOLD_M > 0 and carry:
-            s_f = dot(q_f, tl.trans(k), PRECISION) * qk_scale
-            s_f = _mask_scores(
-                s_f,
-                start,
-                hi,
-                context_len,
-                node_f,
-                row_ok_f,
-                BITS,
-                stride_bn,
-                n_nodes,
-                FOLD_M,
-                BLOCK_N,
-                TREE,
-                ALL,
-                WINDOW,
-            )
-            m_f, l_f, acc_f = _softmax_step(s_f, v, m_f, l_f, acc_f, PRECISION, True)
 
     _store_rows(
         acc,
@@ -426,29 +385,6 @@ def _tree_attention_kernel(
         D_PAD,
         SPLIT,
     )
-    if FOLD_M > 0 and carry:
-        _store_rows(
-            acc_f,
-            m_f,
-            l_f,
-            node_f,
-            head_f,
-            row_ok_f,
-            split,
-            OUT,
-            PART_ACC,
-            PART_ML,
-            stride_oh,
-            stride_on,
-            stride_od,
-            stride_ps,
-            stride_ph,
-            stride_pn,
-            part_node0,
-            HEAD_DIM,
-            D_PAD,
-            SPLIT,
-        )
 
 
 @triton.jit
@@ -550,10 +486,6 @@ _TAIL_MAX_SPLITS = 16
 # on 132 SMs: ~425 TFLOP/s, against ~4.2 TB/s): how many FLOPs of tile work take as long as reading
 # one byte of K/V. It prices a launch's read of the KV range in key-tile steps.
 _FLOPS_PER_BYTE = 100
-# A folded row's key-tile step against a main-tile row's: 16-row products cannot use wgmma (mma.sync
-# instead) and get their own softmax. An estimate, not yet fitted: benchmarks/kernels_bench.py
-# --tail times fold, separate and the planner's pick side by side.
-_FOLD_ROW_COST = 1.5
 
 
 def _split_cost(
@@ -595,13 +527,12 @@ class _Partials(NamedTuple):
 @dataclass(frozen=True)
 class _Launch:
     """One launch of the attention kernel over packed rows [row0, row0 + rows) with ``splits`` key
-    ranges; ``fold`` > 0: its last tile's program also carries the ``fold`` rows after them."""
+    ranges."""
 
     row0: int
     rows: int
     config: AttentionConfig
     splits: int
-    fold: int = 0
 
 
 @lru_cache(maxsize=1024)
@@ -614,14 +545,11 @@ def _plan(
     sms: int,
     tail_cfg: AttentionConfig = _TAIL_CONFIG,
     elem_bytes: int = 2,
-    can_fold: bool = True,
 ) -> tuple[_Launch, ...]:
     """The launches of the cheapest tail layout (``cfg.tail`` picks one; one the shape cannot take
-    falls back to plain; ``can_fold``: the row's tiles fold without spilling, see arch.py). Cached:
-    a decode loop asks for the same few shapes every layer, and eager launches pay for any host work."""
+    falls back to plain). Cached: a decode loop asks for the same few shapes every layer, and eager
+    launches pay for any host work."""
     plans = tail_layouts(rows, group, keys, hkv, cfg, sms, tail_cfg, elem_bytes)
-    if not can_fold and cfg.tail is None:
-        plans.pop("fold", None)
     if cfg.tail is not None:
         return plans.get(cfg.tail, plans["plain"])[1]
     return min(plans.values(), key=lambda plan: plan[0])[1]
@@ -640,9 +568,11 @@ def tail_layouts(
     """Each tail layout this shape can take: its modelled cost in key-tile steps, and its launches.
 
     Every launch reads the whole KV range at least once (``_kv_read_cost``), so a separate tail
-    launch pays that read a second time; a folded tail reads nothing more but makes the last
-    tile's program, and with it its wave, longer. ``benchmarks/kernels_bench.py --tail`` prints
-    these costs beside the measured times.
+    launch pays that read a second time. Its 16-row programs do little maths per byte, so their
+    steps (prologue, key tiles, partial store, merge share) add to that read instead of hiding
+    under it: fitted to the H200's ``benchmarks/kernels_bench.py --tail`` (Qwen3-8B, 4K-32K),
+    where the tail launch of a 65-node tree was 3-4 µs slower than a plain tile and that of a
+    257-node tree 8-19 µs faster. That command prints these costs beside the measured times.
     """
     tail = rows % cfg.block_m
     m_tiles = cdiv(rows, cfg.block_m)
@@ -650,11 +580,6 @@ def tail_layouts(
     kv_read = _kv_read_cost(hkv, key_tiles, cfg.block_m, sms, elem_bytes)
     cost, splits = _split_cost(m_tiles * hkv, key_tiles, sms)
     plans = {"plain": (max(cost, kv_read), (_Launch(0, rows, cfg, cfg.splits or splits),))}
-    fold = tail_cfg.block_m  # the fold's accumulator has the tail launch's rows
-    if rows > cfg.block_m > fold >= tail > 0:
-        step = 1 + _FOLD_ROW_COST * fold / cfg.block_m
-        cost, splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms, step=step)
-        plans["fold"] = (max(cost, kv_read), (_Launch(0, rows - tail, cfg, cfg.splits or splits, fold),))
     if tail and rows > cfg.block_m > tail_cfg.block_m and cfg.block_m % group == 0:
         cost, splits = _split_cost((m_tiles - 1) * hkv, key_tiles, sms)
         tail_tiles = cdiv(keys, tail_cfg.block_n)
@@ -662,18 +587,13 @@ def tail_layouts(
         tail_cost, tail_splits = _split_cost(
             cdiv(tail, tail_cfg.block_m) * hkv, tail_tiles, sms, _TAIL_MAX_SPLITS, step
         )
-        cost = max(cost, kv_read) + max(tail_cost, kv_read) + _TAIL_LAUNCH_TILES
+        cost = max(cost, kv_read) + tail_cost + kv_read + _TAIL_LAUNCH_TILES
         launches = (
             _Launch(0, rows - tail, cfg, cfg.splits or splits),
             _Launch(rows - tail, tail, tail_cfg, tail_splits),
         )
         plans["separate"] = (cost, launches)
     return plans
-
-
-def can_fold(cfg: AttentionConfig, arch: ArchRow) -> bool:
-    """Whether the planner may fold a tail into ``cfg``'s tiles on ``arch``'s family (arch.py ``fold``)."""
-    return Tiles(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) in arch.fold
 
 
 def _check_inputs(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_bound: int, visibility) -> None:
@@ -765,7 +685,6 @@ def tree_attention(
         num_sms(q.device),
         tail_cfg,
         k_cache.element_size(),
-        can_fold(cfg, arch),
     )
 
     out = torch.empty(n, hq, d, device=q.device, dtype=q.dtype).transpose(0, 1)
@@ -816,7 +735,6 @@ def tree_attention(
             WINDOW=window or 0,
             SPLIT=splits > 1,
             PRECISION=dot_precision(q.dtype),
-            FOLD_M=launch.fold,
             num_warps=c.num_warps,
             num_stages=c.num_stages,
         )
@@ -943,7 +861,6 @@ def tree_attention_parts(
         WINDOW=window or 0,
         SPLIT=splits > 1,
         PRECISION=dot_precision(q.dtype),
-        FOLD_M=0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -36,16 +36,6 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
                     cc,
                     t,
                 )
-    # the folded tail on each of the row's fold tiles: the planner's fold launches
-    folds = {
-        (s.row, s.cc, " ".join(s.case.split()[-3:]))
-        for s in aot_specs.specs().values()
-        if s.kernel == "tree_attention" and s.constexprs["FOLD_M"] == row_tail_rows(s.row)
-    }
-    for row in (*ROWS.values(), *WIDE_ROWS.values()):
-        for cc in row.targets:
-            for t in row.fold:
-                assert (row.family, cc, f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}") in folds
     others = {(s.kernel, s.cc) for s in aot_specs.specs().values() if s.kernel != "tree_attention"}
     assert {cc for _, cc in others} == set(aot.TARGETS) == {90, 100, 120}
     assert {k for k, _ in others} >= {
@@ -57,10 +47,6 @@ def test_every_row_choice_is_compiled_on_every_target_of_its_row() -> None:
         "tree_walk.walk",
         "kv_compact",
     }
-
-
-def row_tail_rows(family: str) -> int:
-    return next(r for r in (*ROWS.values(), *WIDE_ROWS.values()) if r.family == family).tail.block_m
 
 
 @pytest.mark.slow

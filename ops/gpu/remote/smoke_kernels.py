@@ -4,7 +4,7 @@ Runs before anything is deployed, so the kernels arrive with the script: the con
 line ``SOURCES = {...}`` (file name -> source of its ``ddtree_kernels/*.py``) in front of this file, and
 they are written to a temporary package first (``@triton.jit`` reads its function's source file).
 Small shapes, but the attention cases reach every tile choice of the device's row in
-``ddtree_kernels/arch.py`` (decode, small, large, the folded tail and the separate tail launch). Prints one JSON object:
+``ddtree_kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
 ``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
 row and one entry per kernel: name, config, max error and tolerance, or the error. The FP8 cases
 run where the GPU has FP8 tensor cores (sm_89 and newer).
@@ -23,12 +23,12 @@ def _error(exc):
 
 
 # (name, nodes, tree?, tail layout: None for the planner's) at 8/2 heads (GQA group 4, as Qwen3-8B),
-# head_dim 128: 4, 68, 260 (two large tiles and a 4-row tail, folded or apart) and 256 packed rows
-# reach every tile choice of the row
+# head_dim 128: 4, 68, 260 (two large tiles and a 4-row tail, in a third tile or apart) and 256
+# packed rows reach every tile choice of the row, whichever tail layout the planner would pick
 ATTENTION_CASES = [
     ("attention decode", 1, False, None),
     ("attention tree small", 17, True, None),
-    ("attention tree large + tail", 65, True, None),
+    ("attention tree large + plain tail", 65, True, "plain"),
     ("attention tree large + separate tail", 65, True, "separate"),
     ("attention chain", 64, False, None),
 ]
@@ -55,12 +55,10 @@ def run_attention(entry, k, torch, device, row, nodes, tree, tail):
     cfg = ta._default_config(rows, row)
     cfg = ta.AttentionConfig(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, tail=tail)
     sms, tail_cfg = k["host"].num_sms(device), ta.AttentionConfig(*row.tail)
-    launches = ta._plan(
-        rows, hq // hkv, ctx + nodes, hkv, cfg, sms, tail_cfg, k_cache.element_size(), ta.can_fold(cfg, row)
-    )
+    launches = ta._plan(rows, hq // hkv, ctx + nodes, hkv, cfg, sms, tail_cfg, k_cache.element_size())
     entry["config"] = " + ".join(
         f"{launch.config.block_m}x{launch.config.block_n} w{launch.config.num_warps} "
-        f"s{launch.config.num_stages} splits {launch.splits}{f' fold {launch.fold}' if launch.fold else ''}"
+        f"s{launch.config.num_stages} splits {launch.splits}"
         for launch in launches
     )
     out = ta.tree_attention(q, k_cache, v_cache, ctx, vis, 0.088, cfg)
