@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, linear, rope_tables
-from ddtree_runtime.models.target import Part, SlotRows, as_device_length, per_part
+from ddtree_runtime.models.target import Part, SlotRows, as_device_length, attend_slots, per_part
 
 
 class DFlashDrafter(nn.Module):
@@ -137,7 +137,7 @@ class DFlashDrafter(nn.Module):
                     )
                 mask = masks[kind]
                 q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
-                out = attn.attend_slots(q, batch, mask, kc, vc, backend)
+                out = attend_slots(q, batch, mask, kc, vc, backend)
             else:
                 out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(

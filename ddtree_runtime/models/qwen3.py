@@ -17,7 +17,15 @@ from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
-from ddtree_runtime.models.target import Part, SlotRows, TreeInputs, as_device_length, per_part
+from ddtree_runtime.models.target import (
+    Part,
+    SlotRows,
+    TreeInputs,
+    as_device_length,
+    attend_slots,
+    per_part,
+    write_slots,
+)
 from ddtree_runtime.quant import Fp8Linear
 
 
@@ -176,19 +184,8 @@ class Attention(nn.Module):
         k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
         start = as_device_length(0, qkv.device)
         q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend)
-        k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1)
-        v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1)
+        write_slots(batch, k_new, v_new, k_caches, v_caches)
         return q
-
-    def attend_slots(
-        self, q: Tensor, batch: SlotRows, mask: Tensor, k_caches: Tensor, v_caches: Tensor, backend: Backend
-    ) -> Tensor:
-        """Every part's attention in one `backend.attention_parts` call: q [Hq, T, D] (`rope_slots`),
-        its rows padded per part and back -> [Hq, T, D]."""
-        hq, _, d = q.shape
-        padded = torch.cat([q, q.new_zeros(hq, 1, d)], dim=1)[:, batch.pad].transpose(0, 1)  # [P, Hq, N, D]
-        out = backend.attention_parts(padded, k_caches, v_caches, batch.slots, mask, d**-0.5)
-        return out.transpose(0, 1).reshape(hq, -1, d)[:, batch.unpad]
 
     def output(self, attn: Tensor, backend: Backend) -> Tensor:
         """attn [Hq, T, D] -> [T, hidden]."""
@@ -362,7 +359,7 @@ class Qwen3(nn.Module):
             if batch is not None:
                 kc, vc = self.k_caches[:, i], self.v_caches[:, i]
                 q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
-                out = attn.attend_slots(q, batch, mask, kc, vc, backend)
+                out = attend_slots(q, batch, mask, kc, vc, backend)
             else:
                 out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
             h, x = backend.rms_norm(

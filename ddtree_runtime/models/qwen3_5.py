@@ -32,7 +32,15 @@ from ddtree_runtime.backend import Backend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
 from ddtree_runtime.models.qwen3 import MLP, _fused, linear, outputs, rope_tables
-from ddtree_runtime.models.target import Part, TreeInputs, per_part
+from ddtree_runtime.models.target import (
+    Part,
+    SlotRows,
+    TreeInputs,
+    as_device_length,
+    attend_slots,
+    per_part,
+    write_slots,
+)
 
 
 class RMSNorm(nn.Module):
@@ -70,11 +78,14 @@ class GatedRMSNorm(nn.Module):
 @dataclass
 class _Pass:
     """What every layer of one forward pass reads: the parts (each with its slot, positions,
-    length, key bound and tree) and each verified part's DeltaNet staging, by slot."""
+    length, key bound and tree), each verified part's DeltaNet staging, by slot, and, on a backend
+    with `attention_parts`, the parts' rows laid out for one attention call per layer."""
 
     backend: Backend[Any, Any, Any]
     parts: list[Part]
     stagings: dict[int, Any]
+    batch: SlotRows | None = None
+    mask: Any = None
 
 
 class GatedAttention(nn.Module):
@@ -105,8 +116,43 @@ class GatedAttention(nn.Module):
             qkv = linear(self.qkv_proj, x, backend)  # [T, Hq 2D + 2 Hkv D]
         else:
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend))
+        if p.batch is not None:
+            out = self._attend_slots(qkv, cos, sin, k_caches, v_caches, p)
+        else:
+            out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend))
         return linear(self.o_proj, out, backend)
+
+    def _gated(self, out: Tensor, qkv: Tensor) -> Tensor:
+        """Attention output [Hq, T, D] times the sigmoid of each query head's gate: [T, Hq D]."""
+        t, d = qkv.shape[0], self.head_dim
+        gate = qkv[:, : 2 * self.n_heads * d].view(t, self.n_heads, 2 * d)[..., d:]
+        return (out.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
+
+    def _attend_slots(
+        self, qkv: Tensor, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
+    ) -> Tensor:
+        """Every part's gated attention in one q/k norm + RoPE step (into scratch K/V, then one
+        scatter into the slots) and one `attention_parts` call: [T, Hq D]."""
+        assert p.batch is not None
+        t, d = qkv.shape[0], self.head_dim
+        k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
+        q = p.backend.qk_rope(
+            qkv,
+            self.q_norm.scale,
+            self.k_norm.scale,
+            self.q_norm.eps,
+            cos,
+            sin,
+            p.batch.positions,
+            k_new,
+            v_new,
+            as_device_length(0, qkv.device),
+            self.n_heads,
+            gated=True,
+        )  # [T, Hq, D]
+        write_slots(p.batch, k_new, v_new, k_caches, v_caches)
+        out = attend_slots(q.transpose(0, 1), p.batch, p.mask, k_caches, v_caches, p.backend)
+        return self._gated(out, qkv)
 
     def _attend(
         self,
@@ -119,7 +165,7 @@ class GatedAttention(nn.Module):
         qkv: Tensor,
     ) -> Tensor:
         """One part's gated attention from its projection rows, over its slot's cache: [T, Hq D]."""
-        t, d = qkv.shape[0], self.head_dim
+        d = self.head_dim
         k_cache, v_cache = k_caches[part.slot], v_caches[part.slot]
         q = backend.qk_rope(
             qkv,
@@ -145,8 +191,7 @@ class GatedAttention(nn.Module):
             d**-0.5,
             key_bound=part.key_bound,
         )  # [Hq, T, D]
-        gate = qkv[:, : 2 * self.n_heads * d].view(t, self.n_heads, 2 * d)[..., d:]
-        return (out.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
+        return self._gated(out, qkv)
 
 
 class GatedDeltaNet(nn.Module):
@@ -409,9 +454,10 @@ class Qwen3_5(nn.Module):
         final_hidden: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Several sequences' rows in one pass, each part as `forward` does its rows in its own slot.
-        The projections and MLPs run over every part's rows at once (one read of the weights);
-        attention and the DeltaNet recurrence run per part over its slot's cache and states (the
-        existing kernels, one launch per part)."""
+        The projections and MLPs run over every part's rows at once (one read of the weights); the
+        DeltaNet recurrence runs per part over its slot's states (the existing kernels, one launch
+        per part), and so does attention, or, on a backend with `attention_parts`, once per layer
+        over every part's rows (padded)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
         for part in parts:
@@ -421,6 +467,12 @@ class Qwen3_5(nn.Module):
         self._staged.update(stagings)
         p = _Pass(backend, [part.resolved() for part in parts], stagings)
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
+        if len(parts) > 1 and hasattr(backend, "attention_parts"):  # one attention call for all parts
+            p.batch = SlotRows.of(p.parts)
+            visibilities = [q.tree.visibility if q.tree is not None else None for q in p.parts]
+            p.mask = backend.parts_mask(
+                p.batch.rows, p.batch.context_lens, p.batch.keys, visibilities, False, None, tokens.device
+            )
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.scale, eps)

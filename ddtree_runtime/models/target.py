@@ -121,6 +121,24 @@ class SlotRows:
         )
 
 
+def write_slots(batch: SlotRows, k_new: Tensor, v_new: Tensor, k_caches: Tensor, v_caches: Tensor) -> None:
+    """Several parts' new K/V rows [Hkv, T, D] into their slots' rows of one layer's caches
+    [S, Hkv, S_max, D], in one scatter each."""
+    k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1)
+    v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1)
+
+
+def attend_slots(
+    q: Tensor, batch: SlotRows, mask: Any, k_caches: Tensor, v_caches: Tensor, backend: Backend[Any, Any, Any]
+) -> Tensor:
+    """Every part's attention in one `backend.attention_parts` call: q [Hq, T, D], its rows padded
+    per part and back -> [Hq, T, D]."""
+    hq, _, d = q.shape
+    padded = torch.cat([q, q.new_zeros(hq, 1, d)], dim=1)[:, batch.pad].transpose(0, 1)  # [P, Hq, N, D]
+    out = backend.attention_parts(padded, k_caches, v_caches, batch.slots, mask, d**-0.5)
+    return out.transpose(0, 1).reshape(hq, -1, d)[:, batch.unpad]
+
+
 class Target(Protocol):
     """A target model with static caches, verified trees and hidden-state capture."""
 

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
+from ddtree_runtime.models.target import Part
 from ddtree_runtime.tiny import SPECIALS, TinyPair
 from tests.runtime.helpers import assert_same_tokens, engine_for
 
@@ -82,6 +84,38 @@ def test_the_hybrid_target_keeps_each_slots_states_apart(
         assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
 
 
+def test_a_hybrid_pass_over_several_slots_gives_each_slot_its_own_logits(
+    hybrid_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """One pass over three slots' rows (gated attention in one call over every slot, DeltaNet per
+    slot) against each slot's own pass on a second copy of the target: contexts of 5, 9 and 2
+    tokens; a 3-token chain, a 4-node tree and a 1-token step."""
+    backend = select_backend(device)
+    batched, alone = (load_pair(hybrid_pair.target, hybrid_pair.drafter, device, dtype)[0] for _ in range(2))
+    rng = random.Random(3)
+    prompts = [[len(SPECIALS) + rng.randrange(64) for _ in range(n)] for n in (5, 9, 2)]
+    for target in (batched, alone):
+        target.setup_caches(64, slots=3)
+        for slot, prompt in enumerate(prompts):
+            rows = torch.tensor(prompt, device=device)
+            target.forward_parts([Part(slot, rows, torch.arange(len(prompt), device=device), 0)], backend)
+
+    def parts(target: Any) -> list[Part]:
+        parents, depth = torch.tensor([-1, 0, 0, 1], device=device), torch.tensor([0, 1, 1, 2], device=device)
+        tree = target.plan(parents, depth, backend, chain=False)
+        new = [torch.tensor([len(SPECIALS) + i for i in range(n)], device=device) for n in (3, 4, 1)]
+        steps = [torch.arange(3, device=device), depth, torch.arange(1, device=device)]
+        return [
+            Part(slot, tokens, len(prompt) + step, len(prompt), tree if slot == 1 else None)
+            for slot, (prompt, tokens, step) in enumerate(zip(prompts, new, steps, strict=True))
+        ]
+
+    got, _ = batched.forward_parts(parts(batched), backend)
+    want = torch.cat([alone.forward_parts([p], backend)[0] for p in parts(alone)])
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
 def test_seeded_sampling_is_reproducible_in_a_batch(
     tiny_pair: TinyPair, alone: Engine, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -143,14 +177,15 @@ def test_cancel_frees_the_slot_at_the_next_step(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton backend's batched launches need a GPU")
-@pytest.mark.parametrize("pair_name", ["tiny_pair", "mixed_pair"])
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "mixed_pair", "hybrid_pair"])
 @pytest.mark.parametrize("cuda_dtype", [torch.float32, torch.bfloat16])
 def test_on_cuda_the_batched_launches_give_each_request_its_tokens_alone(
     request: pytest.FixtureRequest, pair_name: str, cuda_dtype: torch.dtype
 ) -> None:
     """TritonBackend's one attention launch per layer over every slot (`attention_parts`: trees,
-    chains and `ar` roots in the verify pass; the drafter's blocks, sliding layers in `mixed_pair`)
-    and one walk of every greedy tree (`tree_walk_parts`) keep each request's own tokens. CUDA
+    chains and `ar` roots in the verify pass, the hybrid's gated attention too; the drafter's
+    blocks, sliding layers in `mixed_pair`) and one walk of every greedy tree (`tree_walk_parts`)
+    keep each request's own tokens. CUDA
     only (CI has no GPU): `TRITON_INTERPRET=0 pytest tests/runtime/test_batching.py` on a GPU host."""
     pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
     alone = engine_for(pair, device, cuda_dtype, max_context=256)
