@@ -14,7 +14,7 @@ from ddtree_runtime.config import ConfigError
 from ddtree_runtime.loader import default_device
 from ddtree_runtime.train.checkpoint import Layout
 from ddtree_runtime.train.curate import CurationError, Filters
-from ddtree_runtime.train.distributed import leave
+from ddtree_runtime.train.distributed import exit_process, leave
 from ddtree_runtime.train.extract import ExtractionError
 from ddtree_runtime.train.pipeline import LintFailed, RunSpec, run
 from ddtree_runtime.train.trainer import TrainSpec
@@ -173,4 +173,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
