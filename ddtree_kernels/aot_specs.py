@@ -12,6 +12,7 @@ tree build, top-k and tree walk kernels take their constexprs and warps from the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import torch
@@ -186,18 +187,7 @@ def _drafter_attention(row: ArchRow, cc: int, head_dim: int, window: int = 0) ->
         split=True,
         head_dim=head_dim,
     )
-    return Spec(
-        spec.kernel,
-        spec.case,
-        cc,
-        spec.fn,
-        spec.args,
-        {**spec.constexprs, "ALL": True, "WINDOW": window},
-        spec.num_warps,
-        spec.num_stages,
-        row=spec.row,
-        limit=spec.limit,
-    )
+    return replace(spec, constexprs={**spec.constexprs, "ALL": True, "WINDOW": window})
 
 
 def parts_specs(row: ArchRow, cc: int) -> list[Spec]:
@@ -268,19 +258,7 @@ def _attention_parts(
         n_nodes=nodes,
         CTX=_empty(seqs, dtype=torch.int64),
     )
-    constexprs = {**spec.constexprs, "ALL": all_visible, "WINDOW": window}
-    return Spec(
-        spec.kernel,
-        spec.case,
-        cc,
-        spec.fn,
-        args,
-        constexprs,
-        spec.num_warps,
-        spec.num_stages,
-        row=spec.row,
-        limit=spec.limit,
-    )
+    return replace(spec, args=args, constexprs={**spec.constexprs, "ALL": all_visible, "WINDOW": window})
 
 
 def merge_spec(cc: int, splits: int) -> Spec:

@@ -122,6 +122,34 @@ class GatedAttention(nn.Module):
             out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend))
         return linear(self.o_proj, out, backend)
 
+    def _rope(
+        self,
+        qkv: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        positions: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        context_len: int | Tensor,
+        backend: Backend[Any, Any, Any],
+    ) -> Tensor:
+        """Gated queries [T, Hq, D] of a projection `qkv` (q/k norm and partial RoPE); its keys and
+        values go to cache rows `context_len ..`."""
+        return backend.qk_rope(
+            qkv,
+            self.q_norm.scale,
+            self.k_norm.scale,
+            self.q_norm.eps,
+            cos,
+            sin,
+            positions,
+            k_cache,
+            v_cache,
+            context_len,
+            self.n_heads,
+            gated=True,
+        )
+
     def _gated(self, out: Tensor, qkv: Tensor) -> Tensor:
         """Attention output [Hq, T, D] times the sigmoid of each query head's gate: [T, Hq D]."""
         t, d = qkv.shape[0], self.head_dim
@@ -136,20 +164,8 @@ class GatedAttention(nn.Module):
         assert p.batch is not None
         t, d = qkv.shape[0], self.head_dim
         k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
-        q = p.backend.qk_rope(
-            qkv,
-            self.q_norm.scale,
-            self.k_norm.scale,
-            self.q_norm.eps,
-            cos,
-            sin,
-            p.batch.positions,
-            k_new,
-            v_new,
-            as_device_length(0, qkv.device),
-            self.n_heads,
-            gated=True,
-        )  # [T, Hq, D]
+        start = as_device_length(0, qkv.device)
+        q = self._rope(qkv, cos, sin, p.batch.positions, k_new, v_new, start, p.backend)
         write_slots(p.batch, k_new, v_new, k_caches, v_caches)
         out = attend_slots(q.transpose(0, 1), p.batch, p.mask, k_caches, v_caches, p.backend)
         return self._gated(out, qkv)
@@ -167,20 +183,7 @@ class GatedAttention(nn.Module):
         """One part's gated attention from its projection rows, over its slot's cache: [T, Hq D]."""
         d = self.head_dim
         k_cache, v_cache = k_caches[part.slot], v_caches[part.slot]
-        q = backend.qk_rope(
-            qkv,
-            self.q_norm.scale,
-            self.k_norm.scale,
-            self.q_norm.eps,
-            cos,
-            sin,
-            part.input_pos,
-            k_cache,
-            v_cache,
-            part.context_len,
-            self.n_heads,
-            gated=True,
-        )  # [T, Hq, D]
+        q = self._rope(qkv, cos, sin, part.input_pos, k_cache, v_cache, part.context_len, backend)
         visibility = part.tree.visibility if part.tree is not None else None
         out = backend.attention(
             q.transpose(0, 1),
