@@ -756,7 +756,6 @@ def gdn_specs(cc: int) -> list[Spec]:
                     INV=inv,
                     R=r,
                     O0=r,
-                    n_state=blocks,
                     **common,
                 ),
                 {**shapes, "BLOCK_V": gdn_tree.STATE_BLOCK_V},
@@ -771,12 +770,6 @@ def gdn_specs(cc: int) -> list[Spec]:
                 cc,
                 gdn_tree._tree_solve_kernel,
                 dict(
-                    Q=q,
-                    K=q,
-                    V=v,
-                    BETA=_empty(n, GDN_HV),
-                    S0=s0,
-                    GSUM=_empty(GDN_HV, n),
                     A=a,
                     P=a,
                     INV=inv,
@@ -786,11 +779,14 @@ def gdn_specs(cc: int) -> list[Spec]:
                     D=_empty(GDN_HV, n, GDN_D),
                     **common,
                 ),
-                {
-                    **shapes,
-                    "BLOCK_V": gdn_tree.BLOCK_V,
-                    "TAIL": gdn_tree.lone_tail(n, block_t),
-                },
+                dict(
+                    HV=GDN_HV,
+                    DV=GDN_D,
+                    BLOCK_T=block_t,
+                    BLOCK_V=gdn_tree.BLOCK_V,
+                    TAIL=gdn_tree.lone_tail(n, block_t),
+                    PRECISION=0,
+                ),
                 gdn_tree.NUM_WARPS,
             )
         )

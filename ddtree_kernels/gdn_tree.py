@@ -224,7 +224,6 @@ def _tree_blocks_kernel(
     O0,
     n_nodes,
     n_blocks,
-    n_state,
     stride_anc,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -235,13 +234,13 @@ def _tree_blocks_kernel(
     BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Program (h, c < n_state): node block c of value head h against the cached state, for the
+    """Program (h, c < n_blocks): node block c of value head h against the cached state, for the
     solve: its right-hand side R_c = beta (V - exp(G) K S0) and its outputs' start O0_c = exp(G) Q S0
-    (first in the launch: with the diagonal ones, the longest programs). Program (h, n_state + pair),
+    (first in the launch: with the diagonal ones, the longest programs). Program (h, n_blocks + pair),
     pair = i * n_blocks + c: A[i, c] and P[i, c] (c < i), or P[i, i] and the inverse of (I + A[i, i])
     (c == i); block pairs with no ancestor link are skipped."""
     h = tl.program_id(0)
-    pair = tl.program_id(1) - n_state
+    pair = tl.program_id(1) - n_blocks
     hk = h // (HV // HK)
     # q, k [N, HK, DK]; beta, g [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T];
     # v [N, HV, DV]; s0 [HV, DK, DV]; r, o0 [HV, NP, DV]
@@ -297,12 +296,6 @@ def _tree_blocks_kernel(
 
 @triton.jit
 def _tree_solve_kernel(
-    Q,
-    K,
-    V,
-    BETA,
-    S0,
-    GSUM,
     BLOCKS,
     A,
     P,
@@ -314,11 +307,8 @@ def _tree_solve_kernel(
     n_nodes,
     n_blocks,
     stride_anc,
-    HK: tl.constexpr,
     HV: tl.constexpr,
-    DK: tl.constexpr,
     DV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     TAIL: tl.constexpr,
@@ -328,13 +318,11 @@ def _tree_solve_kernel(
     TAIL, the last node block is one lone node, taken after the others as a single row. The blocks
     against the cached state (R, O0) come from the first kernel."""
     h = tl.program_id(0)
-    hk = h // (HV // HK)
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = vcol < DV
     local = tl.arange(0, BLOCK_T)
-    # v, out [N, HV, DV]; s0 [HV, DK, DV]; d [HV, N, DV]; the blocks' a, p, inv as the kernel above
-    Q, K, S0 = Q + hk * DK, K + hk * DK, S0 + h * DK * DV
-    D, GSUM = D + h * n_nodes * DV, GSUM + h * n_nodes
+    # out [N, HV, DV]; d [HV, N, DV]; r, o0 [HV, NP, DV]; the blocks' a, p, inv as the kernel above
+    D = D + h * n_nodes * DV
     A, P = A + h * stride_anc * stride_anc, P + h * stride_anc * stride_anc
     R, O0 = R + h * stride_anc * DV, O0 + h * stride_anc * DV
     steps = n_blocks - 1 if TAIL else n_blocks
@@ -429,8 +417,7 @@ def gdn_tree(
     o0 = torch.empty_like(r)
     precision = dot_precision(q.dtype)
     block_k = min(32, max(16, next_pow2(dk)))
-    n_state = n_blocks
-    _tree_blocks_kernel[(hv, n_state + n_blocks * n_blocks)](
+    _tree_blocks_kernel[(hv, n_blocks + n_blocks * n_blocks)](  # the state programs, then the pairs
         q,
         k,
         v,
@@ -448,7 +435,6 @@ def gdn_tree(
         o0,
         n,
         n_blocks,
-        n_state,
         stride,
         HK=hk,
         HV=hv,
@@ -463,12 +449,6 @@ def gdn_tree(
     )
     block_v = max(16, min(block_v, next_pow2(dv)))
     _tree_solve_kernel[(hv, cdiv(dv, block_v))](
-        q,
-        k,
-        v,
-        beta,
-        state,
-        gsum,
         plan.blocks,
         a,
         p,
@@ -480,11 +460,8 @@ def gdn_tree(
         n,
         n_blocks,
         stride,
-        HK=hk,
         HV=hv,
-        DK=dk,
         DV=dv,
-        BLOCK_K=block_k,
         BLOCK_T=block,
         BLOCK_V=block_v,
         TAIL=plan.tail,
