@@ -746,26 +746,7 @@ def tree_attention(
             p if p.splits > 1 else p._replace(acc=split[0].acc, ml=split[0].ml)
             for p in (*partials, _Partials(out, out, 1, n))[:2]
         )
-        block_r, splits_c = merge_tiles(max(main.splits, tail.splits), d_pad)
-        _merge_splits_kernel[(cdiv(n, block_r), hq)](
-            main.acc,
-            main.ml,
-            tail.acc,
-            tail.ml,
-            out,
-            *main.acc.stride()[:3],
-            *tail.acc.stride()[:3],
-            *out.stride(),
-            n,
-            main.splits,
-            tail.splits,
-            tail.node0,
-            HEAD_DIM=d,
-            D_PAD=d_pad,
-            BLOCK_R=block_r,
-            SPLITS_C=splits_c,
-            num_warps=4,
-        )
+        _merge(main, tail, out)
     return out
 
 
@@ -865,29 +846,38 @@ def tree_attention_parts(
         num_stages=cfg.num_stages,
     )
     if splits > 1:  # the sequences' rows side by side: [splits, Hq, P * N, .] into [Hq, P * N, D]
-        acc, ml = part_acc.view(splits, hq, p * n, d_pad), part_ml.view(splits, hq, p * n, 2)
-        flat = out.transpose(0, 1).view(hq, p * n, d)
-        block_r, splits_c = merge_tiles(splits, d_pad)
-        _merge_splits_kernel[(cdiv(p * n, block_r), hq)](
-            acc,
-            ml,
-            acc,
-            ml,
-            flat,
-            *acc.stride()[:3],
-            *acc.stride()[:3],
-            *flat.stride(),
-            p * n,
-            splits,
-            splits,
-            p * n,  # no tail rows
-            HEAD_DIM=d,
-            D_PAD=d_pad,
-            BLOCK_R=block_r,
-            SPLITS_C=splits_c,
-            num_warps=4,
+        rows = _Partials(
+            part_acc.view(splits, hq, p * n, d_pad), part_ml.view(splits, hq, p * n, 2), splits, 0
         )
+        _merge(rows, rows._replace(node0=p * n), out.transpose(0, 1).view(hq, p * n, d))  # no tail rows
     return out
+
+
+def _merge(main: _Partials, tail: _Partials, out: Tensor) -> None:
+    """The split-K partials of a main launch and of a tail launch (its rows from ``tail.node0``)
+    merged into ``out`` [Hq, N, D]."""
+    hq, n, head_dim = out.shape
+    d_pad = main.acc.shape[-1]
+    block_r, splits_c = merge_tiles(max(main.splits, tail.splits), d_pad)
+    _merge_splits_kernel[(cdiv(n, block_r), hq)](
+        main.acc,
+        main.ml,
+        tail.acc,
+        tail.ml,
+        out,
+        *main.acc.stride()[:3],
+        *tail.acc.stride()[:3],
+        *out.stride(),
+        n,
+        main.splits,
+        tail.splits,
+        tail.node0,
+        HEAD_DIM=head_dim,
+        D_PAD=d_pad,
+        BLOCK_R=block_r,
+        SPLITS_C=splits_c,
+        num_warps=4,
+    )
 
 
 def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
