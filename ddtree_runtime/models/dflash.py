@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, linear, rope_tables
-from ddtree_runtime.models.target import Part, SlotRows, as_device_length, attend_slots, per_part
+from ddtree_runtime.models.target import Part, as_device_length, attend_slots, per_part, slot_rows
 
 
 class DFlashDrafter(nn.Module):
@@ -81,7 +81,7 @@ class DFlashDrafter(nn.Module):
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
         sizes = [p.rows for p in parts]
-        batch = SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
+        batch = slot_rows(parts, backend)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             if batch is not None:  # every part's K/V in one step and one scatter
@@ -116,8 +116,8 @@ class DFlashDrafter(nn.Module):
         assert self.k_cache is not None and self.v_cache is not None
         eps = self.config.layers.rms_norm_eps
         parts = [p.resolved() for p in parts]
-        batch = SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
-        masks: dict[tuple[bool, int | None], Tensor] = {}  # one per kind of layer (causal?, window)
+        batch = slot_rows(parts, backend)
+        masks: dict[tuple[bool, int | None], Any] = {}  # one per kind of layer (causal?, window)
         h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -126,15 +126,7 @@ class DFlashDrafter(nn.Module):
                 kc, vc = self.k_caches[:, i], self.v_caches[:, i]
                 kind = (self.config.causal[i], self.config.windows[i])
                 if kind not in masks:
-                    masks[kind] = backend.parts_mask(
-                        batch.rows,
-                        batch.context_lens,
-                        batch.keys,
-                        [None] * len(parts),
-                        not kind[0],
-                        kind[1],
-                        h.device,
-                    )
+                    masks[kind] = batch.mask(backend, all_visible=not kind[0], window=kind[1])
                 mask = masks[kind]
                 q = attn.rope_slots(qkv, self.cos, self.sin, batch, kc, vc, backend)
                 out = attend_slots(q, batch, mask, kc, vc, backend)

@@ -24,6 +24,7 @@ from ddtree_runtime.models.target import (
     as_device_length,
     attend_slots,
     per_part,
+    slot_rows,
     write_slots,
 )
 from ddtree_runtime.quant import Fp8Linear
@@ -345,13 +346,8 @@ class Qwen3(nn.Module):
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
-        batch: SlotRows | None = None
-        if len(parts) > 1 and hasattr(backend, "attention_parts"):  # one attention call for all parts
-            batch = SlotRows.of(parts)
-            visibilities = [p.tree.visibility if p.tree is not None else None for p in parts]
-            mask = backend.parts_mask(
-                batch.rows, batch.context_lens, batch.keys, visibilities, False, None, tokens.device
-            )
+        batch = slot_rows(parts, backend)  # one attention call for all parts, or None
+        mask = batch.mask(backend) if batch is not None else None
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

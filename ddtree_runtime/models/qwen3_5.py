@@ -39,6 +39,7 @@ from ddtree_runtime.models.target import (
     as_device_length,
     attend_slots,
     per_part,
+    slot_rows,
     write_slots,
 )
 
@@ -470,12 +471,8 @@ class Qwen3_5(nn.Module):
         self._staged.update(stagings)
         p = _Pass(backend, [part.resolved() for part in parts], stagings)
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
-        if len(parts) > 1 and hasattr(backend, "attention_parts"):  # one attention call for all parts
-            p.batch = SlotRows.of(p.parts)
-            visibilities = [q.tree.visibility if q.tree is not None else None for q in p.parts]
-            p.mask = backend.parts_mask(
-                p.batch.rows, p.batch.context_lens, p.batch.keys, visibilities, False, None, tokens.device
-            )
+        p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
+        p.mask = p.batch.mask(backend) if p.batch is not None else None
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
         h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.scale, eps)

@@ -88,6 +88,7 @@ class SlotRows:
     rows: list[int]
     context_lens: list[int]
     keys: int  # the most keys any part reads (its key bound)
+    visibilities: list[Any]  # each part's tree visibility (None: a chain)
 
     @classmethod
     def of(cls, parts: Sequence[Part]) -> SlotRows:
@@ -118,7 +119,29 @@ class SlotRows:
                 c + r if p.key_bound is None else p.key_bound
                 for c, r, p in zip(ctxs, rows, parts, strict=True)
             ),
+            visibilities=[p.tree.visibility if p.tree is not None else None for p in parts],
         )
+
+    def mask(
+        self, backend: Backend[Any, Any, Any], all_visible: bool = False, window: int | None = None
+    ) -> Any:
+        """What every part's rows see, in the backend's own description (`parts_mask`): its tree,
+        or a causal chain; every new row with `all_visible`, within `window` positions when set."""
+        return backend.parts_mask(
+            self.rows,
+            self.context_lens,
+            self.keys,
+            self.visibilities,
+            all_visible,
+            window,
+            self.positions.device,
+        )
+
+
+def slot_rows(parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> SlotRows | None:
+    """Several parts laid out for one attention call per layer, on a backend with `attention_parts`;
+    None (attention per part) for one part or another backend."""
+    return SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
 
 
 def write_slots(batch: SlotRows, k_new: Tensor, v_new: Tensor, k_caches: Tensor, v_caches: Tensor) -> None:
