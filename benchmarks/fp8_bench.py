@@ -340,12 +340,11 @@ def main() -> None:
         flush=True,
     )
     out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
+    shapes = SHAPES if args.shape == "qwen3-8b" else SHAPES_27B
     if args.sweep == "gemm":
-        out["sweep"] = sweep_rows()
+        out["sweep"] = sweep_rows(shapes, tuple(int(t) for t in args.rows.split(",")))
     elif args.sweep == "skinny":
-        out["sweep"] = skinny_sweep_rows(
-            SHAPES if args.shape == "qwen3-8b" else SHAPES_27B, ceil.copy_bytes_per_s
-        )
+        out["sweep"] = skinny_sweep_rows(shapes, ceil.copy_bytes_per_s)
     elif not args.skip_kernels:
         out["kernels"] = kernel_rows(ceil)
     if not args.skip_model and not args.sweep:
