@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -161,7 +160,9 @@ def attention_case(n: int, ctx: int, gen: torch.Generator, configs=None, with_sd
 TAIL_SHAPES = (("Qwen3-8B", 32, 8, 128), ("Qwen3.6-27B", 24, 4, 256))
 
 
-def tail_case(model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torch.Generator) -> dict:
+def tail_case(
+    model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torch.Generator, bw: float
+) -> dict:
     """One tree at one context: µs per layer of the planner's pick and of each tail layout forced,
     the planner's modelled cost (key-tile steps) of each, and each one's error against SDPA."""
     q, k, v = make_layer_caches(ctx, n, hq, hkv, d)
@@ -198,13 +199,8 @@ def tail_case(model: str, hq: int, hkv: int, d: int, n: int, ctx: int, gen: torc
             launches = modelled[name][1]
             row[f"{name}_model"] = modelled[name][0]
             row[f"{name}_splits"] = "+".join(str(launch.splits) for launch in launches)
-    row["kv_read_floor_us"] = 2 * hkv * keys * d * 2 / copy_bandwidth_cached() * 1e6
+    row["kv_read_floor_us"] = 2 * hkv * keys * d * 2 / bw * 1e6
     return row
-
-
-@lru_cache(maxsize=1)
-def copy_bandwidth_cached() -> float:
-    return copy_bandwidth()
 
 
 def _tail_cell(row: dict, name: str) -> str:
@@ -371,7 +367,7 @@ def main() -> None:
             result,
             "tail_layouts",
             lambda: [
-                tail_case(model, hq, hkv, d, n, ctx, gen)
+                tail_case(model, hq, hkv, d, n, ctx, gen, bw)
                 for model, hq, hkv, d in TAIL_SHAPES
                 for n in (17, 65, 257)
                 for ctx in (4096, 16384, 32768)
