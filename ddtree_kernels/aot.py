@@ -44,6 +44,15 @@ DEVICE_SMEM = {80: 163 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
 TARGETS = (90, 100, 120)
 # Register spills accepted, by Spec key, with the reason; the test fails when one is gone (remove it).
 ACCEPTED_SPILLS = {
+    "tree_attention | tree B=1024 N=1025 64x128 w4 s3 | sm_90 | sm_90": (
+        "12 local-memory ops (24 B stack) at 255 registers with Triton 3.9, in the unsplit launch of the "
+        "64x128 one-warpgroup tile (its split launches do not spill); on the H200 (Triton 3.6) that tile "
+        "beat 128x64 on 8 warps at 17, 65 and 257 nodes (ddtree_kernels/arch.py), 1025 nodes unmeasured"
+    ),
+    "tree_attention | parts verify P=16 B=16 N=17 64x128 w4 s3 | sm_90 | sm_90": (
+        "13 local-memory ops (24 B stack) at 255 registers with Triton 3.9: the batched launch's "
+        "per-sequence slot, rows and length on top of the unsplit 64x128 tile; unmeasured batched"
+    ),
     "tree_attention | drafter block N=16 window 2048 64x64 w8 s3 | sm_120 | sm_120": (
         "12 local-memory ops (24 B stack) with Triton 3.9: the sliding window's per-element mask in the "
         "sm_120 row's 64x64 tile; the unwindowed launch does not spill. Unmeasured on sm_120 hardware, "

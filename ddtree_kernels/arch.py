@@ -72,11 +72,14 @@ SMEM_SM90 = 227 * KB
 SMEM_SM100 = 227 * KB
 SMEM_SM120 = 99 * KB
 
-# H200-tuned (benchmarks/RESULTS.md): wgmma tiles, 4 stages for the big trees.
+# H200-tuned (benchmarks/RESULTS.md): wgmma tiles. Trees take 64-row tiles on one warpgroup with
+# 128-key steps: against 128 x 64 on 8 warps (4 stages) and 64 x 64 they pad a 2^k + 1 tree's packed
+# rows less and halve the online-softmax steps (Qwen3-8B, µs a layer: 17 nodes at 32K 59.4 -> 49.9,
+# 65 nodes at 32K 120.5 -> 112.7, 257 nodes at 4K 82.4 -> 61.1; 65 nodes at 4K 30.9 -> 31.9).
 _HOPPER = dict(
     decode=Tiles(16, 128, 4, 3),
-    small=Tiles(64, 64, 4, 3),
-    large=Tiles(128, 64, 8, 4),
+    small=Tiles(64, 128, 4, 3),
+    large=Tiles(64, 128, 4, 3),
     tail=Tiles(16, 128, 4, 3),
 )
 # 99 KB: K+V of a 64-key tile at head_dim 128 is 32 KB a stage. Without wgmma the accumulator and Q
@@ -100,7 +103,12 @@ ROWS: dict[str, ArchRow] = {
         "sm_100",
         SMEM_SM100,
         targets=(100,),
-        **{**_HOPPER, "decode": Tiles(16, 64, 4, 3), "large": Tiles(128, 32, 8, 4)},
+        **{
+            **_HOPPER,
+            "decode": Tiles(16, 64, 4, 3),
+            "small": Tiles(64, 64, 4, 3),
+            "large": Tiles(128, 32, 8, 4),
+        },
     ),
     "sm_120": ArchRow("sm_120", SMEM_SM120, targets=(120,), **_SMALL_SMEM),
     # any other family (Ampere/Ada at 99-163 KB, future parts): the configs that fit 99 KB; trees
@@ -117,9 +125,11 @@ ROWS: dict[str, ArchRow] = {
 # two stages). On sm_120 64x32 tiles on 8 warps, 2 stages (70 KB), fit 99 KB without spilling (on 4
 # warps they spill at 1025 nodes); decode keeps 3 stages on 32-key tiles. Pre-Hopper parts (sm_80,
 # mma.sync with no TMA) spilled at every tile tried, so the generic wide row is checked on sm_120 only.
+# Small trees on sm_90 take 64 x 32 on one warpgroup, 4 stages (Qwen3.6-27B, 17 nodes, µs a layer:
+# 23.6 -> 16.6 at 4K, 94.4 -> 53.7 at 32K, against 64 x 64 on 8 warps at 2 stages).
 _HOPPER_D256 = dict(
     decode=Tiles(16, 64, 4, 3),
-    small=Tiles(64, 64, 8, 2),
+    small=Tiles(64, 32, 4, 4),
     large=Tiles(128, 32, 8, 3),
     tail=Tiles(16, 64, 4, 3),
 )
@@ -132,7 +142,10 @@ _SMALL_SMEM_D256 = dict(
 WIDE_ROWS: dict[str, ArchRow] = {
     "sm_90": ArchRow("sm_90/d256", SMEM_SM90, targets=(90,), **_HOPPER_D256),
     "sm_100": ArchRow(
-        "sm_100/d256", SMEM_SM100, targets=(100,), **{**_HOPPER_D256, "large": Tiles(64, 64, 8, 2)}
+        "sm_100/d256",
+        SMEM_SM100,
+        targets=(100,),
+        **{**_HOPPER_D256, "small": Tiles(64, 64, 8, 2), "large": Tiles(64, 64, 8, 2)},
     ),
     "sm_120": ArchRow("sm_120/d256", SMEM_SM120, targets=(120,), **_SMALL_SMEM_D256),
     "generic": ArchRow("generic/d256", SMEM_SM120, targets=(120,), **_SMALL_SMEM_D256),

@@ -51,4 +51,4 @@ def test_tree_attention_takes_its_tiles_from_the_row() -> None:
     assert cfg == AttentionConfig(64, 32, 8, 3)
     launches = _plan(1028, 4, 4096 + 257, 8, cfg, 188, AttentionConfig(*row.tail))
     assert {launch.config for launch in launches} <= {cfg, AttentionConfig(*row.tail)}
-    assert _default_config(1028, ROWS["sm_90"]) == AttentionConfig(128, 64, 8, 4)
+    assert _default_config(1028, ROWS["sm_90"]) == AttentionConfig(64, 128, 4, 3)
