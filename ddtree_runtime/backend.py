@@ -108,6 +108,10 @@ class Backend(Protocol[Vis, Plan, Staging]):
 
     def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor: ...
 
+    def gdn_steps(
+        self, proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor
+    ) -> Tensor: ...
+
     def gdn_tree(
         self,
         proj: Tensor,
@@ -393,6 +397,18 @@ class TorchBackend:
         gated_delta.advance_conv(conv_state, proj, spec)
         state.copy_(new_state)
         return gated_delta.gated_norm(o, proj, spec)
+
+    def gdn_steps(
+        self, proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor
+    ) -> Tensor:
+        """One token of each of P sequences (a batched pass's `ar` rows), each a `gdn_chain` of one
+        in its own cache slot: proj [P, ...], conv_states [S, K-1, C] and states [S, Hv, Dk, Dv]
+        (one layer's, every slot), slots [P] (distinct). Returns [P, Hv Dv]."""
+        steps = [
+            self.gdn_chain(proj[p : p + 1], spec, conv_states[slot], states[slot])
+            for p, slot in enumerate(slots.tolist())
+        ]
+        return torch.cat(steps)
 
     def gdn_tree(
         self,
