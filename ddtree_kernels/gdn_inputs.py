@@ -171,12 +171,13 @@ def _gdn_inputs_kernel(
         tl.store(X_STAGE + toks[:, None] * stride_xt + chans[None, :], raw, mask=ok)
     if UPDATE_CONV:  # one token per conv state: its row j <- hist row j + 1, in order (row j + 1 read first)
         tl.debug_barrier()  # every tap of the conv above has read the old rows
+        cols, keep = chans, chan_ok  # one conv state: a row of channels
+        if BATCHED:  # a conv state per token: [tokens, channels]
+            cols, keep = chans[None, :], ok
         for j in tl.static_range(KERNEL - 2):
-            row = conv + j * stride_cs + chans[None, :]
-            tl.store(row, tl.load(row + stride_cs, mask=ok), mask=ok)
-        tl.store(
-            conv + (KERNEL - 2) * stride_cs + chans[None, :], tl.load(src + chans[None, :], mask=ok), mask=ok
-        )
+            row = conv + j * stride_cs + cols
+            tl.store(row, tl.load(row + stride_cs, mask=keep), mask=keep)
+        tl.store(conv + (KERNEL - 2) * stride_cs + cols, tl.load(src + cols, mask=keep), mask=keep)
 
 
 def tile(tokens: int, head_dim: int) -> tuple[int, int]:
