@@ -35,11 +35,12 @@ class Backend(Protocol[Vis, Plan, Staging]):
     """What the engine and the models call; `TorchBackend` and
     `ddtree_runtime.triton_backend.TritonBackend` both satisfy it.
 
-    A backend may also offer `parts_mask` and `attention_parts`, and `tree_walk_parts` (both
-    do; `parts_mask` returns the backend's own description, as `tree_visibility` does): a batched
-    pass then runs attention for all its sequences in one padded call per layer instead of one
-    launch per sequence (`models.target.SlotRows`), and the greedy slots of a batched round walk
-    their trees in one call; without them, one sequence at a time."""
+    A backend may also offer `parts_mask` and `attention_parts`, `tree_walk_parts` and `gdn_steps`
+    (both do; `parts_mask` returns the backend's own description, as `tree_visibility` does): a
+    batched pass then runs attention for all its sequences in one padded call per layer instead of
+    one launch per sequence (`models.target.SlotRows`), a hybrid's DeltaNet layers step all its
+    `ar` sequences in one call, and the greedy slots of a batched round walk their trees in one
+    call; without them, one sequence at a time."""
 
     name: str
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
@@ -107,10 +108,6 @@ class Backend(Protocol[Vis, Plan, Staging]):
     def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> Staging: ...
 
     def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor: ...
-
-    def gdn_steps(
-        self, proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor
-    ) -> Tensor: ...
 
     def gdn_tree(
         self,

@@ -87,13 +87,13 @@ class _Steps:
     others: list[tuple[int, Part]]  # every other part, with its first row
 
     @classmethod
-    def of(cls, parts: Sequence[Part]) -> _Steps | None:
-        """The steps of a pass of several parts; None for one part (its own path, graphed on CUDA)
-        or when no part is a step."""
+    def of(cls, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> _Steps | None:
+        """The steps of a pass of several parts, on a backend with `gdn_steps`; None for one part
+        (its own path, graphed on CUDA), when no part is a step, or on another backend."""
         starts = accumulate((p.rows for p in parts), initial=0)
         placed = list(zip(starts, parts, strict=False))  # (first row, part); the total is left over
         steps = [(r, p) for r, p in placed if p.tree is None and p.rows == 1]
-        if len(parts) == 1 or not steps:
+        if len(parts) == 1 or not steps or not hasattr(backend, "gdn_steps"):
             return None
         device = parts[0].tokens.device
         return cls(
@@ -504,9 +504,10 @@ class Qwen3_5(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Several sequences' rows in one pass, each part as `forward` does its rows in its own slot.
         The projections and MLPs run over every part's rows at once (one read of the weights); the
-        DeltaNet recurrence of every one-token chain (`ar`) in one `gdn_steps` call per layer, and
-        of each other part over its slot's states (a tree: its own plan and staging); attention per
-        part, or, on a backend with `attention_parts`, once per layer over every part's rows (padded)."""
+        DeltaNet recurrence of each part over its slot's states (a tree: its own plan and staging),
+        or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer;
+        attention per part, or, on a backend with `attention_parts`, once per layer over every
+        part's rows (padded)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
         for part in parts:
@@ -515,7 +516,7 @@ class Qwen3_5(nn.Module):
         stagings = {p.slot: self._staging(p.rows, backend, p.slot) for p in parts if p.tree is not None}
         self._staged.update(stagings)
         resolved = [part.resolved() for part in parts]
-        p = _Pass(backend, resolved, stagings, _Steps.of(resolved))
+        p = _Pass(backend, resolved, stagings, _Steps.of(resolved, backend))
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
         p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
         p.mask = p.batch.mask(backend) if p.batch is not None else None
