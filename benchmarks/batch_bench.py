@@ -163,7 +163,7 @@ def main() -> None:
     seams = "per-slot" if args.per_slot else "batched"
     print(
         f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager, "
-        f"{backend.name} backend, {seams} attention and walks"
+        f"{backend.name} backend, {seams} attention, DeltaNet steps and walks"
     )
     print(
         f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "
