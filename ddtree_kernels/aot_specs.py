@@ -650,18 +650,20 @@ GDN_HK, GDN_HV, GDN_D, GDN_LAYERS, CONV = 16, 48, 128, 48, 4
 GDN_C = 2 * GDN_HK * GDN_D + GDN_HV * GDN_D
 GDN_PROJ = GDN_C + GDN_HV * GDN_D + 2 * GDN_HV
 H27, INTER27, HQ27, HKV27, D27 = 5120, 17408, 24, 4, 256
+GDN_BATCH = 16  # sequences of a batched round whose `ar` steps are one launch
 
 
 def gdn_specs(cc: int) -> list[Spec]:
-    """A DeltaNet layer's kernels at the 27B shapes: inputs (a tree, the `ar` step, a prefill),
-    the fused step, the tree plan and kernel (the node blocks each verify size takes), the output
-    norm and the commit of all 48 layers."""
+    """A DeltaNet layer's kernels at the 27B shapes: inputs (a tree, the `ar` step, a prefill, the
+    `ar` steps of 16 sequences), the fused step (one sequence, 16), the tree plan and kernel (the
+    node blocks each verify size takes), the output norm and the commit of all 48 layers."""
     bf16, i64 = torch.bfloat16, torch.int64
     found = []
-    for case, n, chain, update, stage in (
-        ("tree N=257", 257, False, False, True),
-        ("ar step", 1, True, True, False),
-        ("prefill T=4096", 4096, True, False, False),
+    for case, n, chain, update, stage, batched in (
+        ("tree N=257", 257, False, False, True, False),
+        ("ar step", 1, True, True, False, False),
+        ("prefill T=4096", 4096, True, False, False, False),
+        (f"ar steps P={GDN_BATCH}", GDN_BATCH, True, True, False, True),
     ):
         proj = _empty(n, GDN_PROJ, dtype=bf16)
         windows = _empty(n, CONV, dtype=torch.int32)
@@ -679,8 +681,10 @@ def gdn_specs(cc: int) -> list[Spec]:
             G=_empty(n, GDN_HV),
             BETA=_empty(n, GDN_HV),
             X_STAGE=_empty(n, GDN_C, dtype=bf16) if stage else proj,
+            SLOTS=_empty(n, dtype=i64) if batched else proj,
             n_tokens=n,
             stride_pt=GDN_PROJ,
+            stride_slot=GDN_LAYERS * (CONV - 1) * GDN_C if batched else 0,
             stride_cs=GDN_C,
             stride_wt=0 if chain else CONV,
             stride_xt=GDN_C if stage else 0,
@@ -697,32 +701,38 @@ def gdn_specs(cc: int) -> list[Spec]:
             CHAIN=chain,
             UPDATE_CONV=update,
             STAGE_X=stage,
+            BATCHED=batched,
         )
         found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, warps))
-    vec, head = _empty(1, GDN_HV * GDN_D, dtype=bf16), _empty(1, GDN_HK, GDN_D, dtype=bf16)
-    found.append(
-        Spec(
-            "gdn_step",
-            "ar step",
-            cc,
-            gdn_step._gdn_step_kernel,
-            dict(
-                Q=head,
-                K=head,
-                V=vec,
-                G=_empty(1, GDN_HV),
-                BETA=_empty(1, GDN_HV),
-                STATE=_empty(GDN_HV, GDN_D, GDN_D),
-                PROJ=_empty(1, GDN_PROJ, dtype=bf16),
-                W=_empty(GDN_D, dtype=bf16),
-                OUT=vec,
-                z_col=GDN_C,
-                eps=1e-6,
-            ),
-            dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, DV_PAD=GDN_D),
-            8,
+    for case, n in (("ar step", 1), (f"ar steps P={GDN_BATCH}", GDN_BATCH)):
+        vec, head = _empty(n, GDN_HV * GDN_D, dtype=bf16), _empty(n, GDN_HK, GDN_D, dtype=bf16)
+        state = _empty(GDN_HV, GDN_D, GDN_D)
+        found.append(
+            Spec(
+                "gdn_step",
+                case,
+                cc,
+                gdn_step._gdn_step_kernel,
+                dict(
+                    Q=head,
+                    K=head,
+                    V=vec,
+                    G=_empty(n, GDN_HV),
+                    BETA=_empty(n, GDN_HV),
+                    STATE=state,
+                    PROJ=_empty(n, GDN_PROJ, dtype=bf16),
+                    W=_empty(GDN_D, dtype=bf16),
+                    OUT=vec,
+                    SLOTS=_empty(n, dtype=i64) if n > 1 else state,
+                    z_col=GDN_C,
+                    eps=1e-6,
+                    stride_pt=GDN_PROJ,
+                    stride_slot=GDN_LAYERS * GDN_HV * GDN_D * GDN_D if n > 1 else 0,
+                ),
+                dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, DV_PAD=GDN_D, BATCHED=n > 1),
+                8,
+            )
         )
-    )
     for n in (16, 17, 65, 257):  # dflash's chain, ddtree at budgets 16, 64, 256
         block_t = gdn_tree.node_block(n, cc)
         blocks = cdiv(n, block_t)

@@ -21,6 +21,9 @@ computes the conv in that dtype). Options:
   program owns its channels, reads them all, then writes.
 - ``stage_x`` (a verify pass): the raw mixed rows are copied out, so that the conv state can be moved
   along whichever path is accepted (``ddtree_kernels/gdn_commit.py``) without a second target pass.
+- ``slots`` (the ``ar`` rows of a batched pass): each token is a one-token chain of its own
+  sequence, whose conv state is that of its cache slot (read on the device); with ``update_conv``
+  every sequence's conv state moves by its token, all in one launch.
 """
 
 from __future__ import annotations
@@ -90,8 +93,10 @@ def _gdn_inputs_kernel(
     G,
     BETA,
     X_STAGE,
+    SLOTS,
     n_tokens,
     stride_pt,
+    stride_slot,
     stride_cs,
     stride_wt,
     stride_xt,
@@ -106,6 +111,7 @@ def _gdn_inputs_kernel(
     CHAIN: tl.constexpr,
     UPDATE_CONV: tl.constexpr,
     STAGE_X: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     grp = tl.program_id(1)  # q heads, then k heads, then v heads
@@ -116,12 +122,21 @@ def _gdn_inputs_kernel(
     chan_ok = offs < width
     ok = tok_ok[:, None] & chan_ok[None, :]
     chans = tl.where(is_qk, grp * DK, 2 * HK * DK + (grp - 2 * HK) * DV) + offs
+    # each token's conv state, its conv inputs and its index along its own chain
+    conv, src, along = CONV_STATE, PROJ, toks
+    if BATCHED:  # token t: a chain of one, after the conv state of slot SLOTS[t]
+        slot = tl.load(SLOTS + toks, mask=tok_ok, other=0).to(tl.int64)
+        conv, src, along = (
+            CONV_STATE + slot[:, None] * stride_slot,
+            PROJ + toks[:, None] * stride_pt,
+            0 * toks,
+        )
     x = _conv_silu(
-        PROJ,
-        CONV_STATE,
+        src,
+        conv,
         CONV_W,
         WINDOWS,
-        toks,
+        along,
         tok_ok,
         chans,
         chan_ok,
@@ -154,17 +169,15 @@ def _gdn_inputs_kernel(
     if STAGE_X:
         raw = tl.load(PROJ + toks[:, None] * stride_pt + chans[None, :], mask=ok)
         tl.store(X_STAGE + toks[:, None] * stride_xt + chans[None, :], raw, mask=ok)
-    if UPDATE_CONV:  # one token: state row j <- hist row j + 1, in order (row j + 1 is read first)
+    if UPDATE_CONV:  # one token per conv state: its row j <- hist row j + 1, in order (row j + 1 read first)
         tl.debug_barrier()  # every tap of the conv above has read the old rows
+        cols, keep = chans, chan_ok  # one conv state: a row of channels
+        if BATCHED:  # a conv state per token: [tokens, channels]
+            cols, keep = chans[None, :], ok
         for j in tl.static_range(KERNEL - 2):
-            tl.store(
-                CONV_STATE + j * stride_cs + chans,
-                tl.load(CONV_STATE + (j + 1) * stride_cs + chans, mask=chan_ok),
-                mask=chan_ok,
-            )
-        tl.store(
-            CONV_STATE + (KERNEL - 2) * stride_cs + chans, tl.load(PROJ + chans, mask=chan_ok), mask=chan_ok
-        )
+            row = conv + j * stride_cs + cols
+            tl.store(row, tl.load(row + stride_cs, mask=keep), mask=keep)
+        tl.store(conv + (KERNEL - 2) * stride_cs + cols, tl.load(src + cols, mask=keep), mask=keep)
 
 
 def tile(tokens: int, head_dim: int) -> tuple[int, int]:
@@ -185,6 +198,7 @@ def gdn_inputs(
     update_conv: bool = False,
     k_out: Tensor | None = None,
     x_out: Tensor | None = None,
+    slots: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """q, k [T, Hk, Dk], v [T, Hv, Dv] (proj's dtype) and g, beta [T, Hv] (fp32) of T tokens.
 
@@ -192,23 +206,30 @@ def gdn_inputs(
     heads = (Hk, Hv, Dk, Dv). ``windows`` [T, K] (int) are the tree's rows of cat(conv_state, proj);
     None is the chain. ``update_conv`` (T = 1 chains only) moves the conv state by the token.
     ``k_out`` [T, Hk, Dk] receives k (a verify pass stages it there); ``x_out`` [T, C] receives the
-    raw mixed rows.
+    raw mixed rows. With ``slots`` [T] (distinct cache slots, on the device) the T tokens are one
+    token each of T sequences: conv_state holds every slot's [S, K-1, C], token t reads (and with
+    ``update_conv`` moves) ``conv_state[slots[t]]``.
     """
     hk, hv, dk, dv = heads
     t = proj.shape[0]
     kernel = conv_weight.shape[1]
     c = 2 * hk * dk + hv * dv
+    one_state = conv_state if slots is None else conv_state[0]
+    if slots is not None and (slots.shape != (t,) or windows is not None or x_out is not None):
+        raise RuntimeError(
+            f"gdn_inputs wants slots [{t}] (one per token) for chains of one, got {tuple(slots.shape)}"
+        )
     if proj.dim() != 2 or proj.stride(1) != 1 or proj.shape[1] < c + hv * dv + 2 * hv:
         raise RuntimeError(
             f"gdn_inputs wants proj [T, >= {c + hv * dv + 2 * hv}] with unit last stride, got {tuple(proj.shape)}"
         )
-    if conv_state.shape != (kernel - 1, c) or conv_state.stride(1) != 1 or conv_weight.shape != (c, kernel):
+    if one_state.shape != (kernel - 1, c) or one_state.stride(1) != 1 or conv_weight.shape != (c, kernel):
         raise RuntimeError(
             f"gdn_inputs wants conv_state [{kernel - 1}, {c}] and conv_weight [{c}, {kernel}], got "
             f"{tuple(conv_state.shape)} and {tuple(conv_weight.shape)}"
         )
-    if update_conv and (t != 1 or windows is not None):
-        raise RuntimeError("gdn_inputs moves the conv state in place for one chain token only")
+    if update_conv and ((t != 1 and slots is None) or windows is not None):
+        raise RuntimeError("gdn_inputs moves a conv state in place for one chain token only")
     if windows is not None and windows.shape != (t, kernel):
         raise RuntimeError(f"gdn_inputs wants windows [{t}, {kernel}], got {tuple(windows.shape)}")
     if kernel < 2:
@@ -239,9 +260,11 @@ def gdn_inputs(
         g,
         beta,
         x_out if x_out is not None else proj,
+        slots if slots is not None else proj,
         t,
         proj.stride(0),
-        conv_state.stride(0),
+        conv_state.stride(0) if slots is not None else 0,
+        one_state.stride(0),
         windows.stride(0) if windows is not None else 0,
         x_out.stride(0) if x_out is not None else 0,
         dk**-0.5,
@@ -255,6 +278,7 @@ def gdn_inputs(
         CHAIN=windows is None,
         UPDATE_CONV=update_conv,
         STAGE_X=x_out is not None,
+        BATCHED=slots is not None,
         num_warps=warps,
     )
     return q, k, v, g, beta

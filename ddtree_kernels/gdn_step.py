@@ -12,6 +12,10 @@ registers, reads it once and writes it once, and writes the head's normed output
 state is the step's only sizeable traffic outside the weights (Hv Dk Dv fp32 read and written per
 layer); everything else is launches, which this fuses away: the whole DeltaNet mixer of an `ar`
 step is this and `gdn_inputs`.
+
+A batched pass (continuous batching) steps P sequences at once, each in its own cache slot: the
+same program per (value head, sequence), the sequence's slot index read on the device, so the `ar`
+rows of a round cost one launch per layer instead of one per sequence.
 """
 
 from __future__ import annotations
@@ -36,17 +40,31 @@ def _gdn_step_kernel(
     PROJ,
     W,
     OUT,
+    SLOTS,
     z_col,
     eps,
+    stride_pt,
+    stride_slot,
     HK: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     DK_PAD: tl.constexpr,
     DV_PAD: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
     h = tl.program_id(0)
     hk = h // (HV // HK)
+    if BATCHED:  # sequence t's token in row t of every input, its state in slot SLOTS[t]
+        t = tl.program_id(1)
+        STATE += tl.load(SLOTS + t).to(tl.int64) * stride_slot
+        Q += t * HK * DK
+        K += t * HK * DK
+        V += t * HV * DV
+        G += t * HV
+        BETA += t * HV
+        PROJ += t * stride_pt
+        OUT += t * HV * DV
     rows = tl.arange(0, DK_PAD)
     cols = tl.arange(0, DV_PAD)
     r_ok, v_ok = rows < DK, cols < DV
@@ -76,24 +94,39 @@ def gdn_step(
     z_col: int,
     norm_weight: Tensor,
     eps: float,
+    slots: Tensor | None = None,
 ) -> Tensor:
     """One token: q, k [1, Hk, Dk]; v [1, Hv, Dv]; g, beta [1, Hv] (fp32); state [Hv, Dk, Dv] fp32,
-    advanced in place; z = proj[0, z_col : z_col + Hv Dv]. Returns the normed output [1, Hv Dv]."""
-    _, hk, dk = q.shape
+    advanced in place; z = proj[0, z_col : z_col + Hv Dv]. Returns the normed output [1, Hv Dv].
+
+    With ``slots`` [P] (distinct cache slots, on the device): one token of each of P sequences, the
+    inputs [P, ...] and the states of every slot [S, Hv, Dk, Dv] (each slot's contiguous); row p
+    advances ``state[slots[p]]``. Returns [P, Hv Dv]."""
+    p, hk, dk = q.shape
     _, hv, dv = v.shape
-    if q.shape[0] != 1 or k.shape != q.shape or hv % hk or g.shape != (1, hv) or beta.shape != (1, hv):
+    rows = 1 if slots is None else slots.shape[0]
+    heads = (p, hv)
+    if (
+        p != rows
+        or k.shape != q.shape
+        or hv % hk
+        or v.shape[0] != p
+        or g.shape != heads
+        or beta.shape != heads
+    ):
         raise RuntimeError(
-            f"gdn_step wants one token: q, k [1, Hk, Dk], v [1, Hv, Dv], g, beta [1, Hv]; got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}"
+            f"gdn_step wants {rows} token(s): q, k [{rows}, Hk, Dk], v [{rows}, Hv, Dv], g, beta [{rows}, Hv]; "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}"
         )
-    if state.shape != (hv, dk, dv) or state.dtype != torch.float32 or not state.is_contiguous():
+    one = state if slots is None else state[0]
+    if one.shape != (hv, dk, dv) or state.dtype != torch.float32 or not one.is_contiguous():
         raise RuntimeError(
-            f"gdn_step wants a contiguous fp32 state [{hv}, {dk}, {dv}], got {tuple(state.shape)}"
+            f"gdn_step wants a contiguous fp32 state [{hv}, {dk}, {dv}] (per slot), got {tuple(state.shape)}"
         )
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or proj.stride(1) != 1:
         raise RuntimeError("gdn_step wants contiguous q, k, v and proj with a unit last stride")
-    out = torch.empty(1, hv * dv, device=q.device, dtype=proj.dtype)
-    _gdn_step_kernel[(hv,)](
+    out = torch.empty(p, hv * dv, device=q.device, dtype=proj.dtype)
+    _gdn_step_kernel[(hv, p)](
         q,
         k,
         v,
@@ -103,14 +136,18 @@ def gdn_step(
         proj,
         norm_weight,
         out,
+        state if slots is None else slots,
         z_col,
         eps,
+        proj.stride(0),
+        0 if slots is None else state.stride(0),
         HK=hk,
         HV=hv,
         DK=dk,
         DV=dv,
         DK_PAD=max(16, next_pow2(dk)),
         DV_PAD=max(16, next_pow2(dv)),
+        BATCHED=slots is not None,
         num_warps=8,
     )
     return out

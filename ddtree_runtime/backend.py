@@ -35,11 +35,12 @@ class Backend(Protocol[Vis, Plan, Staging]):
     """What the engine and the models call; `TorchBackend` and
     `ddtree_runtime.triton_backend.TritonBackend` both satisfy it.
 
-    A backend may also offer `parts_mask` and `attention_parts`, and `tree_walk_parts` (both
-    do; `parts_mask` returns the backend's own description, as `tree_visibility` does): a batched
-    pass then runs attention for all its sequences in one padded call per layer instead of one
-    launch per sequence (`models.target.SlotRows`), and the greedy slots of a batched round walk
-    their trees in one call; without them, one sequence at a time."""
+    A backend may also offer `parts_mask` and `attention_parts`, `tree_walk_parts` and `gdn_steps`
+    (both do; `parts_mask` returns the backend's own description, as `tree_visibility` does): a
+    batched pass then runs attention for all its sequences in one padded call per layer instead of
+    one launch per sequence (`models.target.SlotRows`), a hybrid's DeltaNet layers step all its
+    `ar` sequences in one call, and the greedy slots of a batched round walk their trees in one
+    call; without them, one sequence at a time."""
 
     name: str
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
@@ -393,6 +394,18 @@ class TorchBackend:
         gated_delta.advance_conv(conv_state, proj, spec)
         state.copy_(new_state)
         return gated_delta.gated_norm(o, proj, spec)
+
+    def gdn_steps(
+        self, proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor
+    ) -> Tensor:
+        """One token of each of P sequences (a batched pass's `ar` rows), each a `gdn_chain` of one
+        in its own cache slot: proj [P, ...], conv_states [S, K-1, C] and states [S, Hv, Dk, Dv]
+        (one layer's, every slot), slots [P] (distinct). Returns [P, Hv Dv]."""
+        steps = [
+            self.gdn_chain(proj[p : p + 1], spec, conv_states[slot], states[slot])
+            for p, slot in enumerate(slots.tolist())
+        ]
+        return torch.cat(steps)
 
     def gdn_tree(
         self,

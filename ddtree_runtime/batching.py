@@ -13,8 +13,9 @@ every decoding sequence:
              over the concatenated rows of all slots (one read of the weights, where batching
              pays); a dense model's attention is one padded call per layer over all slots
              (`attention_parts`: an SDPA on the CPU, one Triton launch on CUDA), each slot over
-             its own cache, context length and tree; a hybrid's attention and DeltaNet recurrence
-             loop over the slots with the existing kernels
+             its own cache, context length and tree, a hybrid's gated attention too; a hybrid's
+             DeltaNet layers step every `ar` slot in one call (`gdn_steps`) and verify each
+             tree or chain on its own (its plan and staging)
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
              one call (`tree_walk_parts`)
     commit   per slot, accepted K/V rows and DeltaNet states into place

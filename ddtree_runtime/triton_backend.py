@@ -7,7 +7,8 @@ everything stays on the device with no host sync. `select_backend` picks this cl
 
 A committed chain of more than one token through a Gated DeltaNet layer (the prefill) goes through
 `flash-linear-attention`'s chunked kernel, the one vLLM and SGLang call; a single token (`ar`)
-through our fused step, and a tree (verify) through our tree kernel.
+through our fused step (one token of every `ar` sequence of a batched pass in one launch), and a
+tree (verify) through our tree kernel.
 """
 
 from __future__ import annotations
@@ -213,6 +214,24 @@ class TritonBackend:
         )
         state.copy_(final[0])
         return gated_rms_norm(o[0], proj, spec.conv_dim, spec.norm_weight, spec.eps)
+
+    @staticmethod
+    def gdn_steps(proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor) -> Tensor:
+        """One token of each of P sequences in its own cache slot (slots [P] on the device): the
+        fused step over every sequence, two launches whatever P."""
+        q, k, v, g, beta = gdn_inputs(
+            proj,
+            conv_states,
+            spec.conv_weight,
+            spec.a_log,
+            spec.dt_bias,
+            spec.heads,
+            update_conv=True,
+            slots=slots,
+        )
+        return gdn_step(
+            q, k, v, g, beta, states, proj, spec.conv_dim, spec.norm_weight, spec.eps, slots=slots
+        )
 
     def gdn_tree(
         self,

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -76,15 +77,43 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
 
+@dataclass(frozen=True)
+class _Steps:
+    """A batched pass's one-token committed parts (its `ar` rows), which every DeltaNet layer
+    advances in one `gdn_steps` call; the other parts (trees, longer chains) keep a call each."""
+
+    rows: Tensor  # [P] each step's row in the pass
+    slots: Tensor  # [P] each step's cache slot
+    others: list[tuple[int, Part]]  # every other part, with its first row
+
+    @classmethod
+    def of(cls, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> _Steps | None:
+        """The steps of a pass of several parts, on a backend with `gdn_steps`; None for one part
+        (its own path, graphed on CUDA), when no part is a step, or on another backend."""
+        starts = accumulate((p.rows for p in parts), initial=0)
+        placed = list(zip(starts, parts, strict=False))  # (first row, part); the total is left over
+        steps = [(r, p) for r, p in placed if p.tree is None and p.rows == 1]
+        if len(parts) == 1 or not steps or not hasattr(backend, "gdn_steps"):
+            return None
+        device = parts[0].tokens.device
+        return cls(
+            rows=torch.tensor([r for r, _ in steps], device=device),
+            slots=torch.tensor([p.slot for _, p in steps], device=device),
+            others=[(r, p) for r, p in placed if p.tree is not None or p.rows != 1],
+        )
+
+
 @dataclass
 class _Pass:
     """What every layer of one forward pass reads: the parts (each with its slot, positions,
-    length, key bound and tree), each verified part's DeltaNet staging, by slot, and, on a backend
-    with `attention_parts`, the parts' rows laid out for one attention call per layer."""
+    length, key bound and tree), each verified part's DeltaNet staging, by slot, and, in a pass of
+    several parts, its DeltaNet steps and, on a backend with `attention_parts`, the parts' rows laid
+    out for one attention call per layer."""
 
     backend: Backend[Any, Any, Any]
     parts: list[Part]
     stagings: dict[int, Any]
+    steps: _Steps | None = None
     batch: SlotRows | None = None
     mask: Any = None
 
@@ -263,8 +292,24 @@ class GatedDeltaNet(nn.Module):
         layer's (`slot`: its index among the DeltaNet layers). A chain part advances its sequence's
         states in place; a tree part leaves them and fills the layer's slot of its staging."""
         proj = self.project(x, p.backend)
-        out = per_part(proj, p.parts, partial(self._mix, conv_states, states, slot, p))
+        if p.steps is None:
+            out = per_part(proj, p.parts, partial(self._mix, conv_states, states, slot, p))
+        else:
+            out = self._mix_steps(conv_states, states, slot, p, p.steps, proj)
         return linear(self.out_proj, out, p.backend)
+
+    def _mix_steps(
+        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, steps: _Steps, proj: Tensor
+    ) -> Tensor:
+        """A batched pass: every step part in one `gdn_steps` call, each other part on its own."""
+        if not steps.others:  # every row a step, in order
+            return p.backend.gdn_steps(proj, self.spec, conv_states, states, steps.slots)
+        out = proj.new_empty(proj.shape[0], self.n_v * self.dv)
+        out[steps.rows] = p.backend.gdn_steps(proj[steps.rows], self.spec, conv_states, states, steps.slots)
+        for start, part in steps.others:
+            rows = slice(start, start + part.rows)
+            out[rows] = self._mix(conv_states, states, slot, p, part, proj[rows])
+        return out
 
     def _mix(
         self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, part: Part, proj: Tensor
@@ -459,9 +504,10 @@ class Qwen3_5(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Several sequences' rows in one pass, each part as `forward` does its rows in its own slot.
         The projections and MLPs run over every part's rows at once (one read of the weights); the
-        DeltaNet recurrence runs per part over its slot's states (the existing kernels, one launch
-        per part), and so does attention, or, on a backend with `attention_parts`, once per layer
-        over every part's rows (padded)."""
+        DeltaNet recurrence of each part over its slot's states (a tree: its own plan and staging),
+        or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer;
+        attention per part, or, on a backend with `attention_parts`, once per layer over every
+        part's rows (padded)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
         for part in parts:
@@ -469,7 +515,8 @@ class Qwen3_5(nn.Module):
                 self.reset(part.slot)
         stagings = {p.slot: self._staging(p.rows, backend, p.slot) for p in parts if p.tree is not None}
         self._staged.update(stagings)
-        p = _Pass(backend, [part.resolved() for part in parts], stagings)
+        resolved = [part.resolved() for part in parts]
+        p = _Pass(backend, resolved, stagings, _Steps.of(resolved, backend))
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
         p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
         p.mask = p.batch.mask(backend) if p.batch is not None else None

@@ -10,6 +10,7 @@ from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.models.target import Part
 from ddtree_runtime.tiny_hybrid import _hybrid_config
 from ddtree_runtime.triton_backend import TritonBackend
 from tests.kernels.trees import DEVICE, depths_of, make_parents
@@ -131,3 +132,75 @@ def test_hybrid_verify_and_commit_on_the_kernels_match_torch(tmp_path) -> None:
         )
     for got, want in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
+
+
+def test_the_batched_step_equals_each_slots_own_step_bit_for_bit() -> None:
+    """`gdn_steps` over five sequences (slots out of order, two slots left alone) gives every slot
+    exactly the output and states that its own `gdn_chain` step gives, in one launch pair; the
+    Torch reference agrees."""
+    gen = torch.Generator().manual_seed(3)
+    spec = layer(gen)
+    conv, rec = states(spec, gen, layers=7)
+    slots = [4, 0, 6, 2, 3]
+    proj = projection(spec, len(slots), gen)
+    alone = (conv.clone(), rec.clone())
+    want = torch.cat(
+        [TRITON.gdn_chain(proj[p : p + 1], spec, alone[0][s], alone[1][s]) for p, s in enumerate(slots)]
+    )
+    ids = torch.tensor(slots, device=DEVICE)
+    batched = (conv.clone(), rec.clone())
+    got = TRITON.gdn_steps(proj, spec, *batched, ids)
+    assert torch.equal(got, want)
+    assert torch.equal(batched[0], alone[0]) and torch.equal(batched[1], alone[1])
+    assert torch.equal(batched[0][[1, 5]], conv[[1, 5]]) and torch.equal(batched[1][[1, 5]], rec[[1, 5]])
+    oracle = (conv.clone(), rec.clone())
+    torch.testing.assert_close(got, TORCH.gdn_steps(proj, spec, *oracle, ids), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(batched[1], oracle[1], atol=2e-5, rtol=2e-5)
+    assert torch.equal(batched[0], oracle[0])
+
+
+def test_a_batched_hybrid_pass_on_the_kernels_gives_every_slot_its_own_pass(tmp_path) -> None:
+    """`forward_parts` on the kernels over six slots, listed out of slot order: three `ar` steps
+    (one `gdn_steps` call per layer), dflash chains of 3 and 5 drafts and a 5-node tree verified
+    beside them; against each part's own pass: the logits and every slot's states after."""
+    torch.manual_seed(0)
+    model = Qwen3_5(Qwen3_5Config.from_dict(_hybrid_config(40, 64, 4), tmp_path / "config.json")).to(DEVICE)
+    model.fuse()
+    model.setup_caches(32, slots=6)
+    gen = torch.Generator().manual_seed(4)
+    with torch.inference_mode():
+        for slot in range(6):
+            prompt = torch.randint(0, 40, (2 + slot,), generator=gen).to(DEVICE)
+            model.forward_parts([Part(slot, prompt, torch.arange(2 + slot, device=DEVICE), 0)], TORCH)
+    tree_parents = torch.tensor([-1, 0, 0, 1, 1], device=DEVICE)
+    shapes = {3: None, 1: 3, 5: tree_parents, 0: None, 4: 5, 2: None}  # slot: step, chain length or tree
+
+    def part(slot: int, shape: int | torch.Tensor | None) -> Part:
+        ctx = 2 + slot
+        if shape is None:
+            return Part(
+                slot, torch.tensor([slot + 7], device=DEVICE), torch.tensor([ctx], device=DEVICE), ctx
+            )
+        parents = torch.arange(-1, shape - 1, device=DEVICE) if isinstance(shape, int) else shape
+        depth = torch.tensor(depths_of(parents.tolist()), device=DEVICE)
+        tree = model.plan(parents, depth, TRITON, chain=isinstance(shape, int))
+        return Part(slot, torch.arange(parents.shape[0], device=DEVICE) + slot, ctx + depth, ctx, tree)
+
+    saved = (model.conv_states.clone(), model.rec_states.clone())
+    results = []
+    with torch.inference_mode():
+        for together in (True, False):
+            model.conv_states.copy_(saved[0])
+            model.rec_states.copy_(saved[1])
+            parts = [part(slot, shape) for slot, shape in shapes.items()]
+            if together:
+                logits, _ = model.forward_parts(parts, TRITON, capture=False)
+            else:
+                logits = torch.cat([model.forward_parts([p], TRITON, capture=False)[0] for p in parts])
+            results.append((logits, model.conv_states.clone(), model.rec_states.clone()))
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    stepped = [3, 0, 2]
+    assert not torch.equal(results[0][2][stepped], saved[1][stepped])  # the steps advanced their slots
+    verified = [1, 5, 4]
+    assert torch.equal(results[0][2][verified], saved[1][verified])  # a verify pass advances nothing

@@ -184,13 +184,14 @@ def test_on_cuda_the_batched_launches_give_each_request_its_tokens_alone(
 ) -> None:
     """TritonBackend's one attention launch per layer over every slot (`attention_parts`: trees,
     chains and `ar` roots in the verify pass, the hybrid's gated attention too; the drafter's
-    blocks, sliding layers in `mixed_pair`) and one walk of every greedy tree (`tree_walk_parts`)
-    keep each request's own tokens. CUDA
+    blocks, sliding layers in `mixed_pair`), the hybrid's DeltaNet step of every `ar` slot
+    (`gdn_steps`) and one walk of every greedy tree (`tree_walk_parts`) keep each request's own
+    tokens. CUDA
     only (CI has no GPU): `TRITON_INTERPRET=0 pytest tests/runtime/test_batching.py` on a GPU host."""
     pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
     alone = engine_for(pair, device, cuda_dtype, max_context=256)
     batched = batch_engine(pair, device, cuda_dtype, 4, chunk=5)
-    assert hasattr(batched.backend, "attention_parts") and hasattr(batched.backend, "tree_walk_parts")
+    assert all(hasattr(batched.backend, seam) for seam in ("attention_parts", "tree_walk_parts", "gdn_steps"))
     reqs = requests(11, 10)
     for req, result in zip(reqs, batched.run(reqs), strict=True):
         want = alone.generate(**req)
