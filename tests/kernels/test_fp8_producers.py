@@ -7,14 +7,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from ddtree_kernels.fp8_gemm import GemmConfig, fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.host import QuantizedRows
 from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
+from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.fp8 import act_quant_reference, fp8_linear_reference, quantize_weight
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.quant import Fp8Linear, act_group
+from ddtree_runtime.tiny_fp8 import QUANTIZED
+from ddtree_runtime.tiny_hybrid import _hybrid_config
+from ddtree_runtime.triton_backend import TritonBackend
 from tests.kernels.trees import DEVICE
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -95,3 +107,48 @@ def test_the_fp8_linears_read_quantized_rows_as_they_quantize_rows(t, block) -> 
     other = QuantizedRows(*act_quant_reference(x.cpu(), 64), 64, x.dtype)
     with pytest.raises(RuntimeError, match="groups of 64"):
         fp8_linear_reference(other, weight.cpu(), scale.cpu(), block if block[0] == 1 else (128, 128))
+
+
+def _quantize_projections(model: nn.Module, per_channel: bool) -> None:
+    """Every projection an FP8 export quantizes (`tiny_fp8.QUANTIZED`) as an Fp8Linear, in Qwen's
+    128 x 128 blocks or per channel, before `fuse` (as the loader does)."""
+    for name, module in list(model.named_modules()):
+        if not (isinstance(module, nn.Linear) and QUANTIZED.search(f"{name}.weight")):
+            continue
+        block = (1, module.in_features) if per_channel else (128, 128)
+        fp8 = Fp8Linear(module.in_features, module.out_features, block, bias=False)
+        weight, scale = quantize_weight(module.weight.detach(), block)
+        fp8.weight, fp8.scale = nn.Parameter(weight, False), nn.Parameter(scale, False)
+        parent, _, child = name.rpartition(".")
+        model.get_submodule(parent).register_module(child, fp8)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_fp8_hybrid_target_on_the_kernels_matches_torch(tmp_path, per_channel: bool) -> None:
+    """A random Qwen3.5 hybrid (hidden 256: two 128-column groups) quantized to FP8: a one-row step
+    (the skinny kernel) and a 17-row verify pass (the GEMM) on the fused producers and kernels
+    against TorchBackend, through the DeltaNet in-projection (beside its bf16 b/a), attention and
+    the MLPs."""
+    torch.manual_seed(0)
+    config = Qwen3_5Config.from_dict(_hybrid_config(40, 256, 4), tmp_path / "config.json")
+    model = Qwen3_5(config)
+    _quantize_projections(model, per_channel)
+    model.fuse()
+    model.to(DEVICE).setup_caches(32)
+    layer = model.layers[0]
+    want_groups = (256, 512) if per_channel else (128, 128)
+    assert (act_group(*layer.mix_readers()), act_group(layer.mlp.down_proj)) == want_groups
+    tokens = torch.randint(0, 40, (22,), device=DEVICE)
+    parents = torch.arange(-1, 16, device=DEVICE)  # a 17-node chain: verified by the GEMM
+    torch_backend, results = TorchBackend(), []
+    with torch.inference_mode():
+        model(tokens[:5], torch.arange(5, device=DEVICE), 0, None, torch_backend)
+    restore = model.snapshot()
+    for backend in (torch_backend, TritonBackend()):
+        with torch.inference_mode():
+            step, _ = model(tokens[5:6], torch.tensor([5], device=DEVICE), 5, None, backend)
+            tree = model.plan(parents, parents + 1, backend, chain=True)
+            verify, _ = model(tokens[5:], 6 + torch.arange(17, device=DEVICE), 6, tree, backend)
+        restore()
+        results.append(torch.cat([step, verify]))
+    assert _rel(results[1], results[0]) < 1e-4
