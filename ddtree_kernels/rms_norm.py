@@ -71,41 +71,37 @@ def _rms_norm_kernel(
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [T, H] (+ residual [T, H]) -> (norm(s) [T, H], s) with s = x + residual (s = x without one)."""
-    out, res_out, _ = _launch(x, weight, eps, residual, None)
-    return out, res_out
+    return _launch(x, weight, eps, residual, None)
 
 
 def rms_norm_fp8(
     x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int
 ) -> tuple[Tensor, Tensor, QuantizedRows]:
     """`rms_norm`, and its output quantized per row and group of `group` columns (>= H: per row)."""
-    out, res_out, rows = _launch(x, weight, eps, residual, group)
-    assert rows is not None
-    return out, res_out, rows
+    t, h = x.shape[0], x.shape[-1]
+    if group < h and (group != next_pow2(group) or group < 16):
+        raise RuntimeError(f"rms_norm_fp8 quantizes groups of 16, 32, ... columns or whole rows, not {group}")
+    rows = QuantizedRows(
+        torch.empty(t, h, device=x.device, dtype=torch.float8_e4m3fn),
+        torch.empty(t, cdiv(h, group), device=x.device, dtype=torch.float32),
+        group,
+        x.dtype,
+    )
+    return *_launch(x, weight, eps, residual, rows), rows
 
 
 def _launch(
-    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int | None
-) -> tuple[Tensor, Tensor, QuantizedRows | None]:
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, rows: QuantizedRows | None
+) -> tuple[Tensor, Tensor]:
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
         raise RuntimeError(
             f"rms_norm wants x [T, H] with unit last stride and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}"
         )
     t, h = x.shape
     block = next_pow2(h)
-    if group is not None and group < h and (group != next_pow2(group) or group < 16):
-        raise RuntimeError(f"rms_norm_fp8 quantizes groups of 16, 32, ... columns or whole rows, not {group}")
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
-    rows = None
-    if group is not None:
-        rows = QuantizedRows(
-            torch.empty(t, h, device=x.device, dtype=torch.float8_e4m3fn),
-            torch.empty(t, cdiv(h, group), device=x.device, dtype=torch.float32),
-            group,
-            x.dtype,
-        )
     _rms_norm_kernel[(t,)](
         x,
         res,
@@ -125,7 +121,7 @@ def _launch(
         HAS_RES=residual is not None,
         BLOCK=block,
         QUANT=rows is not None,
-        GROUP=group if group is not None and group < h else block,  # >= H: one group, the row
+        GROUP=rows.group if rows is not None and rows.group < h else block,  # >= H: one group, the row
         num_warps=8 if h >= 2048 else 4,
     )
-    return out, res_out, rows
+    return out, res_out
