@@ -526,28 +526,7 @@ HIDDEN, INTER = 4096, 12288
 def layer_specs(cc: int) -> list[Spec]:
     """RMSNorm (+ residual), q/k norm + RoPE + cache write, SwiGLU's gate and the skinny matmul."""
     bf16 = torch.bfloat16
-    x = _empty(257, HIDDEN, dtype=bf16)
-    norm = Spec(
-        "rms_norm",
-        f"H={HIDDEN} + residual",
-        cc,
-        rms_norm._rms_norm_kernel,
-        dict(
-            X=x,
-            RES=x,
-            W=_empty(HIDDEN, dtype=bf16),
-            OUT=x,
-            RES_OUT=x,
-            stride_x=HIDDEN,
-            stride_r=HIDDEN,
-            stride_o=HIDDEN,
-            stride_ro=HIDDEN,
-            n_cols=HIDDEN,
-            eps=1e-6,
-        ),
-        dict(HAS_RES=True, BLOCK=next_pow2(HIDDEN)),
-        8,
-    )
+    norm = _rms_norm(cc, None)
     rope = _qk_rope(cc, HQ, HKV, HEAD_DIM, HEAD_DIM, gated=False, w_dtype=bf16)
     gate_up = _empty(257, 2 * INTER, dtype=bf16)
     act = _empty(257, INTER, dtype=bf16)
@@ -564,6 +543,45 @@ def layer_specs(cc: int) -> list[Spec]:
     for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
         found.append(_skinny(cc, n, k))
     return found
+
+
+def _rms_norm(cc: int, group: int | None) -> Spec:
+    """RMSNorm + residual of 257 rows of Qwen3-8B's hidden size; with `group`, its output also
+    quantized for FP8 linears (per 128-column group, or per row when group >= H)."""
+    bf16, block = torch.bfloat16, next_pow2(HIDDEN)
+    x = _empty(257, HIDDEN, dtype=bf16)
+    q, s = _empty(257, HIDDEN, dtype=torch.float8_e4m3fn), _empty(257, cdiv(HIDDEN, group or HIDDEN))
+    fmt = "" if group is None else (" + e4m3 per row" if group >= HIDDEN else f" + e4m3 by {group}")
+    return Spec(
+        "rms_norm",
+        f"H={HIDDEN} + residual{fmt}",
+        cc,
+        rms_norm._rms_norm_kernel,
+        dict(
+            X=x,
+            RES=x,
+            W=_empty(HIDDEN, dtype=bf16),
+            OUT=x,
+            RES_OUT=x,
+            Q=q,
+            S=s,
+            stride_x=HIDDEN,
+            stride_r=HIDDEN,
+            stride_o=HIDDEN,
+            stride_ro=HIDDEN,
+            stride_q=HIDDEN,
+            stride_s=s.stride(0),
+            n_cols=HIDDEN,
+            eps=1e-6,
+        ),
+        dict(
+            HAS_RES=True,
+            BLOCK=block,
+            QUANT=group is not None,
+            GROUP=group if group is not None and group < HIDDEN else block,
+        ),
+        8,
+    )
 
 
 def _qk_rope(cc: int, hq: int, hkv: int, d: int, rot: int, gated: bool, w_dtype: torch.dtype) -> Spec:
@@ -1015,6 +1033,39 @@ def fp8_specs(cc: int) -> list[Spec]:
                 ),
                 cfg.num_warps,
                 cfg.num_stages,
+            )
+        )
+    return found + fp8_producer_specs(cc)
+
+
+def fp8_producer_specs(cc: int) -> list[Spec]:
+    """RMSNorm and SwiGLU writing their outputs quantized for FP8 linears, in both scale layouts."""
+    found = [_rms_norm(cc, group) for group in (FP8_BLOCK[1], HIDDEN)]
+    gate_up = _empty(257, 2 * INTER, dtype=torch.bfloat16)
+    for group in (FP8_BLOCK[1], INTER):
+        per_row = group >= INTER
+        q, s = _empty(257, INTER, dtype=torch.float8_e4m3fn), _empty(257, cdiv(INTER, group))
+        found.append(
+            Spec(
+                "silu_mul_fp8",
+                f"I={INTER} {'per row' if per_row else f'by {group}'}",
+                cc,
+                silu_mul._silu_mul_fp8_kernel,
+                dict(
+                    GU=gate_up,
+                    Q=q,
+                    S=s,
+                    stride_g=gate_up.stride(0),
+                    stride_q=q.stride(0),
+                    stride_s=s.stride(0),
+                    inner=INTER,
+                ),
+                dict(
+                    GROUP=silu_mul.BLOCK if per_row else group,
+                    BLOCK=silu_mul.BLOCK,
+                    STEPS=cdiv(INTER, silu_mul.BLOCK) if per_row else 0,
+                ),
+                4,
             )
         )
     return found

@@ -14,7 +14,11 @@ scales are applied once per group. ``_act_quant_kernel`` writes x8 and s_x (one 
 group); ``_fp8_gemm_kernel`` then tiles ``[BLOCK_M, BLOCK_N]`` of the output and walks K in
 ``BLOCK_K = block_k`` steps (groups are tiles), or, with per-row groups, accumulates the whole row
 unscaled and scales once at the end. ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the
-same function for <= 16 rows without the separate quantization pass.
+same function for <= 16 rows.
+
+The kernel that produces the activations can quantize them itself (``quantize_row``: the fused
+RMSNorm, SwiGLU and gated norm) and hand both wrappers a ``QuantizedRows``: then no ``act_quant``
+launch runs, and the q/k/v or gate/up linears after one norm share one quantization.
 
 The e4m3 rounding is done in fp32 arithmetic (``_round_e4m3``), so the final cast is exact on every
 backend: Triton's CPU interpreter rounds fp32 -> e4m3 wrongly where the mantissa carries into the
@@ -31,7 +35,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.host import cdiv, next_pow2
+from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
 from ddtree_kernels.precision import dot, dot_precision
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
@@ -63,6 +67,27 @@ def _round_e4m3(x, scale):
 @triton.jit
 def _group_scale(amax):
     return tl.math.div_rn(tl.maximum(amax, 1e-10), 448.0)
+
+
+@triton.jit
+def quantize_row(x, Q, S, start, n_cols, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Quantize a block of one row as ``act_quant`` does: x [BLOCK] (fp32) holds columns
+    ``start ..`` (start a multiple of GROUP; columns >= n_cols are ignored); x8 goes to Q + column,
+    each group's scale to S + column // GROUP. GROUP >= BLOCK: the block is one whole group."""
+    cols = start + tl.arange(0, BLOCK)
+    ok = cols < n_cols
+    xs = tl.where(ok, x, 0.0)
+    if GROUP >= BLOCK:
+        scale = _group_scale(tl.max(tl.abs(xs), axis=0))
+        tl.store(Q + cols, _round_e4m3(xs, scale), mask=ok)
+        tl.store(S + start // GROUP, scale)
+    else:
+        groups = tl.reshape(xs, [BLOCK // GROUP, GROUP])
+        scale = _group_scale(tl.max(tl.abs(groups), axis=1))  # [BLOCK // GROUP]
+        q = _round_e4m3(groups, tl.broadcast_to(scale[:, None], [BLOCK // GROUP, GROUP]))
+        tl.store(Q + cols, tl.reshape(q, [BLOCK]), mask=ok)
+        g = start // GROUP + tl.arange(0, BLOCK // GROUP)
+        tl.store(S + g, scale, mask=g * GROUP < n_cols)
 
 
 @triton.jit
@@ -146,8 +171,12 @@ def _fp8_gemm_kernel(
     tl.store(OUT + rows[:, None] * stride_om + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
 
 
-def check_fp8_operands(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> None:
+def check_fp8_operands(
+    x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
+) -> None:
     """The layout both FP8 kernels read; a RuntimeError with the actual shapes otherwise."""
+    if isinstance(x, QuantizedRows):
+        x = x.x8
     n, k = weight.shape
     bn, bk = block
     want_scale = (cdiv(n, bn), cdiv(k, bk))
@@ -183,6 +212,14 @@ def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     return q, s
 
 
+def quantized(x: Tensor | QuantizedRows, group: int) -> QuantizedRows:
+    """x quantized per row and group of ``group`` columns: by ``act_quant``, or already by its
+    producer (then checked to be that layout: a RuntimeError with the shapes otherwise)."""
+    if isinstance(x, Tensor):
+        return QuantizedRows(*act_quant(x, group), group, x.dtype)
+    return x.checked(group)
+
+
 def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
     """Tiles by architecture. sm_90/sm_100: 64-row tiles, 64 columns up to 160 rows and 128 past
     them (H200, verify rows 32-257: 1.3-1.8x faster than 128 x 128 tiles, which leave too few
@@ -194,17 +231,23 @@ def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
 
 
 def fp8_gemm(
-    x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int], config: GemmConfig | None = None
+    x: Tensor | QuantizedRows,
+    weight: Tensor,
+    scale: Tensor,
+    block: tuple[int, int],
+    config: GemmConfig | None = None,
 ) -> Tensor:
-    """x [T, K] (bf16/fp16/fp32) times the FP8 weight [N, K] transposed: [T, N] in x's dtype."""
+    """x [T, K] (bf16/fp16/fp32, or already quantized) times the FP8 weight [N, K] transposed:
+    [T, N] in x's dtype."""
     check_fp8_operands(x, weight, scale, block)
-    t, k = x.shape
-    n = weight.shape[0]
+    n, k = weight.shape
     per_row = block[1] >= k
-    a, a_scale = act_quant(x, k if per_row else block[1])
-    cap = torch.cuda.get_device_capability(x.device) if x.device.type == "cuda" else None
+    rows = quantized(x, k if per_row else block[1])
+    a, a_scale = rows.x8, rows.scale
+    t = a.shape[0]
+    cap = torch.cuda.get_device_capability(a.device) if a.device.type == "cuda" else None
     cfg = config or gemm_config(t, cap)
-    out = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(t, n, device=a.device, dtype=rows.dtype)
     _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n),)](
         a,
         a_scale,

@@ -9,9 +9,9 @@ walks K in ``BLOCK_K`` steps, each step loading a ``[BLOCK_N, BLOCK_K]`` tile of
 ``[16, BLOCK_K]`` tile of x8 (rows past T masked to zero) as one tile per scale group of
 ``GROUP_K = block_k`` columns. A step of several groups keeps as many bytes in flight as the bf16
 kernel's tiles: an e4m3 tile holds half the bytes, and one 128-column group per step left the H200's
-copy bandwidth 20-70% idle. The activations are quantized once before it (``fp8_gemm.act_quant``:
-per row and ``block_k`` group, or per row over the whole of K with per-channel weight scales), not
-in every program: quantizing x in
+copy bandwidth 20-70% idle. The activations are quantized once before it (``fp8_gemm.act_quant``, or
+by the kernel that produced them: per row and ``block_k`` group, or per row over the whole of K with
+per-channel weight scales), not in every program: quantizing x in
 registers in each of the ~300 programs cost 5-20x the weight stream on the H200. The fp8 tile
 product accumulates in fp32 and is scaled by the row's and the block's scales once per group, so
 the result is the GEMM's. When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.fp8_gemm import act_quant, check_fp8_operands
-from ddtree_kernels.host import cdiv, num_sms
+from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
+from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, _sum_splits_kernel
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
@@ -112,22 +112,28 @@ def default_config(n: int, k: int, block_k: int, sms: int) -> SkinnyConfig:
 
 
 def fp8_skinny(
-    x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int], config: SkinnyConfig | None = None
+    x: Tensor | QuantizedRows,
+    weight: Tensor,
+    scale: Tensor,
+    block: tuple[int, int],
+    config: SkinnyConfig | None = None,
 ) -> Tensor:
-    """x [T, K] (T <= 16) times the FP8 weight [N, K] transposed: [T, N] in x's dtype."""
+    """x [T, K] (T <= 16; or already quantized) times the FP8 weight [N, K] transposed: [T, N] in
+    x's dtype."""
     check_fp8_operands(x, weight, scale, block)
-    t, k = x.shape
-    n = weight.shape[0]
-    if t > MAX_ROWS or x.stride(1) != 1:
-        raise RuntimeError(f"fp8_skinny wants x [T <= {MAX_ROWS}, K] with a unit last stride, got {x.shape}")
+    n, k = weight.shape
+    t = (x.x8 if isinstance(x, QuantizedRows) else x).shape[0]
+    if t > MAX_ROWS:
+        raise RuntimeError(f"fp8_skinny wants x [T <= {MAX_ROWS}, K], got {t} rows")
     per_row = block[1] >= k
-    cfg = config or default_config(n, k, block[1], num_sms(x.device))
+    cfg = config or default_config(n, k, block[1], num_sms(weight.device))
     if not per_row and cfg.block_k % block[1]:
         raise RuntimeError(
             f"fp8_skinny steps whole groups: block_k {cfg.block_k} is not a multiple of {block[1]}"
         )
-    x8, x_scale = act_quant(x, k if per_row else block[1])  # once, not in every program
-    out = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    rows = quantized(x, k if per_row else block[1])  # once, not in every program (or by x's producer)
+    x8, x_scale = rows.x8, rows.scale
+    out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](

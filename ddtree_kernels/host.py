@@ -1,4 +1,5 @@
-"""Host-side helpers for the launch wrappers: integer maths and the device's SM count and FP8 support.
+"""Host-side helpers for the launch wrappers: integer maths, the device's SM count and FP8 support,
+and the quantized activations the FP8 wrappers accept (no Triton here: the CPU runtime uses them).
 
 ``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions: called from Python each
 costs ~3.5 µs, and a wrapper that plans its grid calls them dozens of times (the attention
@@ -7,9 +8,11 @@ planner took 360 µs per eager call before it used these). Same results, plain i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+from torch import Tensor
 
 
 def cdiv(a: int, b: int) -> int:
@@ -37,3 +40,33 @@ def fp8_tensor_cores(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 9)
     return True
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Activations already quantized as ``act_quant`` does: x8 e4m3 [T, K], scale fp32 [T, G] per
+    row and group of ``group`` columns (G = 1: per row), and ``dtype``, the rows' own dtype (the
+    linear's output dtype)."""
+
+    x8: Tensor
+    scale: Tensor
+    group: int
+    dtype: torch.dtype
+
+    def checked(self, group: int) -> QuantizedRows:
+        """These rows, if they are quantized by groups of `group` columns (a RuntimeError with the
+        shapes otherwise: an FP8 linear reads them as it would have quantized them)."""
+        t, k = self.x8.shape
+        if (
+            min(self.group, k) != min(group, k)
+            or self.x8.dtype != torch.float8_e4m3fn
+            or self.x8.stride(1) != 1
+            or self.scale.dtype != torch.float32
+            or tuple(self.scale.shape) != (t, cdiv(k, group))
+        ):
+            raise RuntimeError(
+                f"FP8 matmul wants activations quantized by groups of {group} columns (e4m3 [T, K], "
+                f"fp32 scales [T, ceil(K / {group})]); got groups of {self.group}, x8 "
+                f"{tuple(self.x8.shape)} {self.x8.dtype}, scale {tuple(self.scale.shape)} {self.scale.dtype}"
+            )
+        return self

@@ -12,6 +12,10 @@ Here one program per row computes, in fp32,
                                                   Qwen3.5's with fp32 (1 + w) scales)
 
 and writes both ``out`` and ``s``. The reference is ``ddtree_runtime.backend.TorchBackend.rms_norm``.
+
+For an FP8 target ``rms_norm_fp8`` also quantizes ``out`` for the FP8 linears that read it, as
+``fp8_gemm.act_quant`` would (per row and group of columns): one quantization for q, k and v (or
+gate and up), and no separate launch. Its reference is ``TorchBackend.rms_norm_fp8``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.host import next_pow2
+from ddtree_kernels.fp8_gemm import quantize_row
+from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
 
 
 @triton.jit
@@ -31,14 +36,20 @@ def _rms_norm_kernel(
     W,
     OUT,
     RES_OUT,
+    Q,
+    S,
     stride_x,
     stride_r,
     stride_o,
     stride_ro,
+    stride_q,
+    stride_s,
     n_cols,
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -52,20 +63,42 @@ def _rms_norm_kernel(
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n_cols + eps)
     normed = (xf * inv).to(W.dtype.element_ty)
     w = tl.load(W + cols, mask=ok, other=0.0)
-    tl.store(
-        OUT + row * stride_o + cols,
-        (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty),
-        mask=ok,
-    )
+    out = (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty)
+    tl.store(OUT + row * stride_o + cols, out, mask=ok)
+    if QUANT:
+        quantize_row(out.to(tl.float32), Q + row * stride_q, S + row * stride_s, 0, n_cols, GROUP, BLOCK)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """x [T, H] (+ residual [T, H]) -> (norm(s) [T, H], s) with s = x + residual (s = x without one)."""
+    return _launch(x, weight, eps, residual, None)
+
+
+def rms_norm_fp8(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int
+) -> tuple[Tensor, Tensor, QuantizedRows]:
+    """`rms_norm`, and its output quantized per row and group of `group` columns (>= H: per row)."""
+    t, h = x.shape[0], x.shape[-1]
+    if group < h and (group != next_pow2(group) or group < 16):
+        raise RuntimeError(f"rms_norm_fp8 quantizes groups of 16, 32, ... columns or whole rows, not {group}")
+    rows = QuantizedRows(
+        torch.empty(t, h, device=x.device, dtype=torch.float8_e4m3fn),
+        torch.empty(t, cdiv(h, group), device=x.device, dtype=torch.float32),
+        group,
+        x.dtype,
+    )
+    return *_launch(x, weight, eps, residual, rows), rows
+
+
+def _launch(
+    x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, rows: QuantizedRows | None
+) -> tuple[Tensor, Tensor]:
     if x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
         raise RuntimeError(
             f"rms_norm wants x [T, H] with unit last stride and weight [H], got {tuple(x.shape)}, {tuple(weight.shape)}"
         )
     t, h = x.shape
+    block = next_pow2(h)
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
@@ -75,14 +108,20 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = No
         weight,
         out,
         res_out,
+        rows.x8 if rows else out,
+        rows.scale if rows else out,
         x.stride(0),
         res.stride(0),
         out.stride(0),
         res_out.stride(0),
+        rows.x8.stride(0) if rows else 0,
+        rows.scale.stride(0) if rows else 0,
         h,
         eps,
         HAS_RES=residual is not None,
-        BLOCK=next_pow2(h),
+        BLOCK=block,
+        QUANT=rows is not None,
+        GROUP=rows.group if rows is not None and rows.group < h else block,  # >= H: one group, the row
         num_warps=8 if h >= 2048 else 4,
     )
     return out, res_out

@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_kernels.host import QuantizedRows
 from ddtree_runtime import gated_delta
-from ddtree_runtime.fp8 import fp8_linear_reference
+from ddtree_runtime.fp8 import fp8_linear_reference, quantized_reference
 from ddtree_runtime.gated_delta import GdnSpec, Staged, TreeAncestry
 
 Vis = TypeVar("Vis")  # a backend's own description of tree visibility, read only by its `attention`
@@ -47,11 +48,17 @@ class Backend(Protocol[Vis, Plan, Staging]):
 
     def linear(self, x: Tensor, weight: Tensor) -> Tensor: ...
 
-    def fp8_linear(self, x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor: ...
+    def fp8_linear(
+        self, x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor: ...
 
     def rms_norm(
         self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None
     ) -> tuple[Tensor, Tensor]: ...
+
+    def rms_norm_fp8(
+        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int
+    ) -> tuple[Tensor, Tensor, QuantizedRows]: ...
 
     def qk_rope(
         self,
@@ -70,6 +77,8 @@ class Backend(Protocol[Vis, Plan, Staging]):
     ) -> Tensor: ...
 
     def silu_mul(self, gate_up: Tensor) -> Tensor: ...
+
+    def silu_mul_fp8(self, gate_up: Tensor, group: int) -> QuantizedRows: ...
 
     def tree_visibility(self, parents: Tensor, depth: Tensor) -> Vis: ...
 
@@ -160,6 +169,14 @@ class TorchBackend:
         normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(weight.dtype)
         return (weight * normed).to(s.dtype), s
 
+    def rms_norm_fp8(
+        self, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int
+    ) -> tuple[Tensor, Tensor, QuantizedRows]:
+        """`rms_norm`, and its output quantized once for the FP8 linears that read it (per row and
+        group of `group` columns, as they would quantize it)."""
+        out, s = self.rms_norm(x, weight, eps, residual)
+        return out, s, quantized_reference(out, group)
+
     @staticmethod
     def qk_rope(
         qkv: Tensor,
@@ -206,6 +223,10 @@ class TorchBackend:
         """silu(gate) * up from the fused gate/up projection [T, 2I]: what SwiGLU computes."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def silu_mul_fp8(self, gate_up: Tensor, group: int) -> QuantizedRows:
+        """`silu_mul` quantized for an FP8 down projection (per row and group of `group` columns)."""
+        return quantized_reference(self.silu_mul(gate_up), group)
 
     def attention(
         self,

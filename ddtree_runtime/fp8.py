@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_kernels.host import QuantizedRows
+
 E4M3_MAX = 448.0
 SCALE_FLOOR = 1e-10  # an all-zero group gets this amax: its scale stays finite and x8 = 0
 
@@ -33,6 +35,12 @@ def act_quant_reference(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     return q.view(t, groups * group)[:, :k], scale
 
 
+def quantized_reference(x: Tensor, group: int) -> QuantizedRows:
+    """x [T, K] as its producer hands it to the FP8 linears that read it (the fused kernels'
+    reference): `act_quant_reference` of the rows, once for all of them."""
+    return QuantizedRows(*act_quant_reference(x, group), group, x.dtype)
+
+
 def dequantize_weight(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
     """The fp32 weight [N, K] an FP8 weight and its block scales stand for."""
     n, k = weight.shape
@@ -40,14 +48,21 @@ def dequantize_weight(weight: Tensor, scale: Tensor, block: tuple[int, int]) -> 
     return weight.float() * rows.repeat_interleave(min(block[1], k), dim=1)[:, :k]
 
 
-def fp8_linear_reference(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
-    """The FP8 linear of any number of rows, dequantized and multiplied in fp32: [T, N] in x's dtype."""
+def fp8_linear_reference(
+    x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
+) -> Tensor:
+    """The FP8 linear of any number of rows (or of rows already quantized by their producer),
+    dequantized and multiplied in fp32: [T, N] in x's dtype."""
     k = weight.shape[1]
     group = min(block[1], k)
-    q, s = act_quant_reference(x.reshape(-1, k), group)
-    xs = q.float() * s.repeat_interleave(group, dim=1)[:, :k]
+    if isinstance(x, QuantizedRows):
+        rows = x.checked(group)
+        lead, dtype = rows.x8.shape[:-1], rows.dtype
+    else:
+        rows, lead, dtype = quantized_reference(x.reshape(-1, k), group), x.shape[:-1], x.dtype
+    xs = rows.x8.float() * rows.scale.repeat_interleave(group, dim=1)[:, :k]
     out = F.linear(xs, dequantize_weight(weight, scale, block))
-    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    return out.to(dtype).reshape(*lead, weight.shape[0])
 
 
 def quantize_weight(weight: Tensor, block: tuple[int, int]) -> tuple[Tensor, Tensor]:

@@ -8,17 +8,24 @@ through `backend.fp8_linear` (`models/qwen3.py: linear`): the Triton kernels on 
 dequantized reference. Activations are quantized on the fly as the checkpoint declares (dynamic,
 per token and weight block column), so every pass, however many rows, computes the same function
 and speculation stays lossless against the FP8 target.
+
+The kernel that produces a linear's input quantizes it when every FP8 linear reading it wants the
+same scale layout (`act_group`): the RMSNorm before q/k/v (or the DeltaNet in-projection) and
+gate/up, and SwiGLU before the down projection (`norm_rows`, `swiglu_rows`). The rows then travel
+as an `Fp8Input`, quantized once, and no FP8 linear quantizes them again; the numbers are the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from ddtree_runtime.backend import select_backend
+from ddtree_kernels.host import QuantizedRows
+from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.fp8 import cdiv
 from drafter_config.quantization import Fp8Scheme, QuantConfigError, read_fp8_scheme
@@ -69,6 +76,43 @@ class Fp8Linear(nn.Module):
         if bias:
             fused.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
         return fused
+
+
+@dataclass(frozen=True)
+class Fp8Input:
+    """A linear's input rows as their producer wrote them: in the model dtype (`x`, for the bf16
+    linears among the readers; None when every reader is FP8) and quantized once (`q`) for the FP8
+    ones."""
+
+    x: Tensor | None
+    q: QuantizedRows
+
+
+def act_group(*readers: nn.Module | None) -> int | None:
+    """The activation group (columns per scale: the weight's block columns, or the whole row for
+    per-channel scales) shared by every FP8 linear among the `readers` of one input; None when there
+    is none, or they differ: then the input stays unquantized, as for a bf16 target."""
+    groups = {min(m.block[1], m.weight.shape[1]) for m in readers if isinstance(m, Fp8Linear)}
+    return groups.pop() if len(groups) == 1 else None
+
+
+def norm_rows(
+    backend: Backend, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None, group: int | None
+) -> tuple[Tensor | Fp8Input, Tensor]:
+    """`backend.rms_norm` (normed rows, residual stream), the normed rows also quantized by `group`
+    columns (`act_group` of their readers) when it is set."""
+    if group is None:
+        return backend.rms_norm(x, weight, eps, residual)
+    out, s, q = backend.rms_norm_fp8(x, weight, eps, residual, group)
+    return Fp8Input(out, q), s
+
+
+def swiglu_rows(backend: Backend, gate_up: Tensor, group: int | None) -> Tensor | Fp8Input:
+    """`backend.silu_mul` of the MLP's fused projection, written quantized (and only so) for an FP8
+    down projection (`group` set)."""
+    if group is None:
+        return backend.silu_mul(gate_up)
+    return Fp8Input(None, backend.silu_mul_fp8(gate_up, group))
 
 
 def fp8_scheme(raw: dict, path: Path) -> Fp8Scheme | None:

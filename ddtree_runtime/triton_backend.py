@@ -27,11 +27,11 @@ from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_inputs import gdn_inputs
 from ddtree_kernels.gdn_step import gdn_step
 from ddtree_kernels.gdn_tree import TreePlan, gdn_tree, tree_plan
-from ddtree_kernels.host import fp8_tensor_cores
+from ddtree_kernels.host import QuantizedRows, fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.qk_rope import qk_rope
-from ddtree_kernels.rms_norm import rms_norm
-from ddtree_kernels.silu_mul import silu_mul
+from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
+from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
 from ddtree_kernels.tree_attention import (
     PartsVisibility,
@@ -71,6 +71,7 @@ class TritonBackend:
         return tree_visibility(parents, depth)
 
     rms_norm = staticmethod(rms_norm)
+    rms_norm_fp8 = staticmethod(rms_norm_fp8)
 
     @staticmethod
     def linear(x: Tensor, weight: Tensor) -> Tensor:
@@ -80,17 +81,21 @@ class TritonBackend:
         return F.linear(x, weight)
 
     @staticmethod
-    def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor, block: tuple[int, int]) -> Tensor:
-        """An FP8 target's linear: the skinny kernel for a few rows, else the block-scaled GEMM; the
-        dequantized reference on GPUs without FP8 tensor cores (sm_80)."""
-        if not fp8_tensor_cores(x.device):
+    def fp8_linear(
+        x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
+    ) -> Tensor:
+        """An FP8 target's linear (of rows, or of rows their producer quantized): the skinny kernel
+        for a few rows, else the block-scaled GEMM; the dequantized reference on GPUs without FP8
+        tensor cores (sm_80)."""
+        if not fp8_tensor_cores(weight.device):
             return fp8_linear_reference(x, weight, scale, block)
-        if x.shape[0] <= MAX_ROWS and x.stride(-1) == 1:
+        if (x.x8 if isinstance(x, QuantizedRows) else x).shape[0] <= MAX_ROWS:
             return fp8_skinny(x, weight, scale, block)
         return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)
     silu_mul = staticmethod(silu_mul)
+    silu_mul_fp8 = staticmethod(silu_mul_fp8)
 
     def attention(
         self,

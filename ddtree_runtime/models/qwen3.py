@@ -27,7 +27,7 @@ from ddtree_runtime.models.target import (
     slot_rows,
     write_slots,
 )
-from ddtree_runtime.quant import Fp8Linear
+from ddtree_runtime.quant import Fp8Input, Fp8Linear, act_group, norm_rows, swiglu_rows
 
 
 class RMSNorm(nn.Module):
@@ -78,22 +78,27 @@ class MLP(nn.Module):
         self.gate_up_proj = _fused(self.gate_proj, self.up_proj)
         del self.gate_proj, self.up_proj
 
-    def forward(self, x: Tensor, backend: Backend | None = None) -> Tensor:
+    def forward(self, x: Tensor | Fp8Input, backend: Backend | None = None) -> Tensor:
         backend = backend or TorchBackend()
         if self.gate_up_proj is not None:
             gate_up = linear(self.gate_up_proj, x, backend)  # [T, 2I]
         else:
+            assert isinstance(x, Tensor), "unfused projections read unquantized rows"
             gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        return linear(self.down_proj, backend.silu_mul(gate_up), backend)
+        return linear(self.down_proj, swiglu_rows(backend, gate_up, act_group(self.down_proj)), backend)
 
 
-def linear(layer: nn.Linear | Fp8Linear, x: Tensor, backend: Backend) -> Tensor:
+def linear(layer: nn.Linear | Fp8Linear, x: Tensor | Fp8Input, backend: Backend) -> Tensor:
     """`layer(x)` through the backend's matmul (a bandwidth-bound kernel for a few rows on CUDA);
-    an FP8 target's quantized layers through its FP8 matmul."""
+    an FP8 target's quantized layers through its FP8 matmul, from the rows' producer's quantization
+    when it made one."""
     if isinstance(layer, Fp8Linear):
-        out = backend.fp8_linear(x, layer.weight, layer.scale, layer.block)
+        rows = x.q if isinstance(x, Fp8Input) else x
+        out = backend.fp8_linear(rows, layer.weight, layer.scale, layer.block)
     else:
-        out = backend.linear(x, layer.weight)
+        rows = x.x if isinstance(x, Fp8Input) else x
+        assert rows is not None, "a bf16 linear reads rows written only quantized"
+        out = backend.linear(rows, layer.weight)
     return out if layer.bias is None else out + layer.bias
 
 
@@ -134,10 +139,11 @@ class Attention(nn.Module):
         self.qkv_proj = _fused(self.q_proj, self.k_proj, self.v_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def qkv(self, x: Tensor, backend: Backend) -> Tensor:
+    def qkv(self, x: Tensor | Fp8Input, backend: Backend) -> Tensor:
         """x: [T, hidden] -> [T, (Hq + 2 Hkv) D]."""
         if self.qkv_proj is not None:
             return linear(self.qkv_proj, x, backend)
+        assert isinstance(x, Tensor), "unfused projections read unquantized rows"
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
     def rope(
@@ -348,7 +354,8 @@ class Qwen3(nn.Module):
         captured: dict[int, Tensor] = {}
         batch = slot_rows(parts, backend)  # one attention call for all parts, or None
         mask = batch.mask(backend) if batch is not None else None
-        h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.weight, eps)
+        weight, group = self._norm_before(0)
+        h, x = norm_rows(backend, self.embed_tokens(tokens), weight, eps, None, group)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = attn.qkv(h, backend)
@@ -358,14 +365,21 @@ class Qwen3(nn.Module):
                 out = attend_slots(q, batch, mask, kc, vc, backend)
             else:
                 out = per_part(qkv, parts, partial(self._attend, i, backend), dim=1)
-            h, x = backend.rms_norm(
-                attn.output(out, backend), layer.post_attention_layernorm.weight, eps, residual=x
-            )
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            h, x = backend.rms_norm(layer.mlp(h, backend), nxt.weight, eps, residual=x)
+            post, group = layer.post_attention_layernorm.weight, act_group(layer.mlp.gate_up_proj)
+            h, x = norm_rows(backend, attn.output(out, backend), post, eps, x, group)
+            weight, group = self._norm_before(i + 1)
+            h, x = norm_rows(backend, layer.mlp(h, backend), weight, eps, x, group)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
         return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
+
+    def _norm_before(self, layer: int) -> tuple[Tensor, int | None]:
+        """The weight of the norm before `layer` (the final norm past the last) and the activation
+        group its readers' FP8 linears share (`quant.act_group`; None past the last: the LM head)."""
+        if layer == len(self.layers):
+            return self.norm.weight, None
+        norm = self.layers[layer].input_layernorm
+        return norm.weight, act_group(self.layers[layer].self_attn.qkv_proj)
 
     def _attend(self, layer: int, backend: Backend, part: Part, qkv: Tensor) -> Tensor:
         """One part's attention in `layer` from its projection rows: [Hq, T, D]."""

@@ -43,6 +43,7 @@ from ddtree_runtime.models.target import (
     slot_rows,
     write_slots,
 )
+from ddtree_runtime.quant import Fp8Input, act_group, norm_rows
 
 
 class RMSNorm(nn.Module):
@@ -138,13 +139,14 @@ class GatedAttention(nn.Module):
         self.k_norm.fuse()
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
+        self, x: Tensor | Fp8Input, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
     ) -> Tensor:
         # x: [T, hidden]; cos, sin: [S_max, rotary_dim] tables; k_caches, v_caches: [slots, Hkv, S_max, D]
         backend = p.backend
         if self.qkv_proj is not None:
             qkv = linear(self.qkv_proj, x, backend)  # [T, Hq 2D + 2 Hkv D]
         else:
+            assert isinstance(x, Tensor), "unfused projections read unquantized rows"
             qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
         if p.batch is not None:
             out = self._attend_slots(qkv, cos, sin, k_caches, v_caches, p)
@@ -276,13 +278,14 @@ class GatedDeltaNet(nn.Module):
             self.norm.weight,
         )
 
-    def project(self, x: Tensor, backend: Backend[Any, Any, Any]) -> Tensor:
+    def project(self, x: Tensor | Fp8Input, backend: Backend[Any, Any, Any]) -> Tensor:
         """x [T, hidden] -> [T, C + Hv Dv + 2 Hv]: mixed q|k|v, z, b, a."""
         if self.in_proj is not None:
             out = linear(self.in_proj, x, backend)
             if self.in_proj_gates is None:
                 return out
             return torch.cat([out, linear(self.in_proj_gates, x, backend)], dim=-1)
+        assert isinstance(x, Tensor), "unfused projections read unquantized rows"
         return torch.cat(
             [self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)], dim=-1
         )
@@ -345,7 +348,11 @@ class DeltaNetLayer(_Layer):
         super().fuse()
         self.linear_attn.fuse()
 
-    def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
+    def mix_readers(self) -> tuple[nn.Module | None, ...]:
+        """The linears that read the mixer's input (the norm's output)."""
+        return (self.linear_attn.in_proj, self.linear_attn.in_proj_gates)
+
+    def mix(self, h: Tensor | Fp8Input, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
         return self.linear_attn(h, model.conv_states[:, slot], model.rec_states[:, slot], slot, p)
 
 
@@ -358,7 +365,11 @@ class AttentionLayer(_Layer):
         super().fuse()
         self.self_attn.fuse()
 
-    def mix(self, h: Tensor, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
+    def mix_readers(self) -> tuple[nn.Module | None, ...]:
+        """The linears that read the mixer's input (the norm's output)."""
+        return (self.self_attn.qkv_proj,)
+
+    def mix(self, h: Tensor | Fp8Input, model: Qwen3_5, slot: int, p: _Pass) -> Tensor:
         return self.self_attn(h, model.cos, model.sin, model.k_caches[:, slot], model.v_caches[:, slot], p)
 
 
@@ -522,15 +533,24 @@ class Qwen3_5(nn.Module):
         p.mask = p.batch.mask(backend) if p.batch is not None else None
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
-        h, x = backend.rms_norm(self.embed_tokens(tokens), self.layers[0].input_layernorm.scale, eps)
+        scale, group = self._norm_before(0)
+        h, x = norm_rows(backend, self.embed_tokens(tokens), scale, eps, None, group)
         for i, layer in enumerate(self.layers):
             out = layer.mix(h, self, self.slot[i], p)
-            h, x = backend.rms_norm(out, layer.post_attention_layernorm.scale, eps, residual=x)
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            h, x = backend.rms_norm(layer.mlp(h, backend), nxt.scale, eps, residual=x)
+            post, group = layer.post_attention_layernorm.scale, act_group(layer.mlp.gate_up_proj)
+            h, x = norm_rows(backend, out, post, eps, x, group)
+            scale, group = self._norm_before(i + 1)
+            h, x = norm_rows(backend, layer.mlp(h, backend), scale, eps, x, group)
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
         return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
+
+    def _norm_before(self, layer: int) -> tuple[Tensor, int | None]:
+        """The (1 + w) scale of the norm before `layer` (the final norm past the last) and the
+        activation group its readers' FP8 linears share (`quant.act_group`; None past the last)."""
+        if layer == len(self.layers):
+            return self.norm.scale, None
+        return self.layers[layer].input_layernorm.scale, act_group(*self.layers[layer].mix_readers())
 
     def commit(
         self,

@@ -216,6 +216,30 @@ def run_fp8(entry, k, torch, device, rows, per_channel):
     entry["max_error"], entry["tolerance"] = err, 2e-2 if dtype == torch.bfloat16 else 1e-5
 
 
+def run_fp8_producer(entry, k, torch, device, producer):
+    """RMSNorm or SwiGLU writing its output quantized, in both scale layouts (per 128-column group,
+    per row): the e4m3 values and scales of the unfused kernel's output quantized by the reference,
+    bit for bit (an error of 1 for any difference)."""
+    gen = torch.Generator().manual_seed(7)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cols = 640
+    x = (torch.randn(3, 2 * cols if producer == "silu_mul" else cols, generator=gen) * 3).to(device, dtype)
+    w = torch.ones(cols, device=device, dtype=dtype)
+    entry["config"] = f"3 x {cols}, groups of 128 and per row"
+    err = 0.0
+    for group in (128, cols):
+        if producer == "silu_mul":
+            out, rows = k["silu_mul"].silu_mul(x), k["silu_mul"].silu_mul_fp8(x, group)
+        else:
+            out, _, rows = k["rms_norm"].rms_norm_fp8(x, w, 1e-6, None, group)
+        q, s = k["fp8_reference"].act_quant_reference(out.cpu(), group)
+        same = torch.equal(rows.x8.cpu().view(torch.uint8), q.view(torch.uint8)) and torch.equal(
+            rows.scale.cpu(), s
+        )
+        err = max(err, 0.0 if same else 1.0)
+    entry["max_error"], entry["tolerance"] = err, 0.0
+
+
 def main():
     result = {"torch": None, "triton": None}
     try:
@@ -277,6 +301,8 @@ def import_kernels(tmp):
             "fp8_gemm",
             "fp8_skinny",
             "fp8_reference",
+            "rms_norm",
+            "silu_mul",
         )
     }
 
@@ -306,6 +332,10 @@ def run_kernels(k, torch, device):
         cases += [
             (name, lambda e, r=rows, c=per_channel: run_fp8(e, k, torch, device, r, c))
             for name, rows, per_channel in FP8_CASES
+        ]
+        cases += [
+            (f"fp8 {p} + quantize", lambda e, p=p: run_fp8_producer(e, k, torch, device, p))
+            for p in ("rms_norm", "silu_mul")
         ]
     kernels = []
     for name, run in cases:

@@ -1,0 +1,154 @@
+"""The kernels that quantize the activations they produce for an FP8 target's linears (RMSNorm and
+SwiGLU's gate) against their references: the unfused kernel's output quantized by
+`act_quant_reference`, bit for bit, in both scale layouts (per 128-column group, per row); and the
+FP8 matmuls given those quantized rows compute what they compute from the rows themselves."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ddtree_kernels.fp8_gemm import GemmConfig, fp8_gemm
+from ddtree_kernels.fp8_skinny import fp8_skinny
+from ddtree_kernels.host import QuantizedRows
+from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
+from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
+from ddtree_runtime.backend import TorchBackend
+from ddtree_runtime.config import Qwen3_5Config
+from ddtree_runtime.fp8 import act_quant_reference, fp8_linear_reference, quantize_weight
+from ddtree_runtime.models.qwen3_5 import Qwen3_5
+from ddtree_runtime.quant import Fp8Linear, act_group
+from ddtree_runtime.tiny_fp8 import QUANTIZED
+from ddtree_runtime.tiny_hybrid import _hybrid_config
+from ddtree_runtime.triton_backend import TritonBackend
+from tests.kernels.trees import DEVICE
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want.double()).norm() / want.double().norm())
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (e4m3 and -0.0 included)."""
+    a, b = a.cpu(), b.cpu()
+    if a.dtype == torch.float8_e4m3fn:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    return a.dtype == b.dtype and torch.equal(a, b)
+
+
+def _assert_quantized_as_reference(rows: QuantizedRows, produced: torch.Tensor, group: int) -> None:
+    want_q, want_s = act_quant_reference(produced.cpu(), group)
+    assert rows.dtype == produced.dtype and rows.group == group
+    assert _same(rows.scale, want_s) and _same(rows.x8, want_q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("rows", "hidden", "residual", "scale_fp32", "group"),
+    [
+        (1, 384, False, False, 128),
+        (5, 300, True, False, 128),
+        (3, 96, True, True, 32),
+        (4, 200, True, True, 200),
+    ],
+)
+def test_rms_norm_fp8(dtype, rows, hidden, residual, scale_fp32, group) -> None:
+    """Qwen3's weights in the model dtype and Qwen3.5's fp32 (1 + w) scales; ragged last groups and a
+    per-row scale (group >= H)."""
+    gen = torch.Generator().manual_seed(rows + hidden)
+    x = (torch.randn(rows, hidden, generator=gen) * 3).to(DEVICE, dtype)
+    r = torch.randn(rows, hidden, generator=gen).to(DEVICE, dtype) if residual else None
+    w = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(DEVICE, torch.float32 if scale_fp32 else dtype)
+    out, s, quantized = rms_norm_fp8(x, w, 1e-6, r, group)
+    want_out, want_s = rms_norm(x, w, 1e-6, r)
+    assert _same(out, want_out) and _same(s, want_s)
+    _assert_quantized_as_reference(quantized, out, group)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("t", "inner", "group"), [(1, 2048, 128), (3, 300, 128), (2, 1100, 1100), (2, 200, 200)]
+)
+def test_silu_mul_fp8(dtype, t, inner, group) -> None:
+    """Groups inside a program's block (ragged at the row's end) and one scale per row, whole in a
+    block or walked in steps (I > 1024)."""
+    gen = torch.Generator().manual_seed(t + inner)
+    gate_up = (torch.randn(t, 2 * inner, generator=gen) * 2).to(DEVICE, dtype)
+    quantized = silu_mul_fp8(gate_up, group)
+    _assert_quantized_as_reference(quantized, silu_mul(gate_up), group)
+
+
+def test_silu_mul_fp8_refuses_groups_across_its_blocks() -> None:
+    with pytest.raises(RuntimeError, match="not 384"):
+        silu_mul_fp8(torch.zeros(1, 4096, device=DEVICE), 384)
+
+
+@pytest.mark.parametrize(("t", "block"), [(3, (128, 128)), (20, (128, 128)), (2, (1, 256)), (20, (1, 256))])
+def test_the_fp8_linears_read_quantized_rows_as_they_quantize_rows(t, block) -> None:
+    gen = torch.Generator().manual_seed(t)
+    k, n = 256, 96
+    x = (torch.randn(t, k, generator=gen) * 2).to(DEVICE)
+    weight, scale = quantize_weight(torch.randn(n, k, generator=gen) * k**-0.5, block)
+    weight, scale = weight.to(DEVICE), scale.to(DEVICE)
+    group = min(block[1], k)
+    rows = QuantizedRows(*act_quant_reference(x.cpu(), group), group, x.dtype)
+    rows = QuantizedRows(rows.x8.to(DEVICE), rows.scale.to(DEVICE), group, x.dtype)
+    run = (
+        (lambda a: fp8_skinny(a, weight, scale, block))
+        if t <= 16
+        else (lambda a: fp8_gemm(a, weight, scale, block, GemmConfig(32, 64, 4, 2)))
+    )
+    assert _same(run(rows), run(x))
+    assert _same(
+        fp8_linear_reference(rows, weight.cpu(), scale.cpu(), block),
+        fp8_linear_reference(x.cpu(), weight.cpu(), scale.cpu(), block),
+    )
+    other = QuantizedRows(*act_quant_reference(x.cpu(), 64), 64, x.dtype)
+    with pytest.raises(RuntimeError, match="groups of 64"):
+        fp8_linear_reference(other, weight.cpu(), scale.cpu(), block if block[0] == 1 else (128, 128))
+
+
+def _quantize_projections(model: nn.Module, per_channel: bool) -> None:
+    """Every projection an FP8 export quantizes (`tiny_fp8.QUANTIZED`) as an Fp8Linear, in Qwen's
+    128 x 128 blocks or per channel, before `fuse` (as the loader does)."""
+    for name, module in list(model.named_modules()):
+        if not (isinstance(module, nn.Linear) and QUANTIZED.search(f"{name}.weight")):
+            continue
+        block = (1, module.in_features) if per_channel else (128, 128)
+        fp8 = Fp8Linear(module.in_features, module.out_features, block, bias=False)
+        weight, scale = quantize_weight(module.weight.detach(), block)
+        fp8.weight, fp8.scale = nn.Parameter(weight, False), nn.Parameter(scale, False)
+        parent, _, child = name.rpartition(".")
+        model.get_submodule(parent).register_module(child, fp8)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_fp8_hybrid_target_on_the_kernels_matches_torch(tmp_path, per_channel: bool) -> None:
+    """A random Qwen3.5 hybrid (hidden 256: two 128-column groups) quantized to FP8: a one-row step
+    (the skinny kernel) and a 17-row verify pass (the GEMM) on the fused producers and kernels
+    against TorchBackend, through the DeltaNet in-projection (beside its bf16 b/a), attention and
+    the MLPs."""
+    torch.manual_seed(0)
+    config = Qwen3_5Config.from_dict(_hybrid_config(40, 256, 4), tmp_path / "config.json")
+    model = Qwen3_5(config)
+    _quantize_projections(model, per_channel)
+    model.fuse()
+    model.to(DEVICE).setup_caches(32)
+    layer = model.layers[0]
+    want_groups = (256, 512) if per_channel else (128, 128)
+    assert (act_group(*layer.mix_readers()), act_group(layer.mlp.down_proj)) == want_groups
+    tokens = torch.randint(0, 40, (22,), device=DEVICE)
+    parents = torch.arange(-1, 16, device=DEVICE)  # a 17-node chain: verified by the GEMM
+    torch_backend, results = TorchBackend(), []
+    with torch.inference_mode():
+        model(tokens[:5], torch.arange(5, device=DEVICE), 0, None, torch_backend)
+    restore = model.snapshot()
+    for backend in (torch_backend, TritonBackend()):
+        with torch.inference_mode():
+            step, _ = model(tokens[5:6], torch.tensor([5], device=DEVICE), 5, None, backend)
+            tree = model.plan(parents, parents + 1, backend, chain=True)
+            verify, _ = model(tokens[5:], 6 + torch.arange(17, device=DEVICE), 6, tree, backend)
+        restore()
+        results.append(torch.cat([step, verify]))
+    assert _rel(results[1], results[0]) < 1e-4
