@@ -20,8 +20,7 @@ from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.fp8 import dequantize_weight
 from ddtree_runtime.loader import load_target
-from ddtree_runtime.models import qwen3, qwen3_5
-from ddtree_runtime.quant import Fp8Linear, act_group
+from ddtree_runtime.quant import Fp8Linear
 from ddtree_runtime.tiny import SPECIALS, TinyPair
 from ddtree_runtime.tiny_fp8 import write_fp8_pair
 from tests.runtime.helpers import assert_same_tokens, engine_for
@@ -88,36 +87,6 @@ def test_speculative_modes_give_the_ar_tokens(engines, kind: str, dtype: torch.d
             assert_same_tokens(engine, prompt, want, got.output_ids, dtype)
             accepted = max(accepted, got.mean_accepted)
     assert accepted > 2.0  # the bf16-fitted drafter's drafts are still accepted by the FP8 target
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_quantizing_in_the_producers_leaves_every_token_as_it_was(
-    engines, kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The norms and SwiGLU quantize the rows their FP8 linears read (one quantization for q, k, v
-    or the DeltaNet in-projection, and gate/up); with that turned off (`act_group` deciding "none",
-    every FP8 linear quantizing its own input as before) the logits are the same bit for bit, and
-    `ar`, `dflash` and `ddtree` give the same tokens."""
-    engine = engines[kind]
-    layer = engine.target.layers[0]
-    assert None not in (act_group(layer.mlp.gate_up_proj), act_group(layer.mlp.down_proj))
-    ids = torch.tensor(prompts(41, 1)[0] + list(range(10, 30)), device=engine.device)
-
-    def outputs() -> tuple[torch.Tensor, list[list[int]]]:
-        with torch.inference_mode():
-            logits, _ = engine.target(ids, torch.arange(len(ids), device=ids.device), 0, None, engine.backend)
-        runs = [
-            engine.generate(prompt, mode=mode, budget=7, max_new_tokens=16).output_ids
-            for prompt in prompts(7, 2)
-            for mode in ("ar", "dflash", "ddtree")
-        ]
-        return logits, runs
-
-    fused_logits, fused_tokens = outputs()
-    for module in (qwen3, qwen3_5):
-        monkeypatch.setattr(module, "act_group", lambda *readers: None)
-    logits, tokens = outputs()
-    assert torch.equal(logits, fused_logits) and tokens == fused_tokens
 
 
 def _dequantized_twin(target: Path, directory: Path) -> Path:
