@@ -33,10 +33,10 @@ def test_kernel_smoke_on_this_cpu_machine() -> None:
     assert verdict.startswith("17 kernels match their references on cpu (TRITON_INTERPRET=1) (Triton ")
     assert (
         "sm_90 row (<= 232448 B shared/block)): attention decode 16x128 w4 s3 splits 1, attention tree small "
-        "64x64 w4 s3 splits 1, "
+        "64x128 w4 s3 splits 1, "
     ) in verdict
-    assert "attention tree large + plain tail 128x64 w8 s4 splits 1, " in verdict  # 3 tiles of 128 rows
-    assert "attention tree large + separate tail 128x64 w8 s4 splits 1 + 16x128 w4 s3 splits 1" in verdict
+    assert "attention tree large + plain tail 64x128 w4 s3 splits 1, " in verdict  # 5 tiles of 64 rows
+    assert "attention tree large + separate tail 64x128 w4 s3 splits 1 + 16x128 w4 s3 splits 1" in verdict
 
     assert smoke_verdict("kernels", "cpu", *no_gpu, VENV) == (
         "skipped on profile cpu: no CUDA device visible to torch "
