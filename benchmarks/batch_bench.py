@@ -53,7 +53,8 @@ BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps"
 
 class PerSlot:
     """A backend without its batched seams: the models and the engine fall back to one attention
-    launch per slot per layer and one walk per slot (`--per-slot`, the comparison row)."""
+    launch and one DeltaNet step or tree per slot per layer and one walk per slot (`--per-slot`,
+    the comparison row)."""
 
     def __init__(self, inner: object) -> None:
         self._inner = inner
@@ -164,7 +165,7 @@ def main() -> None:
     seams = "per-slot" if args.per_slot else "batched"
     print(
         f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager, "
-        f"{backend.name} backend, {seams} attention, DeltaNet steps and walks"
+        f"{backend.name} backend, {seams} attention, DeltaNet steps and trees, and walks"
     )
     print(
         f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "
