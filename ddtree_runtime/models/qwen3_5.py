@@ -125,7 +125,8 @@ class _Batched:
             groups.append(_Group.of(steps))
             taken.update(r for r, _ in steps)
         sizes = Counter(p.rows for p in parts if p.tree is not None)
-        for n in (n for n, count in sizes.items() if count > 1 and hasattr(backend, "gdn_forest")):
+        shared = [n for n, count in sizes.items() if count > 1] if hasattr(backend, "gdn_forest") else []
+        for n in shared:
             trees = [(r, p) for r, p in placed if p.tree is not None and p.rows == n]
             plan = backend.gdn_forest_plan([p.tree.gdn for _, p in trees if p.tree is not None])
             groups.append(_Group.of(trees, plan, stagings[n]))
