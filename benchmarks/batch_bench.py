@@ -14,10 +14,11 @@ total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, 
         [--context 1024] [--json OUT.json] [--cost-table costs.json]
     python benchmarks/batch_bench.py --small --device cpu     # a CPU smoke run of the script
 
-The rounds batch attention, a hybrid's DeltaNet `ar` steps and the greedy walks over the slots
-(`attention_parts`, `gdn_steps`, `tree_walk_parts`: one Triton launch per layer on CUDA); `--per-slot`
-hides those seams, so that the same run measures the path without them (one attention launch and
-one DeltaNet step per slot per layer, one walk per slot).
+The rounds batch attention, a hybrid's DeltaNet `ar` steps and verify trees of one size and the
+greedy walks over the slots (`attention_parts`, `gdn_steps`, `gdn_forest`, `tree_walk_parts`: one
+Triton launch (set) per layer on CUDA); `--per-slot` hides those seams, so that the same run
+measures the path without them (one attention launch, one DeltaNet step or tree per slot per layer,
+one walk per slot).
 
 `--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
 decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
@@ -47,12 +48,13 @@ from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
 TAUS = (3, 5, 7)
-BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps")
+BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps", "gdn_forest")
 
 
 class PerSlot:
     """A backend without its batched seams: the models and the engine fall back to one attention
-    launch per slot per layer and one walk per slot (`--per-slot`, the comparison row)."""
+    launch and one DeltaNet step or tree per slot per layer and one walk per slot (`--per-slot`,
+    the comparison row)."""
 
     def __init__(self, inner: object) -> None:
         self._inner = inner
@@ -163,7 +165,7 @@ def main() -> None:
     seams = "per-slot" if args.per_slot else "batched"
     print(
         f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager, "
-        f"{backend.name} backend, {seams} attention, DeltaNet steps and walks"
+        f"{backend.name} backend, {seams} attention, DeltaNet steps and trees, and walks"
     )
     print(
         f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "

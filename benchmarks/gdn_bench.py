@@ -8,7 +8,9 @@ fp32 state. Rows (median µs of graph replays, `triton.testing.do_bench`):
   block, warps) when `--sweep`;
 - `fla chunk T`: fla's chunked chain over T tokens (the issue's yardstick: tree <= 1.5x chunk at 257);
 - `step` / `fla recurrent`: one token (the `ar` step), ours fused with the output norm;
-- `plan N`: the per-round tree plan; `commit x48`: every layer's state advance after a verify.
+- `plan N`: the per-round tree plan; `commit x48`: every layer's state advance after a verify;
+- `trees PxN` / `forest PxN`: the verify trees of a batched round (P = 16 sequences, ddtree at
+  budgets 16 and 64), one tree launch pair each against one forest launch pair for all.
 
     python benchmarks/gdn_bench.py [--sweep] [--json OUT]
     TRITON_INTERPRET=1 python benchmarks/gdn_bench.py --small   # CPU smoke run (eager, no fla)
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 
 from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_step import gdn_step
-from ddtree_kernels.gdn_tree import gdn_tree, tree_plan
+from ddtree_kernels.gdn_tree import ForestPlan, gdn_forest, gdn_tree, tree_plan
 
 
 def ddtree_parents(n: int, depth: int, gen: torch.Generator) -> list[int]:
@@ -147,6 +149,41 @@ def main() -> None:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
             row(f"fla chunk {n}", fla_us(chunk_gated_delta_rule, x))
+    # a batched round's trees: P trees of one size, each from its own slot's state
+    forest_trees = 16 if not args.small else 3
+    slot_states, slots = rand(forest_trees, hv, d, d, scale=0.1), torch.arange(forest_trees, device=device)
+    for n in (17, 65) if not args.small else (9, 65):
+        plans = []
+        for _ in range(forest_trees):
+            parents = ddtree_parents(n, 15, gen)
+            plans.append(
+                tree_plan(
+                    torch.tensor(parents, device=device), torch.tensor(depths(parents), device=device), 4
+                )
+            )
+        trees = [inputs(n) for _ in range(forest_trees)]
+        row(
+            f"trees {forest_trees}x{n}",
+            timed_us(
+                lambda trees=trees, plans=plans: [
+                    gdn_tree(*x, slot_states[i], plans[i]) for i, x in enumerate(trees)
+                ],
+                device,
+            ),
+        )
+        stacked = [torch.stack(t) for t in zip(*trees, strict=True)]
+        forest = ForestPlan.of(plans)
+        d_out = torch.empty(forest_trees, hv, n, d, device=device)
+        g_out = torch.empty(forest_trees, hv, n, device=device)
+        row(
+            f"forest {forest_trees}x{n}",
+            timed_us(
+                lambda x=stacked, f=forest, d_out=d_out, g_out=g_out: gdn_forest(
+                    *x, slot_states, slots, f, d_out, g_out
+                ),
+                device,
+            ),
+        )
     if device.type == "cuda":
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 

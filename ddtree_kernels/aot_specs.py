@@ -668,21 +668,24 @@ GDN_HK, GDN_HV, GDN_D, GDN_LAYERS, CONV = 16, 48, 128, 48, 4
 GDN_C = 2 * GDN_HK * GDN_D + GDN_HV * GDN_D
 GDN_PROJ = GDN_C + GDN_HV * GDN_D + 2 * GDN_HV
 H27, INTER27, HQ27, HKV27, D27 = 5120, 17408, 24, 4, 256
-GDN_BATCH = 16  # sequences of a batched round whose `ar` steps are one launch
+GDN_BATCH = 16  # sequences of a batched round whose `ar` steps (or trees of one size) are one launch
 
 
 def gdn_specs(cc: int) -> list[Spec]:
     """A DeltaNet layer's kernels at the 27B shapes: inputs (a tree, the `ar` step, a prefill, the
-    `ar` steps of 16 sequences), the fused step (one sequence, 16), the tree plan and kernel (the
-    node blocks each verify size takes), the output norm and the commit of all 48 layers."""
+    `ar` steps of 16 sequences, a forest of 16 trees), the fused step (one sequence, 16), the tree
+    plan and kernel (the node blocks each verify size takes; a forest of 16 trees of the batched
+    sizes), the output norm and the commit of all 48 layers."""
     bf16, i64 = torch.bfloat16, torch.int64
     found = []
-    for case, n, chain, update, stage, batched in (
-        ("tree N=257", 257, False, False, True, False),
-        ("ar step", 1, True, True, False, False),
-        ("prefill T=4096", 4096, True, False, False, False),
-        (f"ar steps P={GDN_BATCH}", GDN_BATCH, True, True, False, True),
+    for case, n, chain, update, stage, part in (
+        ("tree N=257", 257, False, False, True, 0),
+        ("ar step", 1, True, True, False, 0),
+        ("prefill T=4096", 4096, True, False, False, 0),
+        (f"ar steps P={GDN_BATCH}", GDN_BATCH, True, True, False, 1),
+        (f"forest P={GDN_BATCH} N=17", GDN_BATCH * 17, False, False, True, 17),
     ):
+        batched, forest = part > 0, part > 1  # part: tokens of each sequence (0: one sequence)
         proj = _empty(n, GDN_PROJ, dtype=bf16)
         windows = _empty(n, CONV, dtype=torch.int32)
         block_t, warps = gdn_inputs.tile(n, GDN_D)
@@ -699,13 +702,17 @@ def gdn_specs(cc: int) -> list[Spec]:
             G=_empty(n, GDN_HV),
             BETA=_empty(n, GDN_HV),
             X_STAGE=_empty(n, GDN_C, dtype=bf16) if stage else proj,
+            K_STAGE=_empty(n, GDN_HK, GDN_D, dtype=bf16) if forest else proj,
             SLOTS=_empty(n, dtype=i64) if batched else proj,
             n_tokens=n,
+            n_part=max(1, part),
             stride_pt=GDN_PROJ,
             stride_slot=GDN_LAYERS * (CONV - 1) * GDN_C if batched else 0,
             stride_cs=GDN_C,
             stride_wt=0 if chain else CONV,
             stride_xt=GDN_C if stage else 0,
+            stride_xslot=GDN_LAYERS * part * GDN_C if forest else 0,
+            stride_kslot=GDN_LAYERS * part * GDN_HK * GDN_D if forest else 0,
             q_scale=GDN_D**-0.5,
         )
         constexprs = dict(
@@ -719,6 +726,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             CHAIN=chain,
             UPDATE_CONV=update,
             STAGE_X=stage,
+            STAGE_K=forest,
             BATCHED=batched,
         )
         found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, warps))
@@ -751,42 +759,52 @@ def gdn_specs(cc: int) -> list[Spec]:
                 8,
             )
         )
-    for n in (16, 17, 65, 257):  # dflash's chain, ddtree at budgets 16, 64, 256
+    # dflash's chain, ddtree at budgets 16, 64, 256; the forests of a batched round (0: one tree)
+    for n, parts in ((16, 0), (17, 0), (65, 0), (257, 0), (16, GDN_BATCH), (17, GDN_BATCH), (65, GDN_BATCH)):
+        forest, p = parts > 0, max(1, parts)
         block_t = gdn_tree.node_block(n, cc)
         blocks = cdiv(n, block_t)
         pad = blocks * block_t
-        q, v = _empty(n, GDN_HK, GDN_D, dtype=bf16), _empty(n, GDN_HV, GDN_D, dtype=bf16)
+        q, v = _empty(p, n, GDN_HK, GDN_D, dtype=bf16), _empty(p, n, GDN_HV, GDN_D, dtype=bf16)
+        steps = _empty(p, blocks, dtype=torch.int32)
         common = dict(
-            BLOCKS=_empty(blocks, blocks, dtype=torch.int32), n_nodes=n, n_blocks=blocks, stride_anc=pad
+            BLOCKS=_empty(p, blocks, blocks, dtype=torch.int32),
+            SLOTS=_empty(parts, dtype=i64) if forest else steps,
+            n_nodes=n,
+            n_blocks=blocks,
+            stride_anc=pad,
         )
-        a = _empty(GDN_HV, pad, pad)
-        inv = _empty(GDN_HV, blocks, block_t, block_t)
-        s0, r = _empty(GDN_HV, GDN_D, GDN_D), _empty(GDN_HV, pad, GDN_D)
+        a = _empty(p, GDN_HV, pad, pad)
+        inv = _empty(p, GDN_HV, blocks, block_t, block_t)
+        r = _empty(p, GDN_HV, pad, GDN_D)
         shapes = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
+        case = f"{f'forest P={parts} ' if forest else ''}N={n} {block_t}"
         found.append(
             Spec(
                 "gdn_tree.blocks",
-                f"N={n} {block_t}",
+                case,
                 cc,
                 gdn_tree._tree_blocks_kernel,
                 dict(
                     Q=q,
                     K=q,
                     V=v,
-                    BETA=_empty(n, GDN_HV),
-                    G=_empty(n, GDN_HV),
-                    S0=s0,
+                    BETA=_empty(p, n, GDN_HV),
+                    G=_empty(p, n, GDN_HV),
+                    S0=_empty(GDN_HV, GDN_D, GDN_D),
                     GSUM=_empty(GDN_HV, n),
-                    ANC=_empty(pad, pad),
-                    STEPS=_empty(blocks, dtype=torch.int32),
+                    ANC=_empty(p, pad, pad),
+                    STEPS=steps,
                     A=a,
                     P=a,
                     INV=inv,
                     R=r,
                     O0=r,
+                    stride_state=GDN_LAYERS * GDN_HV * GDN_D * GDN_D if forest else 0,
+                    stride_gsum=GDN_LAYERS * GDN_HV * n if forest else 0,
                     **common,
                 ),
-                {**shapes, "BLOCK_V": gdn_tree.STATE_BLOCK_V},
+                {**shapes, "BLOCK_V": gdn_tree.STATE_BLOCK_V, "FOREST": forest},
                 4,
                 num_stages=1,
             )
@@ -794,7 +812,7 @@ def gdn_specs(cc: int) -> list[Spec]:
         found.append(
             Spec(
                 "gdn_tree.solve",
-                f"N={n} {block_t}x{gdn_tree.BLOCK_V}{' tail' if gdn_tree.lone_tail(n, block_t) else ''}",
+                f"{case}x{gdn_tree.BLOCK_V}{' tail' if gdn_tree.lone_tail(n, block_t) else ''}",
                 cc,
                 gdn_tree._tree_solve_kernel,
                 dict(
@@ -805,6 +823,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     O0=r,
                     OUT=v,
                     D=_empty(GDN_HV, n, GDN_D),
+                    stride_d=GDN_LAYERS * GDN_HV * n * GDN_D if forest else 0,
                     **common,
                 ),
                 dict(
@@ -814,6 +833,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     BLOCK_V=gdn_tree.BLOCK_V,
                     TAIL=gdn_tree.lone_tail(n, block_t),
                     PRECISION=0,
+                    FOREST=forest,
                 ),
                 gdn_tree.NUM_WARPS,
             )

@@ -24,6 +24,9 @@ computes the conv in that dtype). Options:
 - ``slots`` (the ``ar`` rows of a batched pass): each token is a one-token chain of its own
   sequence, whose conv state is that of its cache slot (read on the device); with ``update_conv``
   every sequence's conv state moves by its token, all in one launch.
+- ``slots`` with ``windows`` (a forest: the verify trees of a batched pass, all of one size): the
+  tokens are P trees of N nodes one after the other, tree p reads the conv state of cache slot
+  ``slots[p]`` and stages its k and raw rows in that slot's staging.
 """
 
 from __future__ import annotations
@@ -93,13 +96,17 @@ def _gdn_inputs_kernel(
     G,
     BETA,
     X_STAGE,
+    K_STAGE,
     SLOTS,
     n_tokens,
+    n_part,
     stride_pt,
     stride_slot,
     stride_cs,
     stride_wt,
     stride_xt,
+    stride_xslot,
+    stride_kslot,
     q_scale,
     HK: tl.constexpr,
     HV: tl.constexpr,
@@ -111,6 +118,7 @@ def _gdn_inputs_kernel(
     CHAIN: tl.constexpr,
     UPDATE_CONV: tl.constexpr,
     STAGE_X: tl.constexpr,
+    STAGE_K: tl.constexpr,
     BATCHED: tl.constexpr,
 ):
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -122,15 +130,17 @@ def _gdn_inputs_kernel(
     chan_ok = offs < width
     ok = tok_ok[:, None] & chan_ok[None, :]
     chans = tl.where(is_qk, grp * DK, 2 * HK * DK + (grp - 2 * HK) * DV) + offs
-    # each token's conv state, its conv inputs and its index along its own chain
-    conv, src, along = CONV_STATE, PROJ, toks
-    if BATCHED:  # token t: a chain of one, after the conv state of slot SLOTS[t]
-        slot = tl.load(SLOTS + toks, mask=tok_ok, other=0).to(tl.int64)
-        conv, src, along = (
-            CONV_STATE + slot[:, None] * stride_slot,
-            PROJ + toks[:, None] * stride_pt,
-            0 * toks,
-        )
+    # each token's conv state, its part's conv inputs, and its index along its chain (or its
+    # window's row: the windows are per token)
+    conv, src, along, stage_x = CONV_STATE, PROJ, toks, toks[:, None] * stride_xt
+    if BATCHED:  # token t: row t % n_part of part t // n_part, after the conv state of its slot
+        part = toks // n_part
+        local = toks - part * n_part
+        slot = tl.load(SLOTS + part, mask=tok_ok, other=0).to(tl.int64)
+        conv, src = CONV_STATE + slot[:, None] * stride_slot, PROJ + (part * n_part)[:, None] * stride_pt
+        if CHAIN:
+            along = local
+        stage_x = slot[:, None] * stride_xslot + local[:, None] * stride_xt
     x = _conv_silu(
         src,
         conv,
@@ -156,6 +166,9 @@ def _gdn_inputs_kernel(
             tl.store(
                 K + (toks[:, None] * HK + grp - HK) * DK + offs[None, :], x.to(K.dtype.element_ty), mask=ok
             )
+            if STAGE_K:  # a forest's k, also in its slot's staging
+                staged = K_STAGE + slot[:, None] * stride_kslot + (local[:, None] * HK + grp - HK) * DK
+                tl.store(staged + offs[None, :], x.to(K_STAGE.dtype.element_ty), mask=ok)
     else:
         vh = grp - 2 * HK
         tl.store(V + (toks[:, None] * HV + vh) * DV + offs[None, :], x.to(V.dtype.element_ty), mask=ok)
@@ -168,7 +181,7 @@ def _gdn_inputs_kernel(
         tl.store(BETA + toks * HV + vh, 1.0 / (1.0 + tl.exp(-b)), mask=tok_ok)
     if STAGE_X:
         raw = tl.load(PROJ + toks[:, None] * stride_pt + chans[None, :], mask=ok)
-        tl.store(X_STAGE + toks[:, None] * stride_xt + chans[None, :], raw, mask=ok)
+        tl.store(X_STAGE + stage_x + chans[None, :], raw, mask=ok)
     if UPDATE_CONV:  # one token per conv state: its row j <- hist row j + 1, in order (row j + 1 read first)
         tl.debug_barrier()  # every tap of the conv above has read the old rows
         cols, keep = chans, chan_ok  # one conv state: a row of channels
@@ -209,13 +222,29 @@ def gdn_inputs(
     raw mixed rows. With ``slots`` [T] (distinct cache slots, on the device) the T tokens are one
     token each of T sequences: conv_state holds every slot's [S, K-1, C], token t reads (and with
     ``update_conv`` moves) ``conv_state[slots[t]]``.
+
+    A forest: ``slots`` [P] with ``windows`` [P, N, K] (T = P N): tree p's N nodes read
+    ``conv_state[slots[p]]`` along their windows; k comes back fresh and is also staged, with the raw
+    rows, in ``k_out`` [S, N, Hk, Dk] and ``x_out`` [S, N, C] (every slot's staging, each slot's
+    rows contiguous) at ``slots[p]``.
     """
     hk, hv, dk, dv = heads
     t = proj.shape[0]
     kernel = conv_weight.shape[1]
     c = 2 * hk * dk + hv * dv
     one_state = conv_state if slots is None else conv_state[0]
-    if slots is not None and (slots.shape != (t,) or windows is not None or x_out is not None):
+    forest = slots is not None and windows is not None
+    n_part = windows.shape[1] if forest else 1
+    if forest and (
+        windows.shape != (slots.shape[0], n_part, kernel)
+        or slots.shape[0] * n_part != t
+        or not windows.is_contiguous()
+    ):
+        raise RuntimeError(
+            f"gdn_inputs wants a forest's windows [P, N, {kernel}] and slots [P] of P N = {t} tokens, got "
+            f"windows {tuple(windows.shape)} and slots {tuple(slots.shape)}"
+        )
+    if slots is not None and not forest and (slots.shape != (t,) or x_out is not None):
         raise RuntimeError(
             f"gdn_inputs wants slots [{t}] (one per token) for chains of one, got {tuple(slots.shape)}"
         )
@@ -230,22 +259,28 @@ def gdn_inputs(
         )
     if update_conv and ((t != 1 and slots is None) or windows is not None):
         raise RuntimeError("gdn_inputs moves a conv state in place for one chain token only")
-    if windows is not None and windows.shape != (t, kernel):
+    if windows is not None and not forest and windows.shape != (t, kernel):
         raise RuntimeError(f"gdn_inputs wants windows [{t}, {kernel}], got {tuple(windows.shape)}")
     if kernel < 2:
         raise RuntimeError(f"gdn_inputs wants a conv of width >= 2, got {kernel}")
     dev, dtype = proj.device, proj.dtype
     q = torch.empty(t, hk, dk, device=dev, dtype=dtype)
-    k = torch.empty(t, hk, dk, device=dev, dtype=dtype) if k_out is None else k_out
+    k = torch.empty(t, hk, dk, device=dev, dtype=dtype) if k_out is None or forest else k_out
     v = torch.empty(t, hv, dv, device=dev, dtype=dtype)
     g = torch.empty(t, hv, device=dev, dtype=torch.float32)
     beta = torch.empty(t, hv, device=dev, dtype=torch.float32)
-    if k.shape != (t, hk, dk) or not k.is_contiguous():
-        raise RuntimeError(f"gdn_inputs wants k_out [{t}, {hk}, {dk}] contiguous, got {tuple(k.shape)}")
-    if x_out is not None and (x_out.shape != (t, c) or x_out.stride(1) != 1):
+    rows = n_part if forest else t  # the rows of one staging (a forest's: of each slot)
+    one_k = k_out[0] if forest and k_out is not None else k_out
+    one_x = x_out[0] if forest and x_out is not None else x_out
+    if one_k is not None and (one_k.shape != (rows, hk, dk) or not one_k.is_contiguous()):
         raise RuntimeError(
-            f"gdn_inputs wants x_out [{t}, {c}] with unit last stride, got {tuple(x_out.shape)}"
+            f"gdn_inputs wants k_out [{rows}, {hk}, {dk}] contiguous, got {tuple(k_out.shape)}"
         )
+    if one_x is not None and (one_x.shape != (rows, c) or one_x.stride(1) != 1):
+        raise RuntimeError(
+            f"gdn_inputs wants x_out [{rows}, {c}] with unit last stride, got {tuple(x_out.shape)}"
+        )
+    stage_k = forest and k_out is not None
     block_t, warps = tile(t, max(dk, dv))
     _gdn_inputs_kernel[(triton.cdiv(t, block_t), 2 * hk + hv)](
         proj,
@@ -260,13 +295,17 @@ def gdn_inputs(
         g,
         beta,
         x_out if x_out is not None else proj,
+        k_out if stage_k else proj,
         slots if slots is not None else proj,
         t,
+        n_part,
         proj.stride(0),
         conv_state.stride(0) if slots is not None else 0,
         one_state.stride(0),
-        windows.stride(0) if windows is not None else 0,
-        x_out.stride(0) if x_out is not None else 0,
+        windows.stride(-2) if windows is not None else 0,
+        one_x.stride(0) if one_x is not None else 0,
+        x_out.stride(0) if x_out is not None and forest else 0,
+        k_out.stride(0) if stage_k else 0,
         dk**-0.5,
         HK=hk,
         HV=hv,
@@ -278,6 +317,7 @@ def gdn_inputs(
         CHAIN=windows is None,
         UPDATE_CONV=update_conv,
         STAGE_X=x_out is not None,
+        STAGE_K=stage_k,
         BATCHED=slots is not None,
         num_warps=warps,
     )

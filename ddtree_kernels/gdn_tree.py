@@ -50,6 +50,12 @@ against the schedule before these two (the state products inside the solve's ste
 step of its own): 257 nodes 84.3 -> 75.3 µs (fla's chunked chain over 257 tokens: 59.6), 65 nodes
 35.5 -> 31.1; 17 nodes, one block and no tail, 19.1 -> 19.5.
 
+**A forest** (continuous batching): the verify trees of several sequences, all of one size, go
+through both kernels at once (``gdn_forest``), a third grid axis over the trees: each tree reads its
+inputs, plan and scratch at its own index, and its cached state (and stages its d and G) in its
+sequence's cache slot, read on the device. A batched round then costs one launch pair per layer
+whatever the number of sequences, instead of a pair per sequence.
+
 The path sums G = anc @ g come out of the first kernel too: each program sums its rows' and
 columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first
 kernel's whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
@@ -63,6 +69,7 @@ follows with no second pass:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -156,6 +163,43 @@ def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = N
     return TreePlan(anc, blocks, steps, windows, block, lone_tail(n, block))
 
 
+@dataclass(frozen=True)
+class ForestPlan:
+    """The plans of P trees of one size verified together (``gdn_forest``): each ``TreePlan`` tensor
+    stacked along a leading tree axis. Trees of one size share the node block and the tail."""
+
+    anc: Tensor  # [P, NP, NP]
+    blocks: Tensor  # [P, NB, NB]
+    steps: Tensor  # [P, NB]
+    windows: Tensor  # [P, N, K]
+    block: int
+    tail: bool
+
+    @classmethod
+    def of(cls, plans: Sequence[TreePlan]) -> ForestPlan:
+        """Stack the plans (one pass's trees of one size; once per pass, for every layer)."""
+        first = plans[0]
+        if any(p.num_nodes != first.num_nodes or p.block != first.block for p in plans):
+            sizes = sorted({(p.num_nodes, p.block) for p in plans})
+            raise RuntimeError(f"a forest wants trees of one size and node block, got (nodes, block) {sizes}")
+        return cls(
+            torch.stack([p.anc for p in plans]),
+            torch.stack([p.blocks for p in plans]),
+            torch.stack([p.steps for p in plans]),
+            torch.stack([p.windows for p in plans]),
+            first.block,
+            first.tail,
+        )
+
+    @property
+    def parts(self) -> int:
+        return self.windows.shape[0]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.windows.shape[1]
+
+
 @triton.jit
 def _products(
     A, B, rows, cols, a_ok, b_ok, stride, DK: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr
@@ -222,9 +266,12 @@ def _tree_blocks_kernel(
     INV,
     R,
     O0,
+    SLOTS,
     n_nodes,
     n_blocks,
     stride_anc,
+    stride_state,
+    stride_gsum,
     HK: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -233,15 +280,28 @@ def _tree_blocks_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr,
+    FOREST: tl.constexpr,
 ):
     """Program (h, c < n_blocks): node block c of value head h against the cached state, for the
     solve: its right-hand side R_c = beta (V - exp(G) K S0) and its outputs' start O0_c = exp(G) Q S0
     (first in the launch: with the diagonal ones, the longest programs). Program (h, n_blocks + pair),
     pair = i * n_blocks + c: A[i, c] and P[i, c] (c < i), or P[i, i] and the inverse of (I + A[i, i])
-    (c == i); block pairs with no ancestor link are skipped."""
+    (c == i); block pairs with no ancestor link are skipped. In a FOREST, axis 2 is the tree."""
     h = tl.program_id(0)
     pair = tl.program_id(1) - n_blocks
     hk = h // (HV // HK)
+    if FOREST:  # tree p: its own inputs, plan and scratch; its state and staged G in slot SLOTS[p]
+        part = tl.program_id(2).to(tl.int64)
+        slot = tl.load(SLOTS + part).to(tl.int64)
+        Q, K = Q + part * n_nodes * HK * DK, K + part * n_nodes * HK * DK
+        V = V + part * n_nodes * HV * DV
+        BETA, G = BETA + part * n_nodes * HV, G + part * n_nodes * HV
+        S0, GSUM = S0 + slot * stride_state, GSUM + slot * stride_gsum
+        ANC = ANC + part * stride_anc * stride_anc
+        BLOCKS, STEPS = BLOCKS + part * n_blocks * n_blocks, STEPS + part * n_blocks
+        A, P = A + part * HV * stride_anc * stride_anc, P + part * HV * stride_anc * stride_anc
+        INV = INV + part * HV * n_blocks * BLOCK_T * BLOCK_T
+        R, O0 = R + part * HV * stride_anc * DV, O0 + part * HV * stride_anc * DV
     # q, k [N, HK, DK]; beta, g [N, HV]; gsum [HV, N]; a, p [HV, NP, NP]; inv [HV, NB, BLOCK_T, BLOCK_T];
     # v [N, HV, DV]; s0 [HV, DK, DV]; r, o0 [HV, NP, DV]
     Q, K = Q + hk * DK, K + hk * DK
@@ -304,20 +364,31 @@ def _tree_solve_kernel(
     O0,
     OUT,
     D,
+    SLOTS,
     n_nodes,
     n_blocks,
     stride_anc,
+    stride_d,
     HV: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
     TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
+    FOREST: tl.constexpr,
 ):
     """Program (h, value block): D and the outputs of value head h, node block by node block; with
     TAIL, the last node block is one lone node, taken after the others as a single row. The blocks
-    against the cached state (R, O0) come from the first kernel."""
+    against the cached state (R, O0) come from the first kernel. In a FOREST, axis 2 is the tree."""
     h = tl.program_id(0)
+    if FOREST:  # tree p: its own plan, scratch and outputs; its staged D in slot SLOTS[p]
+        part = tl.program_id(2).to(tl.int64)
+        D += tl.load(SLOTS + part).to(tl.int64) * stride_d
+        OUT += part * n_nodes * HV * DV
+        BLOCKS += part * n_blocks * n_blocks
+        A, P = A + part * HV * stride_anc * stride_anc, P + part * HV * stride_anc * stride_anc
+        INV += part * HV * n_blocks * BLOCK_T * BLOCK_T
+        R, O0 = R + part * HV * stride_anc * DV, O0 + part * HV * stride_anc * DV
     vcol = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = vcol < DV
     local = tl.arange(0, BLOCK_T)
@@ -409,15 +480,92 @@ def gdn_tree(
     gsum = torch.empty(hv, n, device=q.device, dtype=torch.float32) if gsum_out is None else gsum_out
     if d.shape != (hv, n, dv) or gsum.shape != (hv, n) or not (d.is_contiguous() and gsum.is_contiguous()):
         raise RuntimeError(f"gdn_tree wants d_out [{hv}, {n}, {dv}] and gsum_out [{hv}, {n}], contiguous")
-    block, n_blocks, stride = plan.block, plan.blocks.shape[0], plan.anc.stride(0)
-    a = torch.empty(hv, stride, stride, device=q.device, dtype=torch.float32)
+    _launch(q, k, v, g, beta, state, plan, o, d, gsum, None, block_v, num_warps)
+    return o, d, gsum
+
+
+def gdn_forest(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    states: Tensor,
+    slots: Tensor,
+    plan: ForestPlan,
+    d_out: Tensor,
+    gsum_out: Tensor,
+    block_v: int = BLOCK_V,
+    num_warps: int = NUM_WARPS,
+) -> Tensor:
+    """P trees of one size, each ``gdn_tree`` from its own cache slot's state, in one launch pair.
+
+    q, k: [P, N, Hk, Dk]; v: [P, N, Hv, Dv]; g, beta: [P, N, Hv] fp32; states: [S, Hv, Dk, Dv] fp32
+    (each slot's contiguous); slots: [P] distinct cache slots, on the device; plan: the trees' plans
+    stacked (``ForestPlan.of``). Tree p starts from ``states[slots[p]]`` and writes its d and G into
+    ``d_out`` [S, Hv, N, Dv] and ``gsum_out`` [S, Hv, N] (a verify pass's staging of every slot, each
+    slot's contiguous) at ``slots[p]``; the other slots' rows are left alone. Returns o [P, N, Hv, Dv].
+    """
+    parts, n, hk, dk = q.shape
+    hv, dv = v.shape[2:]
+    heads = (parts, n, hv)
+    if k.shape != q.shape or v.shape[:2] != (parts, n) or hv % hk or g.shape != heads or beta.shape != heads:
+        raise RuntimeError(
+            f"gdn_forest wants q, k [P, N, Hk, Dk], v [P, N, Hv, Dv], g, beta [P, N, Hv]; got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, g {tuple(g.shape)}"
+        )
+    s = states.shape[0]
+    if plan.parts != parts or plan.num_nodes != n or slots.shape != (parts,):
+        raise RuntimeError(
+            f"gdn_forest wants a plan and slots of {parts} trees of {n} nodes; got a plan of "
+            f"{plan.parts} x {plan.num_nodes} and slots {tuple(slots.shape)}"
+        )
+    per_slot = {
+        "states": (states, (s, hv, dk, dv)),
+        "d_out": (d_out, (s, hv, n, dv)),
+        "gsum_out": (gsum_out, (s, hv, n)),
+    }
+    for name, (x, shape) in per_slot.items():
+        if x.shape != shape or x.dtype != torch.float32 or not x[0].is_contiguous():
+            raise RuntimeError(
+                f"gdn_forest wants {name} {list(shape)} fp32, each slot's contiguous; got {tuple(x.shape)}"
+            )
+    if not all(x.is_contiguous() for x in (q, k, v, g, beta)):
+        raise RuntimeError("gdn_forest wants contiguous inputs")
+    o = torch.empty(parts, n, hv, dv, device=q.device, dtype=v.dtype)
+    _launch(q, k, v, g, beta, states, plan, o, d_out, gsum_out, slots, block_v, num_warps)
+    return o
+
+
+def _launch(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    state: Tensor,
+    plan: TreePlan | ForestPlan,
+    o: Tensor,
+    d: Tensor,
+    gsum: Tensor,
+    slots: Tensor | None,
+    block_v: int,
+    num_warps: int,
+) -> None:
+    """Both kernels over one tree (``slots`` None) or a forest of ``len(slots)`` (checked inputs)."""
+    n, hk, dk = q.shape[-3:]
+    hv, dv = v.shape[-2:]
+    parts = 1 if slots is None else slots.shape[0]
+    block, n_blocks, stride = plan.block, plan.blocks.shape[-1], plan.anc.shape[-1]
+    a = torch.empty(parts, hv, stride, stride, device=q.device, dtype=torch.float32)
     p = torch.empty_like(a)
-    inv = torch.empty(hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
-    r = torch.empty(hv, stride, dv, device=q.device, dtype=torch.float32)
+    inv = torch.empty(parts, hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
+    r = torch.empty(parts, hv, stride, dv, device=q.device, dtype=torch.float32)
     o0 = torch.empty_like(r)
     precision = dot_precision(q.dtype)
     block_k = min(32, max(16, next_pow2(dk)))
-    _tree_blocks_kernel[(hv, n_blocks + n_blocks * n_blocks)](  # the state programs, then the pairs
+    forest = slots is not None
+    _tree_blocks_kernel[(hv, n_blocks + n_blocks * n_blocks, parts)](  # the state programs, then the pairs
         q,
         k,
         v,
@@ -433,9 +581,12 @@ def gdn_tree(
         inv,
         r,
         o0,
+        slots if forest else plan.steps,
         n,
         n_blocks,
         stride,
+        state.stride(0) if forest else 0,
+        gsum.stride(0) if forest else 0,
         HK=hk,
         HV=hv,
         DK=dk,
@@ -444,11 +595,12 @@ def gdn_tree(
         BLOCK_T=block,
         BLOCK_V=min(STATE_BLOCK_V, max(16, next_pow2(dv))),
         PRECISION=precision,
+        FOREST=forest,
         num_warps=4,
         num_stages=1,  # nothing to pipeline but the loop against the state, whose stages would cost smem
     )
     block_v = max(16, min(block_v, next_pow2(dv)))
-    _tree_solve_kernel[(hv, cdiv(dv, block_v))](
+    _tree_solve_kernel[(hv, cdiv(dv, block_v), parts)](
         plan.blocks,
         a,
         p,
@@ -457,18 +609,20 @@ def gdn_tree(
         o0,
         o,
         d,
+        slots if forest else plan.steps,
         n,
         n_blocks,
         stride,
+        d.stride(0) if forest else 0,
         HV=hv,
         DV=dv,
         BLOCK_T=block,
         BLOCK_V=block_v,
         TAIL=plan.tail,
         PRECISION=precision,
+        FOREST=forest,
         num_warps=num_warps,
     )
-    return o, d, gsum
 
 
 def gdn_tree_reference(

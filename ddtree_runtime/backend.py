@@ -16,6 +16,7 @@ K/V are written at cache row `context_len + i`.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -36,12 +37,13 @@ class Backend(Protocol[Vis, Plan, Staging]):
     """What the engine and the models call; `TorchBackend` and
     `ddtree_runtime.triton_backend.TritonBackend` both satisfy it.
 
-    A backend may also offer `parts_mask` and `attention_parts`, `tree_walk_parts` and `gdn_steps`
-    (both do; `parts_mask` returns the backend's own description, as `tree_visibility` does): a
-    batched pass then runs attention for all its sequences in one padded call per layer instead of
-    one launch per sequence (`models.target.SlotRows`), a hybrid's DeltaNet layers step all its
-    `ar` sequences in one call, and the greedy slots of a batched round walk their trees in one
-    call; without them, one sequence at a time."""
+    A backend may also offer `parts_mask` and `attention_parts`, `tree_walk_parts`, `gdn_steps`,
+    and `gdn_forest_plan` with `gdn_forest` (both do; `parts_mask` and `gdn_forest_plan` return the
+    backend's own descriptions, as `tree_visibility` and `gdn_plan` do): a batched pass then runs
+    attention for all its sequences in one padded call per layer instead of one launch per sequence
+    (`models.target.SlotRows`), a hybrid's DeltaNet layers step all its `ar` sequences in one call
+    and verify all its trees of one size in one call, and the greedy slots of a batched round walk
+    their trees in one call; without them, one sequence at a time."""
 
     name: str
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
@@ -114,7 +116,9 @@ class Backend(Protocol[Vis, Plan, Staging]):
 
     def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> Plan: ...
 
-    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> Staging: ...
+    def gdn_staging(
+        self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype, slots: int = 1
+    ) -> Sequence[Staging]: ...
 
     def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor: ...
 
@@ -401,9 +405,11 @@ class TorchBackend:
         """The tree's ancestor-or-self matrix and conv windows, once per verify pass."""
         return TreeAncestry(ancestors(parents), gated_delta.conv_windows(parents, kernel))
 
-    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> list[Staged | None]:
-        """One slot per DeltaNet layer, filled by `gdn_tree`."""
-        return [None] * layers
+    def gdn_staging(
+        self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype, slots: int = 1
+    ) -> list[list[Staged | None]]:
+        """Per cache slot, an entry per DeltaNet layer, filled by `gdn_tree`."""
+        return [[None] * layers for _ in range(slots)]
 
     def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
         """A committed chain (prefill, `ar`) through a DeltaNet layer from its fused projection
@@ -444,6 +450,34 @@ class TorchBackend:
         o, d, big_g = gated_delta.tree_form(q, k, v, g, beta, plan.anc, state)
         staging[slot] = Staged(proj[:, : spec.conv_dim], k, d, big_g)
         return gated_delta.gated_norm(o, proj, spec)
+
+    @staticmethod
+    def gdn_forest_plan(plans: Sequence[TreeAncestry]) -> list[TreeAncestry]:
+        """A pass's verify trees of one size, for `gdn_forest`: each its own plan."""
+        return list(plans)
+
+    def gdn_forest(
+        self,
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_states: Tensor,
+        states: Tensor,
+        slots: Tensor,
+        plan: list[TreeAncestry],
+        stagings: list[list[Staged | None]],
+        layer: int,
+    ) -> Tensor:
+        """P trees of N nodes (proj [P N, ...]), tree p a `gdn_tree` in cache slot slots[p]: over
+        conv_states [S, K-1, C] and states [S, Hv, Dk, Dv] (one layer's, every slot), staged in
+        stagings[slots[p]] at `layer`. Returns [P N, Hv Dv]."""
+        n = proj.shape[0] // len(plan)
+        trees = [
+            self.gdn_tree(
+                proj[p * n : (p + 1) * n], spec, conv_states[s], states[s], plan[p], stagings[s], layer
+            )
+            for p, s in enumerate(slots.tolist())
+        ]
+        return torch.cat(trees)
 
     def gdn_commit(
         self,

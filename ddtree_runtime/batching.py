@@ -14,8 +14,9 @@ every decoding sequence:
              pays); a dense model's attention is one padded call per layer over all slots
              (`attention_parts`: an SDPA on the CPU, one Triton launch on CUDA), each slot over
              its own cache, context length and tree, a hybrid's gated attention too; a hybrid's
-             DeltaNet layers step every `ar` slot in one call (`gdn_steps`) and verify each
-             tree or chain on its own (its plan and staging)
+             DeltaNet layers step every `ar` slot in one call (`gdn_steps`) and verify the
+             trees and chains of each node count shared by several slots in one call
+             (`gdn_forest`: at a fixed budget, every ddtree slot's), any other on its own
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
              one call (`tree_walk_parts`)
     commit   per slot, accepted K/V rows and DeltaNet states into place

@@ -8,11 +8,12 @@ everything stays on the device with no host sync. `select_backend` picks this cl
 A committed chain of more than one token through a Gated DeltaNet layer (the prefill) goes through
 `flash-linear-attention`'s chunked kernel, the one vLLM and SGLang call; a single token (`ar`)
 through our fused step (one token of every `ar` sequence of a batched pass in one launch), and a
-tree (verify) through our tree kernel.
+tree (verify) through our tree kernel (the trees of one size of a batched pass in one launch pair).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ from ddtree_kernels.gated_rms_norm import gated_rms_norm
 from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_inputs import gdn_inputs
 from ddtree_kernels.gdn_step import gdn_step
-from ddtree_kernels.gdn_tree import TreePlan, gdn_tree, tree_plan
+from ddtree_kernels.gdn_tree import ForestPlan, TreePlan, gdn_forest, gdn_tree, tree_plan
 from ddtree_kernels.host import QuantizedRows, fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact
 from ddtree_kernels.qk_rope import qk_rope
@@ -55,6 +56,24 @@ class GdnStaging:
     x: Tensor  # [L, N, C] raw conv inputs, the model dtype
     d: Tensor  # [L, Hv, N, Dv] fp32 corrections
     gsum: Tensor  # [L, Hv, N] fp32 path sums
+
+
+@dataclass(frozen=True)
+class GdnStagings:
+    """Every cache slot's staging for one verify size, stacked ``[S, ...]`` (fields as `GdnStaging`):
+    ``[slot]`` is a slot's own (views, which its commit reads), and a forest stages its trees into
+    their slots in one launch."""
+
+    k: Tensor  # [S, L, N, Hk, Dk]
+    x: Tensor  # [S, L, N, C]
+    d: Tensor  # [S, L, Hv, N, Dv]
+    gsum: Tensor  # [S, L, Hv, N]
+
+    def __getitem__(self, slot: int) -> GdnStaging:
+        return GdnStaging(self.k[slot], self.x[slot], self.d[slot], self.gsum[slot])
+
+    def __len__(self) -> int:
+        return self.k.shape[0]
 
 
 class TritonBackend:
@@ -184,14 +203,16 @@ class TritonBackend:
         """The tree's ancestor structure and conv windows, once for every DeltaNet layer of a pass."""
         return tree_plan(parents, depth, kernel)
 
-    def gdn_staging(self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype) -> GdnStaging:
-        """Stacked buffers for `layers` DeltaNet layers of an `nodes`-node verify pass."""
+    def gdn_staging(
+        self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype, slots: int = 1
+    ) -> GdnStagings:
+        """Stacked buffers for `layers` DeltaNet layers of an `nodes`-node verify pass, per slot."""
         device = spec.conv_weight.device
 
         def buf(*shape: int, kind: torch.dtype = torch.float32) -> Tensor:
-            return torch.empty(layers, *shape, device=device, dtype=kind)
+            return torch.empty(slots, layers, *shape, device=device, dtype=kind)
 
-        return GdnStaging(
+        return GdnStagings(
             k=buf(nodes, spec.n_k, spec.dk, kind=dtype),
             x=buf(nodes, spec.conv_dim, kind=dtype),
             d=buf(spec.n_v, nodes, spec.dv),
@@ -262,6 +283,43 @@ class TritonBackend:
         )
         o, _, _ = gdn_tree(q, k, v, g, beta, state, plan, d_out=staging.d[slot], gsum_out=staging.gsum[slot])
         return gated_rms_norm(o, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+
+    @staticmethod
+    def gdn_forest_plan(plans: Sequence[TreePlan]) -> ForestPlan:
+        """The plans of a pass's verify trees of one size, stacked once for every layer."""
+        return ForestPlan.of(plans)
+
+    @staticmethod
+    def gdn_forest(
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_states: Tensor,
+        states: Tensor,
+        slots: Tensor,
+        plan: ForestPlan,
+        stagings: GdnStagings,
+        layer: int,
+    ) -> Tensor:
+        """P trees of one size, each in its own cache slot, through a DeltaNet layer (as `gdn_tree`
+        for each): three launches and the norm whatever P; each stages into its slot's staging."""
+        parts, n = plan.parts, plan.num_nodes
+        q, k, v, g, beta = gdn_inputs(
+            proj,
+            conv_states,
+            spec.conv_weight,
+            spec.a_log,
+            spec.dt_bias,
+            spec.heads,
+            windows=plan.windows,
+            k_out=stagings.k[:, layer],
+            x_out=stagings.x[:, layer],
+            slots=slots,
+        )
+        q, k, v, g, beta = (x.view(parts, n, *x.shape[1:]) for x in (q, k, v, g, beta))
+        o = gdn_forest(q, k, v, g, beta, states, slots, plan, stagings.d[:, layer], stagings.gsum[:, layer])
+        return gated_rms_norm(
+            o.view(parts * n, *o.shape[2:]), proj, spec.conv_dim, spec.norm_weight, spec.eps
+        )
 
     def gdn_commit(
         self,

@@ -20,6 +20,7 @@ are chosen once, at build time: a `DeltaNetLayer` or an `AttentionLayer` per `la
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,42 +80,73 @@ class GatedRMSNorm(nn.Module):
 
 
 @dataclass(frozen=True)
-class _Steps:
-    """A batched pass's one-token committed parts (its `ar` rows), which every DeltaNet layer
-    advances in one `gdn_steps` call; the other parts (trees, longer chains) keep a call each."""
+class _Group:
+    """Parts of a batched pass that every DeltaNet layer takes in one call: its one-token committed
+    parts (the `ar` rows: `gdn_steps`), or two or more verify parts of one node count (a forest:
+    `gdn_forest`)."""
 
-    rows: Tensor  # [P] each step's row in the pass
-    slots: Tensor  # [P] each step's cache slot
+    rows: Tensor  # [R] the parts' rows in the pass
+    slots: Tensor  # [P] their cache slots
+    plan: Any = None  # a forest's stacked plan (`gdn_forest_plan`); None: the steps
+    stagings: Any = None  # a forest: every slot's staging of its node count
+
+    @classmethod
+    def of(cls, placed: list[tuple[int, Part]], plan: Any = None, stagings: Any = None) -> _Group:
+        """The group of `placed` parts (with their first rows)."""
+        device = placed[0][1].tokens.device
+        rows = [start + i for start, part in placed for i in range(part.rows)]
+        slots = [part.slot for _, part in placed]
+        return cls(torch.tensor(rows, device=device), torch.tensor(slots, device=device), plan, stagings)
+
+
+@dataclass(frozen=True)
+class _Batched:
+    """A batched pass's parts as its DeltaNet layers take them: in groups (`_Group`), on a backend
+    with the batched calls, and every other part (a longer chain, a tree of a size that no other
+    part of the pass has) on its own."""
+
+    groups: list[_Group]
     others: list[tuple[int, Part]]  # every other part, with its first row
 
     @classmethod
-    def of(cls, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> _Steps | None:
-        """The steps of a pass of several parts, on a backend with `gdn_steps`; None for one part
-        (its own path, graphed on CUDA), when no part is a step, or on another backend."""
+    def of(
+        cls, parts: Sequence[Part], backend: Backend[Any, Any, Any], stagings: dict[int, Any]
+    ) -> _Batched | None:
+        """The groups of a pass of several parts (`stagings`: every slot's, by verify size); None for
+        one part (its own path, graphed on CUDA) or when no call takes more than one part."""
+        if len(parts) == 1:
+            return None
         starts = accumulate((p.rows for p in parts), initial=0)
         placed = list(zip(starts, parts, strict=False))  # (first row, part); the total is left over
+        taken: set[int] = set()  # the first rows of the grouped parts
+        groups = []
         steps = [(r, p) for r, p in placed if p.tree is None and p.rows == 1]
-        if len(parts) == 1 or not steps or not hasattr(backend, "gdn_steps"):
+        if steps and hasattr(backend, "gdn_steps"):
+            groups.append(_Group.of(steps))
+            taken.update(r for r, _ in steps)
+        sizes = Counter(p.rows for p in parts if p.tree is not None)
+        shared = [n for n, count in sizes.items() if count > 1] if hasattr(backend, "gdn_forest") else []
+        for n in shared:
+            trees = [(r, p) for r, p in placed if p.tree is not None and p.rows == n]
+            plan = backend.gdn_forest_plan([p.tree.gdn for _, p in trees if p.tree is not None])
+            groups.append(_Group.of(trees, plan, stagings[n]))
+            taken.update(r for r, _ in trees)
+        if not groups:
             return None
-        device = parts[0].tokens.device
-        return cls(
-            rows=torch.tensor([r for r, _ in steps], device=device),
-            slots=torch.tensor([p.slot for _, p in steps], device=device),
-            others=[(r, p) for r, p in placed if p.tree is not None or p.rows != 1],
-        )
+        return cls(groups, [(r, p) for r, p in placed if r not in taken])
 
 
 @dataclass
 class _Pass:
     """What every layer of one forward pass reads: the parts (each with its slot, positions,
     length, key bound and tree), each verified part's DeltaNet staging, by slot, and, in a pass of
-    several parts, its DeltaNet steps and, on a backend with `attention_parts`, the parts' rows laid
-    out for one attention call per layer."""
+    several parts, its DeltaNet groups and, on a backend with `attention_parts`, the parts' rows
+    laid out for one attention call per layer."""
 
     backend: Backend[Any, Any, Any]
     parts: list[Part]
     stagings: dict[int, Any]
-    steps: _Steps | None = None
+    batched: _Batched | None = None
     batch: SlotRows | None = None
     mask: Any = None
 
@@ -295,24 +327,35 @@ class GatedDeltaNet(nn.Module):
         layer's (`slot`: its index among the DeltaNet layers). A chain part advances its sequence's
         states in place; a tree part leaves them and fills the layer's slot of its staging."""
         proj = self.project(x, p.backend)
-        if p.steps is None:
+        if p.batched is None:
             out = per_part(proj, p.parts, partial(self._mix, conv_states, states, slot, p))
         else:
-            out = self._mix_steps(conv_states, states, slot, p, p.steps, proj)
+            out = self._mix_batched(conv_states, states, slot, p, p.batched, proj)
         return linear(self.out_proj, out, p.backend)
 
-    def _mix_steps(
-        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, steps: _Steps, proj: Tensor
+    def _mix_batched(
+        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, batched: _Batched, proj: Tensor
     ) -> Tensor:
-        """A batched pass: every step part in one `gdn_steps` call, each other part on its own."""
-        if not steps.others:  # every row a step, in order
-            return p.backend.gdn_steps(proj, self.spec, conv_states, states, steps.slots)
+        """A batched pass: each group of parts in one call (the steps, each forest), every other
+        part on its own."""
+        if len(batched.groups) == 1 and not batched.others:  # one call over every row, in order
+            return self._mix_group(conv_states, states, slot, p, batched.groups[0], proj)
         out = proj.new_empty(proj.shape[0], self.n_v * self.dv)
-        out[steps.rows] = p.backend.gdn_steps(proj[steps.rows], self.spec, conv_states, states, steps.slots)
-        for start, part in steps.others:
+        for group in batched.groups:
+            out[group.rows] = self._mix_group(conv_states, states, slot, p, group, proj[group.rows])
+        for start, part in batched.others:
             rows = slice(start, start + part.rows)
             out[rows] = self._mix(conv_states, states, slot, p, part, proj[rows])
         return out
+
+    def _mix_group(
+        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, group: _Group, proj: Tensor
+    ) -> Tensor:
+        if group.plan is None:
+            return p.backend.gdn_steps(proj, self.spec, conv_states, states, group.slots)
+        return p.backend.gdn_forest(
+            proj, self.spec, conv_states, states, group.slots, group.plan, group.stagings, slot
+        )
 
     def _mix(
         self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, part: Part, proj: Tensor
@@ -394,9 +437,9 @@ class Qwen3_5(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         self.slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self.slot.update({layer: i for i, layer in enumerate(cfg.linear_layers)})
-        # each verify size's staging buffers (per backend and cache slot), and each slot's last
-        # verify pass's, for `commit`
-        self._stagings: dict[tuple[str, int, int], Any] = {}
+        # each verify size's staging buffers (per backend, for every cache slot), and each slot's
+        # last verify pass's, for `commit`
+        self._stagings: dict[tuple[str, int], Any] = {}
         self._staged: dict[int, Any] = {}
 
     def fuse(self) -> None:
@@ -463,13 +506,18 @@ class Qwen3_5(nn.Module):
             chain, visibility, backend.gdn_plan(parents, depth, self.config.linear_conv_kernel_dim)
         )
 
-    def _staging(self, nodes: int, backend: Backend[Any, Any, Any], slot: int) -> Any:
-        """A slot's verify pass's DeltaNet staging for `nodes` nodes, allocated once per size."""
-        key = (backend.name, nodes, slot)
+    def _staging(self, nodes: int, backend: Backend[Any, Any, Any]) -> Any:
+        """Every slot's DeltaNet staging of a verify pass of `nodes` nodes (`[slot]`: a slot's),
+        allocated once per size."""
+        key = (backend.name, nodes)
         if key not in self._stagings:
             layer = self.layers[self.config.linear_layers[0]].linear_attn
             self._stagings[key] = backend.gdn_staging(
-                len(self.config.linear_layers), nodes, layer.spec, self.embed_tokens.weight.dtype
+                len(self.config.linear_layers),
+                nodes,
+                layer.spec,
+                self.embed_tokens.weight.dtype,
+                slots=self.rec_states.shape[0],
             )
         return self._stagings[key]
 
@@ -516,7 +564,8 @@ class Qwen3_5(nn.Module):
         """Several sequences' rows in one pass, each part as `forward` does its rows in its own slot.
         The projections and MLPs run over every part's rows at once (one read of the weights); the
         DeltaNet recurrence of each part over its slot's states (a tree: its own plan and staging),
-        or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer;
+        or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer,
+        and, with `gdn_forest`, of every verify part of a size shared by several in one call;
         attention per part, or, on a backend with `attention_parts`, once per layer over every
         part's rows (padded)."""
         if self.k_cache is None or self.v_cache is None:
@@ -524,10 +573,11 @@ class Qwen3_5(nn.Module):
         for part in parts:
             if isinstance(part.context_len, int) and part.context_len == 0:
                 self.reset(part.slot)
-        stagings = {p.slot: self._staging(p.rows, backend, p.slot) for p in parts if p.tree is not None}
+        by_size = {p.rows: self._staging(p.rows, backend) for p in parts if p.tree is not None}
+        stagings = {p.slot: by_size[p.rows][p.slot] for p in parts if p.tree is not None}
         self._staged.update(stagings)
         resolved = [part.resolved() for part in parts]
-        p = _Pass(backend, resolved, stagings, _Steps.of(resolved, backend))
+        p = _Pass(backend, resolved, stagings, _Batched.of(resolved, backend, by_size))
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
         p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
         p.mask = p.batch.mask(backend) if p.batch is not None else None

@@ -74,7 +74,7 @@ def test_a_verify_pass_and_its_commit_match_torch(shape: str) -> None:
     for backend in (TORCH, TRITON):
         c, r = conv.clone(), rec.clone()
         plan = backend.gdn_plan(par, depth, spec.kernel)
-        staging = backend.gdn_staging(2, n, spec, torch.float32)
+        staging = backend.gdn_staging(2, n, spec, torch.float32)[0]
         outs = [
             backend.gdn_tree(
                 projection(spec, n, torch.Generator().manual_seed(7 + slot)),
@@ -164,35 +164,94 @@ def test_the_batched_step_equals_each_slots_own_step_bit_for_bit() -> None:
     assert torch.equal(batched[0], oracle[0])
 
 
+@pytest.mark.parametrize("n", [17, 65])  # a 32-node block; a 64-node block and the lone tail
+def test_a_forest_equals_each_trees_own_pass_and_staging(n: int) -> None:
+    """`gdn_forest` over four trees of one size (chain, star, bushy, random) in slots out of order
+    gives every tree exactly the output and the staging (k, x, d, G) of its own `gdn_tree`, in one
+    launch set; the other slots' and layers' staging and every state are left alone; the Torch
+    oracle agrees."""
+    gen = torch.Generator().manual_seed(5)
+    spec = layer(gen)
+    conv, rec = states(spec, gen, layers=7)  # one layer's states of seven cache slots
+    slots = [4, 0, 6, 2]
+    plans, tree_plans = [], []
+    for shape in ("chain", "star", "bushy", "random"):
+        parents = make_parents(shape, n, gen)
+        par, depth = torch.tensor(parents, device=DEVICE), torch.tensor(depths_of(parents), device=DEVICE)
+        plans.append(TRITON.gdn_plan(par, depth, spec.kernel))
+        tree_plans.append(TORCH.gdn_plan(par, depth, spec.kernel))
+    proj = projection(spec, len(slots) * n, gen)
+    ids = torch.tensor(slots, device=DEVICE)
+    layers, at = 3, 1  # the staging of three DeltaNet layers, the forest in the second
+    forest, alone = (TRITON.gdn_staging(layers, n, spec, torch.float32, slots=7) for _ in range(2))
+    for buf in (forest.k, forest.x, forest.d, forest.gsum):
+        buf.fill_(7.0)
+    before = (conv.clone(), rec.clone())
+    got = TRITON.gdn_forest(proj, spec, conv, rec, ids, TRITON.gdn_forest_plan(plans), forest, at)
+    want = torch.cat(
+        [
+            TRITON.gdn_tree(proj[p * n : (p + 1) * n], spec, conv[s], rec[s], plans[p], alone[s], at)
+            for p, s in enumerate(slots)
+        ]
+    )
+    # bit for bit under the interpreter; compiled for a GPU, tight (see the batched step's test)
+    same = torch.equal if DEVICE.type == "cpu" else partial(torch.allclose, rtol=1e-6, atol=1e-6)
+    assert same(got, want)
+    for field in ("k", "x", "d", "gsum"):
+        staged, own = getattr(forest, field), getattr(alone, field)
+        assert same(staged[slots, at], own[slots, at]), field
+        assert (staged[[1, 3, 5]] == 7.0).all() and (staged[:, [0, 2]] == 7.0).all(), field
+    assert torch.equal(conv, before[0]) and torch.equal(rec, before[1])  # a verify advances nothing
+    oracle = TORCH.gdn_staging(layers, n, spec, torch.float32, slots=7)
+    torch.testing.assert_close(
+        got, TORCH.gdn_forest(proj, spec, conv, rec, ids, tree_plans, oracle, at), atol=3e-5, rtol=3e-5
+    )
+    for s in slots:
+        torch.testing.assert_close(forest.d[s, at], oracle[s][at].d, atol=3e-5, rtol=3e-5)
+
+
 def test_a_batched_hybrid_pass_on_the_kernels_gives_every_slot_its_own_pass(tmp_path) -> None:
-    """`forward_parts` on the kernels over six slots, listed out of slot order: three `ar` steps
-    (one `gdn_steps` call per layer), dflash chains of 3 and 5 drafts and a 5-node tree verified
-    beside them; against each part's own pass: the logits and every slot's states after."""
+    """`forward_parts` on the kernels over seven slots, listed out of slot order: three `ar` steps
+    (one `gdn_steps` call per layer), two 5-node trees and a dflash chain of 5 nodes (one
+    `gdn_forest` call per layer) and a chain of 3 on its own beside them; against each part's own
+    pass: the logits, every slot's states after the pass, and after each verified slot's commit
+    along its deepest path, its states and KV rows."""
     torch.manual_seed(0)
     model = Qwen3_5(Qwen3_5Config.from_dict(_hybrid_config(40, 64, 4), tmp_path / "config.json")).to(DEVICE)
     model.fuse()
-    model.setup_caches(32, slots=6)
+    model.setup_caches(32, slots=7)
     gen = torch.Generator().manual_seed(4)
     with torch.inference_mode():
-        for slot in range(6):
+        for slot in range(7):
             prompt = torch.randint(0, 40, (2 + slot,), generator=gen).to(DEVICE)
             model.forward_parts([Part(slot, prompt, torch.arange(2 + slot, device=DEVICE), 0)], TORCH)
-    tree_parents = torch.tensor([-1, 0, 0, 1, 1], device=DEVICE)
-    shapes = {3: None, 1: 3, 5: tree_parents, 0: None, 4: 5, 2: None}  # slot: step, chain length or tree
+    trees = [[-1, 0, 0, 1, 1], [-1, 0, 1, 0, 3]]
+    # slot: a step (None), a chain of that many nodes, or a tree's parents
+    shapes = {3: None, 1: 3, 5: trees[0], 0: None, 4: 5, 6: trees[1], 2: None}
 
-    def part(slot: int, shape: int | torch.Tensor | None) -> Part:
+    def part(slot: int, shape: int | list[int] | None) -> Part:
         ctx = 2 + slot
         if shape is None:
             return Part(
                 slot, torch.tensor([slot + 7], device=DEVICE), torch.tensor([ctx], device=DEVICE), ctx
             )
-        parents = torch.arange(-1, shape - 1, device=DEVICE) if isinstance(shape, int) else shape
-        depth = torch.tensor(depths_of(parents.tolist()), device=DEVICE)
-        tree = model.plan(parents, depth, TRITON, chain=isinstance(shape, int))
-        return Part(slot, torch.arange(parents.shape[0], device=DEVICE) + slot, ctx + depth, ctx, tree)
+        parents = list(range(-1, shape - 1)) if isinstance(shape, int) else shape
+        depth = torch.tensor(depths_of(parents), device=DEVICE)
+        tree = model.plan(torch.tensor(parents, device=DEVICE), depth, TRITON, chain=isinstance(shape, int))
+        return Part(slot, torch.arange(len(parents), device=DEVICE) + slot, ctx + depth, ctx, tree)
+
+    def commit(p: Part, shape: int | list[int]) -> None:
+        parents = list(range(-1, shape - 1)) if isinstance(shape, int) else shape
+        depths = depths_of(parents)
+        path = [depths.index(max(depths))]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        padded = torch.tensor(path + [-1] * (len(parents) - len(path)), device=DEVICE)
+        assert p.tree is not None
+        model.commit(p.context_len, p.tree, padded, torch.tensor(len(path), device=DEVICE), TRITON, p.slot)
 
     saved = (model.conv_states.clone(), model.rec_states.clone())
-    results = []
+    results, verified = [], [1, 5, 4, 6]
     with torch.inference_mode():
         for together in (True, False):
             model.conv_states.copy_(saved[0])
@@ -202,10 +261,16 @@ def test_a_batched_hybrid_pass_on_the_kernels_gives_every_slot_its_own_pass(tmp_
                 logits, _ = model.forward_parts(parts, TRITON, capture=False)
             else:
                 logits = torch.cat([model.forward_parts([p], TRITON, capture=False)[0] for p in parts])
-            results.append((logits, model.conv_states.clone(), model.rec_states.clone()))
+            passed = (model.conv_states.clone(), model.rec_states.clone())
+            assert torch.equal(passed[1][verified], saved[1][verified])  # a verify pass advances nothing
+            for p in parts:
+                shape = shapes[p.slot]
+                if shape is not None:
+                    commit(p, shape)
+            committed = (model.conv_states.clone(), model.rec_states.clone(), model.k_caches.clone())
+            results.append((logits, *passed, *committed))
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     stepped = [3, 0, 2]
     assert not torch.equal(results[0][2][stepped], saved[1][stepped])  # the steps advanced their slots
-    verified = [1, 5, 4]
-    assert torch.equal(results[0][2][verified], saved[1][verified])  # a verify pass advances nothing
+    assert not torch.equal(results[0][4][verified], saved[1][verified])  # the commits did too

@@ -84,6 +84,41 @@ def test_the_hybrid_target_keeps_each_slots_states_apart(
         assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
 
 
+def test_hybrid_ddtree_slots_of_one_budget_verify_as_a_forest_and_keep_their_tokens(
+    hybrid_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Three ddtree requests at one budget beside an `ar` one: once they decode together, each
+    DeltaNet layer verifies their trees in one `gdn_forest` call (joins and leaves change the
+    forest), and every request gets exactly its tokens alone."""
+    backend = select_backend(device)
+    forests: list[int] = []  # the rows of each forest call
+
+    class Forests(type(backend)):  # the backend itself, its forest calls counted
+        def gdn_forest(self, proj: torch.Tensor, *args: Any) -> torch.Tensor:
+            forests.append(proj.shape[0])
+            return super().gdn_forest(proj, *args)
+
+    alone = engine_for(hybrid_pair, device, dtype, max_context=256)
+    target, drafter = load_pair(hybrid_pair.target, hybrid_pair.drafter, device, dtype)
+    batched = BatchEngine(target, drafter, 256, 4, backend=Forests())
+    rng = random.Random(5)
+    reqs = [
+        {
+            "prompt_ids": [len(SPECIALS) + rng.randrange(64) for _ in range(rng.randint(2, 9))],
+            "mode": mode,
+            "budget": 4,
+            "max_new_tokens": n,
+            "eos_ids": (),
+        }
+        for mode, n in (("ddtree", 12), ("ar", 6), ("ddtree", 16), ("ddtree", 9))
+    ]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
+    layers = len(target.config.linear_layers)
+    assert forests.count(3 * 5) >= layers and forests.count(2 * 5) >= layers  # trees of B + 1 nodes
+
+
 def test_a_hybrid_pass_over_several_slots_gives_each_slot_its_own_logits(
     hybrid_pair: TinyPair, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -185,13 +220,14 @@ def test_on_cuda_the_batched_launches_give_each_request_its_tokens_alone(
     """TritonBackend's one attention launch per layer over every slot (`attention_parts`: trees,
     chains and `ar` roots in the verify pass, the hybrid's gated attention too; the drafter's
     blocks, sliding layers in `mixed_pair`), the hybrid's DeltaNet step of every `ar` slot
-    (`gdn_steps`) and one walk of every greedy tree (`tree_walk_parts`) keep each request's own
-    tokens. CUDA
+    (`gdn_steps`) and its trees of one size (`gdn_forest`), and one walk of every greedy tree
+    (`tree_walk_parts`) keep each request's own tokens. CUDA
     only (CI has no GPU): `TRITON_INTERPRET=0 pytest tests/runtime/test_batching.py` on a GPU host."""
     pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
     alone = engine_for(pair, device, cuda_dtype, max_context=256)
     batched = batch_engine(pair, device, cuda_dtype, 4, chunk=5)
-    assert all(hasattr(batched.backend, seam) for seam in ("attention_parts", "tree_walk_parts", "gdn_steps"))
+    seams = ("attention_parts", "tree_walk_parts", "gdn_steps", "gdn_forest")
+    assert all(hasattr(batched.backend, seam) for seam in seams)
     reqs = requests(11, 10)
     for req, result in zip(reqs, batched.run(reqs), strict=True):
         want = alone.generate(**req)
