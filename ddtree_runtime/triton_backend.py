@@ -76,6 +76,13 @@ class GdnStagings:
         return self.k.shape[0]
 
 
+def _spec_inputs(
+    proj: Tensor, spec: GdnSpec, conv_state: Tensor, **options: Tensor | bool | None
+) -> tuple[Tensor, ...]:
+    """`gdn_inputs` with the layer's conv weight, decay parameters and head shape from its spec."""
+    return gdn_inputs(proj, conv_state, spec.conv_weight, spec.a_log, spec.dt_bias, spec.heads, **options)
+
+
 class TritonBackend:
     """The Triton kernels behind TorchBackend's interface; holds the per-budget candidate tables."""
 
@@ -222,9 +229,7 @@ class TritonBackend:
     def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
         """A committed chain: one token through the fused step, more through fla's chunked kernel."""
         t = proj.shape[0]
-        q, k, v, g, beta = gdn_inputs(
-            proj, conv_state, spec.conv_weight, spec.a_log, spec.dt_bias, spec.heads, update_conv=t == 1
-        )
+        q, k, v, g, beta = _spec_inputs(proj, spec, conv_state, update_conv=t == 1)
         if t == 1:
             return gdn_step(q, k, v, g, beta, state, proj, spec.conv_dim, spec.norm_weight, spec.eps)
         advance_conv(conv_state, proj, spec)  # gdn_inputs above read the old rows
@@ -245,16 +250,7 @@ class TritonBackend:
     def gdn_steps(proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor) -> Tensor:
         """One token of each of P sequences in its own cache slot (slots [P] on the device): the
         fused step over every sequence, two launches whatever P."""
-        q, k, v, g, beta = gdn_inputs(
-            proj,
-            conv_states,
-            spec.conv_weight,
-            spec.a_log,
-            spec.dt_bias,
-            spec.heads,
-            update_conv=True,
-            slots=slots,
-        )
+        q, k, v, g, beta = _spec_inputs(proj, spec, conv_states, update_conv=True, slots=slots)
         return gdn_step(
             q, k, v, g, beta, states, proj, spec.conv_dim, spec.norm_weight, spec.eps, slots=slots
         )
@@ -270,13 +266,10 @@ class TritonBackend:
         slot: int,
     ) -> Tensor:
         """A tree through a DeltaNet layer along each node's root path; stages k, x, d and G."""
-        q, k, v, g, beta = gdn_inputs(
+        q, k, v, g, beta = _spec_inputs(
             proj,
+            spec,
             conv_state,
-            spec.conv_weight,
-            spec.a_log,
-            spec.dt_bias,
-            spec.heads,
             windows=plan.windows,
             k_out=staging.k[slot],
             x_out=staging.x[slot],
@@ -303,13 +296,10 @@ class TritonBackend:
         """P trees of one size, each in its own cache slot, through a DeltaNet layer (as `gdn_tree`
         for each): three launches and the norm whatever P; each stages into its slot's staging."""
         parts, n = plan.parts, plan.num_nodes
-        q, k, v, g, beta = gdn_inputs(
+        q, k, v, g, beta = _spec_inputs(
             proj,
+            spec,
             conv_states,
-            spec.conv_weight,
-            spec.a_log,
-            spec.dt_bias,
-            spec.heads,
             windows=plan.windows,
             k_out=stagings.k[:, layer],
             x_out=stagings.x[:, layer],
