@@ -175,13 +175,11 @@ def check_fp8_operands(
     x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
 ) -> None:
     """The layout both FP8 kernels read; a RuntimeError with the actual shapes otherwise."""
-    if isinstance(x, QuantizedRows):
-        x = x.x8
     n, k = weight.shape
     bn, bk = block
     want_scale = (cdiv(n, bn), cdiv(k, bk))
     if (
-        x.dim() != 2
+        len(x.shape) != 2
         or x.shape[1] != k
         or weight.dtype != torch.float8_e4m3fn
         or scale.dtype != torch.float32

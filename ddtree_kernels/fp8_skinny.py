@@ -122,7 +122,7 @@ def fp8_skinny(
     x's dtype."""
     check_fp8_operands(x, weight, scale, block)
     n, k = weight.shape
-    t = (x.x8 if isinstance(x, QuantizedRows) else x).shape[0]
+    t = x.shape[0]
     if t > MAX_ROWS:
         raise RuntimeError(f"fp8_skinny wants x [T <= {MAX_ROWS}, K], got {t} rows")
     per_row = block[1] >= k

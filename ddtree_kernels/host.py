@@ -53,6 +53,11 @@ class QuantizedRows:
     group: int
     dtype: torch.dtype
 
+    @property
+    def shape(self) -> torch.Size:
+        """[T, K], the shape of the rows before quantization: the FP8 wrappers size their launch by it."""
+        return self.x8.shape
+
     def checked(self, group: int) -> QuantizedRows:
         """These rows, if they are quantized by groups of `group` columns (a RuntimeError with the
         shapes otherwise: an FP8 linear reads them as it would have quantized them)."""

@@ -115,7 +115,7 @@ class TritonBackend:
         tensor cores (sm_80)."""
         if not fp8_tensor_cores(weight.device):
             return fp8_linear_reference(x, weight, scale, block)
-        if (x.x8 if isinstance(x, QuantizedRows) else x).shape[0] <= MAX_ROWS:
+        if x.shape[0] <= MAX_ROWS:
             return fp8_skinny(x, weight, scale, block)
         return fp8_gemm(x, weight, scale, block)
 
