@@ -53,6 +53,16 @@ class QuantizedRows:
     group: int
     dtype: torch.dtype
 
+    @classmethod
+    def empty(cls, t: int, k: int, group: int, dtype: torch.dtype, device: torch.device) -> QuantizedRows:
+        """Buffers for T rows of K columns, quantized by `group` columns, for a producer to fill."""
+        return cls(
+            torch.empty(t, k, device=device, dtype=torch.float8_e4m3fn),
+            torch.empty(t, cdiv(k, group), device=device, dtype=torch.float32),
+            group,
+            dtype,
+        )
+
     @property
     def shape(self) -> torch.Size:
         """[T, K], the shape of the rows before quantization: the FP8 wrappers size their launch by it."""

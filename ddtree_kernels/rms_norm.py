@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree_kernels.fp8_gemm import quantize_row
-from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
+from ddtree_kernels.host import QuantizedRows, next_pow2
 
 
 @triton.jit
@@ -81,12 +81,7 @@ def rms_norm_fp8(
     t, h = x.shape[0], x.shape[-1]
     if group < h and (group != next_pow2(group) or group < 16):
         raise RuntimeError(f"rms_norm_fp8 quantizes groups of 16, 32, ... columns or whole rows, not {group}")
-    rows = QuantizedRows(
-        torch.empty(t, h, device=x.device, dtype=torch.float8_e4m3fn),
-        torch.empty(t, cdiv(h, group), device=x.device, dtype=torch.float32),
-        group,
-        x.dtype,
-    )
+    rows = QuantizedRows.empty(t, h, group, x.dtype, x.device)
     return *_launch(x, weight, eps, residual, rows), rows
 
 

@@ -102,12 +102,7 @@ def silu_mul_fp8(gate_up: Tensor, group: int) -> QuantizedRows:
         raise RuntimeError(
             f"silu_mul_fp8 quantizes groups of 32..{BLOCK} columns dividing {BLOCK}, not {group}"
         )
-    rows = QuantizedRows(
-        torch.empty(t, inner, device=gate_up.device, dtype=torch.float8_e4m3fn),
-        torch.empty(t, cdiv(inner, group), device=gate_up.device, dtype=torch.float32),
-        group,
-        gate_up.dtype,
-    )
+    rows = QuantizedRows.empty(t, inner, group, gate_up.dtype, gate_up.device)
     _silu_mul_fp8_kernel[(t, 1 if per_row else cdiv(inner, BLOCK))](
         gate_up,
         rows.x8,
