@@ -23,7 +23,7 @@ def _error(exc):
 
 
 # (name, nodes, tree?, tail layout: None for the planner's) at 8/2 heads (GQA group 4, as Qwen3-8B),
-# head_dim 128: 4, 68, 260 (two large tiles and a 4-row tail, in a third tile or apart) and 256
+# head_dim 128: 4, 68, 260 (whole large tiles and a 4-row tail, in a tile of its own or apart) and 256
 # packed rows reach every tile choice of the row, whichever tail layout the planner would pick
 ATTENTION_CASES = [
     ("attention decode", 1, False, None),
