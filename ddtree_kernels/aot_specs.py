@@ -545,16 +545,17 @@ def layer_specs(cc: int) -> list[Spec]:
     return found
 
 
-def _rms_norm(cc: int, group: int | None) -> Spec:
+def _rms_norm(cc: int, group: int | None, chunk: int | None = None) -> Spec:
     """RMSNorm + residual of 257 rows of Qwen3-8B's hidden size; with `group`, its output also
-    quantized for FP8 linears (per 128-column group, or per row when group >= H)."""
+    quantized for FP8 linears (per 128-column group, or per row when group >= H); with `chunk`, one
+    decode row quantized in chunks of that many columns (`rms_norm.QUANT_CHUNK`)."""
     bf16, block = torch.bfloat16, next_pow2(HIDDEN)
     x = _empty(257, HIDDEN, dtype=bf16)
     q, s = _empty(257, HIDDEN, dtype=torch.float8_e4m3fn), _empty(257, cdiv(HIDDEN, group or HIDDEN))
     fmt = "" if group is None else (" + e4m3 per row" if group >= HIDDEN else f" + e4m3 by {group}")
     return Spec(
         "rms_norm",
-        f"H={HIDDEN} + residual{fmt}",
+        f"H={HIDDEN} + residual{fmt}{f', {chunk}-column chunks' if chunk else ''}",
         cc,
         rms_norm._rms_norm_kernel,
         dict(
@@ -577,6 +578,7 @@ def _rms_norm(cc: int, group: int | None) -> Spec:
         dict(
             HAS_RES=True,
             BLOCK=block,
+            CHUNK=chunk or block,
             QUANT=group is not None,
             GROUP=group if group is not None and group < HIDDEN else block,
         ),
@@ -1061,6 +1063,7 @@ def fp8_specs(cc: int) -> list[Spec]:
 def fp8_producer_specs(cc: int) -> list[Spec]:
     """RMSNorm and SwiGLU writing their outputs quantized for FP8 linears, in both scale layouts."""
     found = [_rms_norm(cc, group) for group in (FP8_BLOCK[1], HIDDEN)]
+    found.append(_rms_norm(cc, FP8_BLOCK[1], rms_norm.QUANT_CHUNK))
     gate_up = _empty(257, 2 * INTER, dtype=torch.bfloat16)
     for group in (FP8_BLOCK[1], INTER):
         per_row = group >= INTER
