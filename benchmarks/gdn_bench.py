@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_step import gdn_step
-from ddtree_kernels.gdn_tree import ForestPlan, gdn_forest, gdn_tree, tree_plan
+from ddtree_kernels.gdn_tree import BLOCK_V, NUM_WARPS, ForestPlan, gdn_forest, gdn_tree, tree_plan
 
 
 def ddtree_parents(n: int, depth: int, gen: torch.Generator) -> list[int]:
@@ -113,7 +113,7 @@ def main() -> None:
         dep = torch.tensor(depths(parents), device=device)
         x = q, k, v, g, beta = inputs(n)
         row(f"plan {n}", timed_us(lambda par=par, dep=dep: tree_plan(par, dep, 4), device))
-        configs = [(None, 64, 4)]
+        configs = [(None, BLOCK_V, NUM_WARPS)]  # the shipped launch
         if args.sweep:
             configs += [(bt, bv, w) for bt in (32, 64) for bv in (32, 64, 128) for w in (4, 8)]
         for block_t, block_v, warps in configs:

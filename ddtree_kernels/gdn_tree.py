@@ -81,15 +81,19 @@ from ddtree_kernels.host import cdiv, next_pow2
 from ddtree_kernels.precision import dot, dot_precision
 
 MAX_NODES = 4096
-BLOCK_V, NUM_WARPS = 64, 4  # the solve's launch: value columns per program, warps (gdn_bench.py --sweep)
+# the solve's launch: value columns per program, warps; 32 columns against 64 on the H200 (27B layer,
+# the solve alone, µs): 65 nodes 13.3 -> 12.8, 257 nodes 40.8 -> 36.5
+BLOCK_V, NUM_WARPS = 32, 4
 STATE_BLOCK_V = 64  # value columns per slice of the first kernel's programs against the cached state
 
 
 def node_block(n: int, cc: int) -> int:
     """BLOCK_T for a tree of n nodes on compute capability `cc` (90, 100, 120): one block for a
-    small tree, else 64-node blocks where the solve's products are wgmma (sm_90) and 32-node blocks
-    elsewhere, where a 64-node solve spills registers (ARCH.md)."""
-    return 16 if n <= 16 else 32 if n <= 32 or cc // 10 != 9 else 64
+    small tree, 64-node blocks for big trees on sm_90, whose solve's products are wgmma, and 32-node
+    blocks otherwise: elsewhere a 64-node solve spills registers (ARCH.md), and on the H200 a
+    65-node tree in 32-node blocks took 26.1 µs a layer against 31.3 in 64-node ones (257 nodes:
+    94.3 against 74.8)."""
+    return 16 if n <= 16 else 32 if n <= 128 or cc // 10 != 9 else 64
 
 
 def lone_tail(n: int, block: int) -> bool:

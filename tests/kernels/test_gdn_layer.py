@@ -164,7 +164,7 @@ def test_the_batched_step_equals_each_slots_own_step_bit_for_bit() -> None:
     assert torch.equal(batched[0], oracle[0])
 
 
-@pytest.mark.parametrize("n", [17, 65])  # a 32-node block; a 64-node block and the lone tail
+@pytest.mark.parametrize("n", [17, 65])  # one 32-node block; two and the lone tail
 def test_a_forest_equals_each_trees_own_pass_and_staging(n: int) -> None:
     """`gdn_forest` over four trees of one size (chain, star, bushy, random) in slots out of order
     gives every tree exactly the output and the staging (k, x, d, G) of its own `gdn_tree`, in one

@@ -26,9 +26,9 @@ def inputs(hk: int, hv: int, n: int, dk: int, dv: int, gen: torch.Generator) -> 
     return tuple(x.to(DEVICE) for x in (q, k, v, g, beta, state))
 
 
-def plan_of(parents: list[int], kernel: int = 4) -> tuple[torch.Tensor, object]:
+def plan_of(parents: list[int], kernel: int = 4, block: int | None = None) -> tuple[torch.Tensor, object]:
     par = torch.tensor(parents, device=DEVICE)
-    return par, tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), kernel)
+    return par, tree_plan(par, torch.tensor(depths_of(parents), device=DEVICE), kernel, block)
 
 
 def root_path(parents: list[int], leaf: int) -> list[int]:
@@ -46,13 +46,13 @@ def root_path(parents: list[int], leaf: int) -> list[int]:
         ("bushy", 150, 1, 3, 16, 32),  # three node blocks, value heads sharing a key head
         ("deep", 45, 2, 2, 8, 16),
         ("random", 33, 1, 2, 16, 20),
-        ("chain", 100, 1, 1, 16, 16),  # a 64-node chain block: six squarings
+        ("chain", 100, 1, 1, 16, 16),  # 32-node chain blocks: five squarings, the last block two
         ("chain", 1, 1, 1, 16, 16),  # the root alone (an `ar`-sized verify)
         # 2^k + 1 nodes (a verify at budget 2^k): the last node is the solve's tail
         ("random", 257, 1, 2, 16, 16),  # B=256: four 64-node blocks and the tail
-        ("chain", 129, 1, 1, 16, 16),  # every block pair linked, the tail at the bottom of the chain
+        ("chain", 129, 1, 1, 16, 16),  # 64-node chain blocks (six squarings), all linked, tail last
         ("star", 129, 1, 1, 8, 12),  # the tail hangs off the root: no ancestor in block 1
-        ("bushy", 65, 1, 2, 16, 16),  # one 64-node block and the tail
+        ("bushy", 65, 1, 2, 16, 16),  # two 32-node blocks and the tail
         ("deep", 65, 2, 4, 16, 20),  # value heads sharing key heads, odd value dim
     ],
 )
@@ -76,10 +76,10 @@ def test_kernel_and_wy_form_match_the_node_by_node_reference(shape, n, hk, hv, d
 
 def test_the_plan_skips_empty_block_pairs_and_counts_squarings() -> None:
     """A star's later blocks hang off the root only; a chain block needs log2 of its length."""
-    _, star = plan_of([-1] + [0] * 99)  # 100 nodes: two 64-node blocks
+    _, star = plan_of([-1] + [0] * 99, block=64)  # 100 nodes: two 64-node blocks
     assert star.blocks.tolist() == [[1, 0], [1, 1]]
     assert star.steps.tolist() == [1, 0]  # depth 1 inside block 0, none inside block 1
-    _, chain = plan_of(list(range(-1, 99)))
+    _, chain = plan_of(list(range(-1, 99)), block=64)
     assert chain.steps.tolist() == [6, 6]  # 64 nodes deep inside block 0, 36 inside block 1
     assert chain.windows[0].tolist() == [0, 1, 2, 3] and chain.windows[5].tolist() == [5, 6, 7, 8]
 
@@ -89,8 +89,8 @@ def test_a_lone_last_node_is_the_solves_tail() -> None:
     tail row (no block step of its own) with the reference's outputs."""
     assert [
         (p.block, p.blocks.shape[0], p.tail)
-        for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 33, 65))
-    ] == [(16, 1, False), (32, 1, False), (64, 1, False), (64, 2, True)]
+        for p in (plan_of([-1] + [0] * (n - 1))[1] for n in (16, 17, 33, 65, 129))
+    ] == [(16, 1, False), (32, 1, False), (32, 2, True), (32, 3, True), (64, 3, True)]
     gen = torch.Generator().manual_seed(5)
     parents = make_parents("deep", 65, gen)
     q, k, v, g, beta, state = inputs(1, 2, 65, 16, 16, gen)
@@ -104,7 +104,7 @@ def test_a_lone_last_node_is_the_solves_tail() -> None:
 def test_every_root_path_is_the_sequential_recurrence_and_the_commit_its_state(shape: str) -> None:
     """Each leaf's root path run as a plain chain from the cached state gives the same outputs at
     its nodes, and the commit along it gives the chain's final state (recurrent and conv). 65 nodes:
-    one 64-node block and the solve's tail, whose path is among those checked."""
+    two 32-node blocks and the solve's tail, whose path is among those checked."""
     n, hk, hv, dk, dv, kernel, channels = 65, 1, 2, 16, 16, 4, 24
     gen = torch.Generator().manual_seed(11)
     parents = make_parents(shape, n, gen)
