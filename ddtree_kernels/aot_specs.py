@@ -875,9 +875,10 @@ def gdn_specs(cc: int) -> list[Spec]:
                 stride_out=GDN_HV * GDN_D,
                 z_col=GDN_C,
                 eps=1e-6,
+                n_heads=GDN_HV,
             ),
-            dict(DV=GDN_D, DV_PAD=GDN_D),
-            1,
+            dict(DV=GDN_D, DV_PAD=GDN_D, BLOCK_H=gated_rms_norm.HEADS_PER_PROGRAM),
+            4,
         )
     )
     path = _empty(257, dtype=i64)

@@ -8,6 +8,8 @@ from functools import partial
 import pytest
 import torch
 
+from ddtree_kernels.gated_rms_norm import gated_rms_norm
+from ddtree_runtime import gated_delta
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
@@ -59,6 +61,20 @@ def test_the_ar_step_matches_torch() -> None:
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
         torch.testing.assert_close(rec, rec_t, atol=2e-5, rtol=2e-5)
         assert torch.equal(conv, conv_t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gated_output_norm_matches_torch(dtype: torch.dtype) -> None:
+    """Blocks of heads per program: 20 value heads (a full block of 16, then 4 and padding) of an
+    odd head dim, over a few rows."""
+    gen = torch.Generator().manual_seed(3)
+    spec = layer(gen, n_k=2, n_v=20, dk=16, dv=24)
+    proj = projection(spec, 3, gen).to(dtype)
+    o = torch.randn(spec.n_v, 3, spec.dv, generator=gen).to(DEVICE)
+    got = gated_rms_norm(o.transpose(0, 1).contiguous(), proj, spec.conv_dim, spec.norm_weight, spec.eps)
+    want = gated_delta.gated_norm(o, proj, spec)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-6
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("shape", ["bushy", "chain"])
