@@ -19,6 +19,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels import (
+    attention_gate,
     fp8_gemm,
     fp8_skinny,
     gated_rms_norm,
@@ -924,8 +925,30 @@ def gdn_specs(cc: int) -> list[Spec]:
 
 
 def hybrid_layer_specs(cc: int) -> list[Spec]:
-    """The 27B's gated attention q/k norm + partial RoPE and its projections' skinny matmuls."""
+    """The 27B's gated attention q/k norm + partial RoPE, its output gate over 257 rows, and its
+    projections' skinny matmuls."""
     found = [_qk_rope(cc, HQ27, HKV27, D27, D27 // 4, gated=True, w_dtype=torch.float32)]
+    qkv_width = (2 * HQ27 + 2 * HKV27) * D27
+    found.append(
+        Spec(
+            "attention_gate",
+            "N=257",
+            cc,
+            attention_gate._attention_gate_kernel,
+            dict(
+                ATT=_empty(HQ27, 257, D27, dtype=torch.bfloat16),
+                QKV=_empty(257, qkv_width, dtype=torch.bfloat16),
+                OUT=_empty(257, HQ27 * D27, dtype=torch.bfloat16),
+                stride_oh=257 * D27,
+                stride_ot=D27,
+                stride_qt=qkv_width,
+                stride_out=HQ27 * D27,
+                n_heads=HQ27,
+            ),
+            dict(D=D27, D_PAD=D27, BLOCK_H=attention_gate.HEADS_PER_PROGRAM),
+            4,
+        )
+    )
     shapes = (
         (GDN_PROJ, H27),
         ((2 * HQ27 + 2 * HKV27) * D27, H27),

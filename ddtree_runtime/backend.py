@@ -78,6 +78,8 @@ class Backend(Protocol[Vis, Plan, Staging]):
         gated: bool = False,
     ) -> Tensor: ...
 
+    def attention_gate(self, o: Tensor, qkv: Tensor, n_heads: int) -> Tensor: ...
+
     def silu_mul(self, gate_up: Tensor) -> Tensor: ...
 
     def silu_mul_fp8(self, gate_up: Tensor, group: int) -> QuantizedRows: ...
@@ -221,6 +223,14 @@ class TorchBackend:
         k_cache.index_copy_(1, rows, rope(norm(k, k_weight)).transpose(0, 1))
         v_cache.index_copy_(1, rows, v.transpose(0, 1))
         return rope(norm(q, q_weight)).contiguous()
+
+    @staticmethod
+    def attention_gate(o: Tensor, qkv: Tensor, n_heads: int) -> Tensor:
+        """Gated attention's output o [Hq, T, D] times the sigmoid of each query head's gate (the D
+        values after its query values in qkv [T, >= 2 Hq D]): [T, Hq D]."""
+        t, d = qkv.shape[0], o.shape[-1]
+        gate = qkv[:, : 2 * n_heads * d].view(t, n_heads, 2 * d)[..., d:]
+        return (o.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
 
     @staticmethod
     def silu_mul(gate_up: Tensor) -> Tensor:

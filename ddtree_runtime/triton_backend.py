@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
+from ddtree_kernels.attention_gate import attention_gate
 from ddtree_kernels.fp8_gemm import fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.gated_rms_norm import gated_rms_norm
@@ -120,6 +121,7 @@ class TritonBackend:
         return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)
+    attention_gate = staticmethod(attention_gate)
     silu_mul = staticmethod(silu_mul)
     silu_mul_fp8 = staticmethod(silu_mul_fp8)
 

@@ -214,12 +214,6 @@ class GatedAttention(nn.Module):
             gated=True,
         )
 
-    def _gated(self, out: Tensor, qkv: Tensor) -> Tensor:
-        """Attention output [Hq, T, D] times the sigmoid of each query head's gate: [T, Hq D]."""
-        t, d = qkv.shape[0], self.head_dim
-        gate = qkv[:, : 2 * self.n_heads * d].view(t, self.n_heads, 2 * d)[..., d:]
-        return (out.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
-
     def _attend_slots(
         self, qkv: Tensor, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
     ) -> Tensor:
@@ -232,7 +226,7 @@ class GatedAttention(nn.Module):
         q = self._rope(qkv, cos, sin, p.batch.positions, k_new, v_new, start, p.backend)
         write_slots(p.batch, k_new, v_new, k_caches, v_caches)
         out = attend_slots(q.transpose(0, 1), p.batch, p.mask, k_caches, v_caches, p.backend)
-        return self._gated(out, qkv)
+        return p.backend.attention_gate(out, qkv, self.n_heads)
 
     def _attend(
         self,
@@ -258,7 +252,7 @@ class GatedAttention(nn.Module):
             d**-0.5,
             key_bound=part.key_bound,
         )  # [Hq, T, D]
-        return self._gated(out, qkv)
+        return backend.attention_gate(out, qkv, self.n_heads)
 
 
 class GatedDeltaNet(nn.Module):
