@@ -3,10 +3,11 @@
 Random weights in the shapes of `benchmarks/roofline.py` (no downloads). For each batch size N and
 each config (`ar`, `ddtree` at each budget) it fills N slots with prompts of `--context` tokens,
 prefills them, then times `--reps` rounds of all N together (wall time per `step`, a round of
-every slot: drafting, the one verify pass over all slots' trees, per-slot walk and commit; eager,
-no CUDA graphs). Rows: ms per round, ms per round per sequence, the ratio to the `ar` step at the
-same N (the issue's goal: <= 2x at N = 16 for the load-chosen budget) and projected tokens/s in
-total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, not measured).
+every slot: drafting, the one verify pass over all slots' trees, per-slot walk and commit). On
+CUDA the `ar` rounds replay the engine's captured step (`ar`), and the same engine's eager `ar`
+round is timed too (`ar eager`); the ddtree rounds run eagerly. Rows: ms per round, ms per round
+per sequence, the ratio to the `ar` step at the same N (the issue's goal: <= 2x at N = 16 for the
+load-chosen budget) and projected tokens/s in total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, not measured).
 `--cost-table` writes the ddtree rows as the cost table `--budget-policy load` reads
 (`ddtree_runtime/budgets.py`: total verify rows against seconds per round).
 
@@ -74,6 +75,7 @@ def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, 
         engine.add(prompt, mode=mode, budget=budget, max_new_tokens=(reps + 2) * engine.block, eos_ids=())
     while any(not s.decoding for s in engine.live):
         engine.step()
+    engine.step()  # one round untimed: on CUDA the first `ar` round of n sequences captures its graph
     times = []
     for _ in range(reps):
         sync(engine.device)
@@ -164,7 +166,8 @@ def main() -> None:
     engine = BatchEngine(target, drafter, max_context, max(batches), backend)
     seams = "per-slot" if args.per_slot else "batched"
     print(
-        f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, eager, "
+        f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, "
+        f"{'graphed ar steps' if engine.step_graphs else 'eager'}, "
         f"{backend.name} backend, {seams} attention, DeltaNet steps and trees, and walks"
     )
     print(
@@ -172,12 +175,18 @@ def main() -> None:
         + "  ".join(f"tok/s@tau{t}" for t in TAUS)
     )
     rows = []
+    graphs = engine.step_graphs
     for n in batches:
-        ar = round_ms(engine, n, "ar", 1, context, args.reps)
-        for mode, budget in [("ar", 0), *(("ddtree", b) for b in budgets)]:
-            ms = ar if mode == "ar" else round_ms(engine, n, mode, budget, context, args.reps)
-            rates = [n * (1 if mode == "ar" else tau) / ms * 1e3 for tau in TAUS]
-            name = mode if mode == "ar" else f"ddtree/{budget}"
+        measured = {"ar": round_ms(engine, n, "ar", 1, context, args.reps)}
+        if graphs is not None:  # the same engine without its step graphs: the eager `ar` round
+            engine.step_graphs = None
+            measured["ar eager"] = round_ms(engine, n, "ar", 1, context, args.reps)
+            engine.step_graphs = graphs
+        ar = measured["ar"]
+        for mode, budget in [*((m, 0) for m in measured), *(("ddtree", b) for b in budgets)]:
+            ms = measured[mode] if mode in measured else round_ms(engine, n, mode, budget, context, args.reps)
+            rates = [n * (1 if mode.startswith("ar") else tau) / ms * 1e3 for tau in TAUS]
+            name = mode if mode.startswith("ar") else f"ddtree/{budget}"
             print(
                 f"{name:>12} {n:>4} {ms:>9.2f} {ms / n:>8.2f} {ms / ar:>6.2f}  "
                 + "  ".join(f"{r:>11.0f}" for r in rates)
@@ -188,7 +197,7 @@ def main() -> None:
     if args.cost_table:
         points: dict[int, float] = {}
         for r in rows:
-            if r["config"] == "ar":
+            if r["config"].startswith("ar"):
                 continue
             verify_rows = r["batch"] * (r["budget"] + 1)
             points[verify_rows] = min(points.get(verify_rows, float("inf")), r["round_ms"] / 1e3)

@@ -903,7 +903,7 @@ def tree_visibility(parents: Tensor, depth: Tensor) -> TreeVisibility:
 
 def parts_visibility(
     rows: Sequence[int],
-    context_lens: Sequence[int],
+    context_lens: Sequence[int] | Tensor,
     keys: int,
     trees: Sequence[TreeVisibility | None],
     all_visible: bool,
@@ -912,7 +912,8 @@ def parts_visibility(
 ) -> PartsVisibility:
     """The ``PartsVisibility`` of P sequences of ``rows`` new rows after ``context_lens`` (at most
     ``keys`` in all): each a tree (its bitmasks) or causal (None). When some are trees, the causal
-    ones get a chain's bitmasks, so that one launch describes them all."""
+    ones get a chain's bitmasks, so that one launch describes them all. ``context_lens`` may already
+    be the int64 [P] device tensor (a graph's buffer: nothing is copied from the host)."""
     p, n = len(rows), max(rows)
     bits = None
     if any(t is not None for t in trees):
@@ -925,9 +926,14 @@ def parts_visibility(
                     )
                 bits[i, :m] = 0
                 bits[i, :m, : tree.bits.shape[1]] = tree.bits
+    uniform = all(m == n for m in rows)  # (a fill, not a copy from the host: a graph can capture it)
     return PartsVisibility(
-        torch.tensor(rows, dtype=torch.int32, device=device),
-        torch.tensor(context_lens, dtype=torch.int64, device=device),
+        torch.full((p,), n, dtype=torch.int32, device=device)
+        if uniform
+        else torch.tensor(rows, dtype=torch.int32, device=device),
+        context_lens
+        if isinstance(context_lens, Tensor)
+        else torch.tensor(context_lens, dtype=torch.int64, device=device),
         keys,
         bits,
         all_visible,

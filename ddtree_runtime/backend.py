@@ -278,7 +278,7 @@ class TorchBackend:
     @staticmethod
     def parts_mask(
         rows: list[int],
-        context_lens: list[int],
+        context_lens: list[int] | Tensor,
         keys: int,
         visibilities: list[Tensor | None],
         all_visible: bool,

@@ -22,8 +22,12 @@ every decoding sequence:
     commit   per slot, accepted K/V rows and DeltaNet states into place
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
-(T = 0) whatever else is in the batch. The rounds run eagerly (no CUDA graphs yet), with host-side
-lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path.
+(T = 0) whatever else is in the batch. On CUDA a round of `ar` sequences only is a CUDA graph: the
+target's step of P sequences (`Steps`: their tokens, slots and lengths in device buffers) is
+captured at the first round of P sequences under a key bound, then replayed with the buffers
+refilled (one graph per (P, key bound); a launch per kernel cost a 27B step ~4x the GPU work). The
+other rounds run eagerly, with host-side lengths; `Engine.generate` (slot 0, graphed on CUDA) stays
+the batch-1 path.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ from ddtree_runtime.backend import Backend
 from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
-from ddtree_runtime.graphs import key_bound
+from ddtree_runtime.graphs import GraphKey, RoundGraphs, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.target import Part, Target, TreeInputs
+from ddtree_runtime.models.target import Part, Steps, Target, TreeInputs
 from ddtree_runtime.rounds import Sampling, choose, nucleus
 from specops_contract import SERVE_OPTIONS, verify_rows
 
@@ -103,6 +107,7 @@ class BatchEngine(Engine):
         backend: Backend[Any, Any, Any] | None = None,
         prefill_chunk: int | None = None,
         policy: BudgetPolicy | None = None,
+        graphs: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise GenerationError(f"max_batch is {max_batch} (fix: at least 1)")
@@ -116,6 +121,10 @@ class BatchEngine(Engine):
         self.live: list[Live] = []
         self.chunks = 0  # prefill chunks run so far
         self.rounds = 0  # batched rounds run so far
+        if graphs is None:  # as `Engine`: the target and the backend must allow it
+            graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
+        self.step_graphs = RoundGraphs(self.device) if graphs else None  # ("ar", P, key bound)
+        self.step_buffers: dict[GraphKey, tuple[Steps, list[Tensor]]] = {}  # each graph's inputs, output
 
     @property
     def block(self) -> int:
@@ -231,15 +240,18 @@ class BatchEngine(Engine):
                 t.live.budgets.append(t.tokens.shape[0] - 1)
             if t.draft_logits is not None:
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
-        greedy = all(s.sampling.greedy for s in batch)
-        parts = [
-            Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
-            for t in trees
-        ]
-        logits, hidden = self.target.forward_parts(
-            parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
-        )
-        sizes = [p.rows for p in parts]
+        if self.step_graphs is not None and not spec:
+            logits, hidden = self._replay_steps(batch), None
+        else:
+            greedy = all(s.sampling.greedy for s in batch)
+            parts = [
+                Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
+                for t in trees
+            ]
+            logits, hidden = self.target.forward_parts(
+                parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
+            )
+        sizes = [t.tokens.shape[0] for t in trees]
         finished = []
         hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
         rows = logits.split(sizes)
@@ -248,6 +260,28 @@ class BatchEngine(Engine):
             if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
                 finished.append(t.live)
         return finished
+
+    def _replay_steps(self, batch: list[Live]) -> Tensor:
+        """Every sequence's `ar` token through the graph of a step of this many sequences under this
+        key bound (captured at its first use, from the states as they are), its buffers refilled:
+        fp32 logits [P, V], valid until the next replay."""
+        assert self.step_graphs is not None
+        key: GraphKey = ("ar", len(batch), max(self._bound(s) for s in batch))
+        values = [s.root for s in batch], [s.slot for s in batch], [s.ctx for s in batch]
+        if key not in self.step_graphs:
+            steps, out = Steps.empty(len(batch), key[2], self.device), []
+
+            def step() -> None:  # the capture's output tensor is the one its replays write
+                out[:] = [self.target.forward_parts(steps, self.backend, capture=False)[0]]
+
+            self.step_buffers[key] = steps, out
+            steps.fill(*values)  # the warm-up run before the capture steps these sequences for real:
+            restore = self.target.snapshot(values[1])  # their states are put back (K/V rows rewrite)
+            self.step_graphs.capture(key, [("ar steps", step)], restore)
+        steps, out = self.step_buffers[key]
+        steps.fill(*values)
+        self.step_graphs.replay(key)
+        return out[0]
 
     def _greedy_walks(self, trees: list[_Tree], rows: Sequence[Tensor]) -> dict[int, Walk]:
         """Every greedy tree's walk (by `id` of its tree) in one call, on a backend that walks

@@ -153,7 +153,7 @@ class TritonBackend:
     @staticmethod
     def parts_mask(
         rows: list[int],
-        context_lens: list[int],
+        context_lens: list[int] | Tensor,
         keys: int,
         visibilities: list[TreeVisibility | None],
         all_visible: bool,

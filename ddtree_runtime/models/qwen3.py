@@ -20,6 +20,7 @@ from ddtree_runtime.config import Qwen3Config
 from ddtree_runtime.models.target import (
     Part,
     SlotRows,
+    Steps,
     TreeInputs,
     as_device_length,
     attend_slots,
@@ -294,7 +295,7 @@ class Qwen3(nn.Module):
         """A verify pass's tree: attention's visibility (a chain is causal and needs none)."""
         return TreeInputs(chain, None if chain else backend.tree_visibility(parents, depth))
 
-    def snapshot(self) -> Callable[[], None]:
+    def snapshot(self, slots: Sequence[int] = (0,)) -> Callable[[], None]:
         """Nothing to put back after a captured round: the K/V rows past the context are scratch."""
         return lambda: None
 
@@ -333,7 +334,7 @@ class Qwen3(nn.Module):
 
     def forward_parts(
         self,
-        parts: Sequence[Part],
+        parts: Sequence[Part] | Steps,
         backend: Backend,
         capture: bool = True,
         *,
@@ -345,14 +346,18 @@ class Qwen3(nn.Module):
         slot), outputs in the parts' order. The projections and the MLP run over every part's rows
         at once (one read of the weights); q/k norm + RoPE and attention run per part, over its own
         cache and context length (the existing kernels, one launch per part), or, on a backend with
-        `attention_parts`, once per layer over every part's rows (padded)."""
+        `attention_parts`, once per layer over every part's rows (padded). `Steps` in place of the
+        parts: a batched `ar` step from device buffers (on a backend with `attention_parts`)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        parts = [p.resolved() for p in parts]
-        tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])
+        if isinstance(parts, Steps):
+            tokens, batch, parts = parts.tokens, SlotRows.of_steps(parts), []
+        else:
+            parts = [p.resolved() for p in parts]
+            tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])
+            batch = slot_rows(parts, backend)  # one attention call for all parts, or None
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}
-        batch = slot_rows(parts, backend)  # one attention call for all parts, or None
         mask = batch.mask(backend) if batch is not None else None
         weight, group = self._norm_before(0)
         h, x = norm_rows(backend, self.embed_tokens(tokens), weight, eps, None, group)

@@ -37,6 +37,7 @@ from ddtree_runtime.models.qwen3 import MLP, _fused, linear, outputs, rope_table
 from ddtree_runtime.models.target import (
     Part,
     SlotRows,
+    Steps,
     TreeInputs,
     as_device_length,
     attend_slots,
@@ -480,14 +481,15 @@ class Qwen3_5(nn.Module):
         self.conv_states[slot].zero_()
         self.rec_states[slot].zero_()
 
-    def snapshot(self) -> Callable[[], None]:
-        """A function that puts the recurrent and conv states back as they are now: a captured round
-        (graph warm-up and capture) or a profile runs rounds that must leave no trace."""
-        saved = (self.conv_state.clone(), self.rec_state.clone())
+    def snapshot(self, slots: Sequence[int] = (0,)) -> Callable[[], None]:
+        """A function that puts the recurrent and conv states of `slots` back as they are now: a
+        captured round (graph warm-up and capture) or a profile runs rounds that must leave no trace."""
+        ids = list(slots)
+        saved = (self.conv_states[ids].clone(), self.rec_states[ids].clone())
 
         def restore() -> None:
-            self.conv_state.copy_(saved[0])
-            self.rec_state.copy_(saved[1])
+            self.conv_states[ids] = saved[0]
+            self.rec_states[ids] = saved[1]
 
         return restore
 
@@ -547,7 +549,7 @@ class Qwen3_5(nn.Module):
 
     def forward_parts(
         self,
-        parts: Sequence[Part],
+        parts: Sequence[Part] | Steps,
         backend: Backend[Any, Any, Any],
         capture: bool = True,
         *,
@@ -561,19 +563,25 @@ class Qwen3_5(nn.Module):
         or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer,
         and, with `gdn_forest`, of every verify part of a size shared by several in one call;
         attention per part, or, on a backend with `attention_parts`, once per layer over every
-        part's rows (padded)."""
+        part's rows (padded). `Steps` in place of the parts: a batched `ar` step from device
+        buffers (on a backend with `attention_parts` and `gdn_steps`), which a graph can capture."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        for part in parts:
-            if isinstance(part.context_len, int) and part.context_len == 0:
-                self.reset(part.slot)
-        by_size = {p.rows: self._staging(p.rows, backend) for p in parts if p.tree is not None}
-        stagings = {p.slot: by_size[p.rows][p.slot] for p in parts if p.tree is not None}
-        self._staged.update(stagings)
-        resolved = [part.resolved() for part in parts]
-        p = _Pass(backend, resolved, stagings, _Batched.of(resolved, backend, by_size))
-        tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
-        p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
+        if isinstance(parts, Steps):
+            rows = torch.arange(parts.sequences, device=parts.values.device)
+            p = _Pass(backend, [], {}, _Batched([_Group(rows, parts.slots)], []), SlotRows.of_steps(parts))
+            tokens = parts.tokens
+        else:
+            for part in parts:
+                if isinstance(part.context_len, int) and part.context_len == 0:
+                    self.reset(part.slot)
+            by_size = {p.rows: self._staging(p.rows, backend) for p in parts if p.tree is not None}
+            stagings = {p.slot: by_size[p.rows][p.slot] for p in parts if p.tree is not None}
+            self._staged.update(stagings)
+            resolved = [part.resolved() for part in parts]
+            p = _Pass(backend, resolved, stagings, _Batched.of(resolved, backend, by_size))
+            tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
+            p.batch = slot_rows(p.parts, backend)  # one attention call for all parts, or None
         p.mask = p.batch.mask(backend) if p.batch is not None else None
         eps = self.config.rms_norm_eps
         captured: dict[int, Tensor] = {}

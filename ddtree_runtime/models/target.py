@@ -55,6 +55,42 @@ class Part:
         )
 
 
+@dataclass(frozen=True)
+class Steps:
+    """One committed token of each of P sequences (a batched `ar` step) in device buffers, with no
+    host value in its description, so that a CUDA graph can capture the pass: refilled before each
+    replay, the buffers serve every step of P sequences under the key bound `keys`."""
+
+    values: (
+        Tensor  # int64 [3, P]: the tokens, their cache slots, their context lengths (cache row and position)
+    )
+    keys: int  # static bound on any sequence's keys (its context and the token)
+
+    @classmethod
+    def empty(cls, sequences: int, keys: int, device: torch.device) -> Steps:
+        return cls(torch.zeros(3, sequences, dtype=torch.int64, device=device), keys)
+
+    def fill(self, tokens: Sequence[int], slots: Sequence[int], context_lens: Sequence[int]) -> None:
+        """A step's values into the buffers, in one host-to-device copy."""
+        self.values.copy_(torch.tensor([list(tokens), list(slots), list(context_lens)], dtype=torch.int64))
+
+    @property
+    def tokens(self) -> Tensor:
+        return self.values[0]
+
+    @property
+    def slots(self) -> Tensor:
+        return self.values[1]
+
+    @property
+    def context_lens(self) -> Tensor:
+        return self.values[2]
+
+    @property
+    def sequences(self) -> int:
+        return self.values.shape[1]
+
+
 def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
     """A context length as the 0-d int64 device tensor the kernels read."""
     if isinstance(context_len, Tensor):
@@ -86,7 +122,7 @@ class SlotRows:
     pad: Tensor  # [P, N] each padded row's index into the T rows (T: a padding row)
     unpad: Tensor  # [T] each row's index into the P * N padded rows
     rows: list[int]
-    context_lens: list[int]
+    context_lens: list[int] | Tensor  # a Tensor [P] on the device for `Steps`
     keys: int  # the most keys any part reads (its key bound)
     visibilities: list[Any]  # each part's tree visibility (None: a chain)
 
@@ -120,6 +156,24 @@ class SlotRows:
                 for c, r, p in zip(ctxs, rows, parts, strict=True)
             ),
             visibilities=[p.tree.visibility if p.tree is not None else None for p in parts],
+        )
+
+    @classmethod
+    def of_steps(cls, steps: Steps) -> SlotRows:
+        """A batched `ar` step's layout, from its buffers alone (a graph can capture it)."""
+        p = steps.sequences
+        ids = torch.arange(p, device=steps.values.device)
+        return cls(
+            slots=steps.slots,
+            row_slots=steps.slots,
+            cache_rows=steps.context_lens,
+            positions=steps.context_lens,
+            pad=ids[:, None],
+            unpad=ids,
+            rows=[1] * p,
+            context_lens=steps.context_lens,
+            keys=steps.keys,
+            visibilities=[None] * p,
         )
 
     def mask(
@@ -199,7 +253,7 @@ class Target(Protocol):
 
     def forward_parts(
         self,
-        parts: Sequence[Part],
+        parts: Sequence[Part] | Steps,
         backend: Backend[Any, Any, Any],
         capture: bool = True,
         *,
@@ -218,4 +272,4 @@ class Target(Protocol):
         slot: int = 0,
     ) -> None: ...
 
-    def snapshot(self) -> Callable[[], None]: ...
+    def snapshot(self, slots: Sequence[int] = (0,)) -> Callable[[], None]: ...

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-from ddtree_runtime.backend import select_backend
+from ddtree_runtime.backend import TorchBackend, select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
-from ddtree_runtime.models.target import Part
+from ddtree_runtime.models.target import Part, Steps
 from ddtree_runtime.tiny import SPECIALS, TinyPair
+from ddtree_runtime.triton_backend import TritonBackend
 from tests.runtime.helpers import assert_same_tokens, engine_for
 
 MIX = [("ar", 0), ("dflash", 0), ("ddtree", 1), ("ddtree", 7), ("ddtree", 32)]
@@ -209,6 +210,62 @@ def test_cancel_frees_the_slot_at_the_next_step(
     engine.add([5], mode="ar")
     with pytest.raises(GenerationError, match="slots are in use"):
         engine.add([5], mode="ar")
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+@pytest.mark.parametrize("backend", [TorchBackend(), TritonBackend()], ids=["torch", "triton"])
+def test_a_step_from_device_buffers_is_the_step_of_its_parts(
+    request: pytest.FixtureRequest, pair_name: str, backend: Any, device: torch.device, dtype: torch.dtype
+) -> None:
+    """`Steps` (what the graphed `ar` round captures: tokens, slots and lengths in device buffers)
+    gives every sequence the logits, K/V rows and DeltaNet states of the same step as parts, on
+    both backends (the kernels under the interpreter on the CPU)."""
+    pair = request.getfixturevalue(pair_name)
+    target, _ = load_pair(pair.target, pair.drafter, device, dtype)
+    target.setup_caches(64, slots=4)
+    prompts = {3: [5, 6, 7], 1: [8, 9, 10, 11, 12], 0: [13]}  # slots out of order, one left free
+    for slot, prompt in prompts.items():  # (prefilled on PyTorch: a hybrid's uses fla, GPU only)
+        tokens = torch.tensor(prompt, device=device)
+        part = Part(slot, tokens, torch.arange(len(prompt), device=device), 0)
+        target.forward_parts([part], TorchBackend())
+    slots, ctxs, roots = list(prompts), [len(p) for p in prompts.values()], [20, 21, 22]
+    restore = target.snapshot(slots)
+
+    def state() -> list[torch.Tensor]:
+        names = ("k_caches", "v_caches", "conv_states", "rec_states")
+        return [getattr(target, n).clone() for n in names if hasattr(target, n)]
+
+    parts = [
+        Part(s, torch.tensor([r], device=device), torch.tensor([c], device=device), c)
+        for s, r, c in zip(slots, roots, ctxs, strict=True)
+    ]
+    want, _ = target.forward_parts(parts, backend, capture=False)
+    want_state = state()
+    restore()
+    steps = Steps.empty(len(slots), max(ctxs) + 1, device)
+    steps.fill(roots, slots, ctxs)
+    got, _ = target.forward_parts(steps, backend, capture=False)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(state(), want_state, strict=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+@pytest.mark.parametrize("cuda_dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_graphed_ar_rounds_give_each_request_its_tokens_alone(
+    request: pytest.FixtureRequest, pair_name: str, cuda_dtype: torch.dtype
+) -> None:
+    """Rounds of `ar` sequences only replay a captured step per (sequences, key bound) as requests
+    join and leave, and every request gets its alone tokens. CUDA only."""
+    pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
+    alone = engine_for(pair, device, cuda_dtype, max_context=256)
+    batched = batch_engine(pair, device, cuda_dtype, 4, chunk=5)
+    assert batched.step_graphs is not None
+    reqs = [{**r, "mode": "ar"} for r in requests(13, 9)]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, cuda_dtype)
+    assert len(batched.step_graphs.graphs) >= 2  # several batch sizes were captured, then replayed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton backend's batched launches need a GPU")
