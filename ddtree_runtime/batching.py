@@ -240,7 +240,7 @@ class BatchEngine(Engine):
                 t.live.budgets.append(t.tokens.shape[0] - 1)
             if t.draft_logits is not None:
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
-        if self.step_graphs is not None and not spec:
+        if self.step_graphs is not None and all(s.mode == "ar" for s in batch):
             logits, hidden = self._replay_steps(batch), None
         else:
             greedy = all(s.sampling.greedy for s in batch)
