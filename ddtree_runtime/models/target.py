@@ -61,9 +61,7 @@ class Steps:
     host value in its description, so that a CUDA graph can capture the pass: refilled before each
     replay, the buffers serve every step of P sequences under the key bound `keys`."""
 
-    values: (
-        Tensor  # int64 [3, P]: the tokens, their cache slots, their context lengths (cache row and position)
-    )
+    values: Tensor  # int64 [3, P]: tokens, cache slots, context lengths (cache rows, positions)
     keys: int  # static bound on any sequence's keys (its context and the token)
 
     @classmethod
