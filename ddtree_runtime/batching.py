@@ -6,9 +6,10 @@ a round boundary; a long prompt is prefilled `prefill_chunk` tokens at a time be
 the running sequences keep streaming. One `step` is at most one prefill chunk, then one round of
 every decoding sequence:
 
-    draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass
+    draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass (with a
+             budget policy, only the ddtree slots it keeps on speculation; none: no pass)
     tree     each slot its own: the `budget` best prefixes (ddtree), the argmax chain (dflash), or
-             the root alone (`ar`: a one-node tree)
+             the root alone (`ar`, or a ddtree slot off speculation: a one-node tree)
     verify   every slot's nodes in ONE target pass (`Target.forward_parts`): the linear layers run
              over the concatenated rows of all slots (one read of the weights, where batching
              pays); a dense model's attention is one padded call per layer over all slots
@@ -66,6 +67,7 @@ class Live:
     root: int = 0  # the token to verify next (valid once prefilled)
     ctx: int = 0  # committed rows (= the root's position)
     feats: Tensor | None = None  # target hidden states of accepted rows the drafter has not read
+    gains: list[float] | None = None  # with a budget policy: its last draft's expected tokens by budget
     accepted: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)  # ddtree: each round's budget
     result: GenerationResult | None = None
@@ -116,6 +118,8 @@ class BatchEngine(Engine):
         self.live: list[Live] = []
         self.chunks = 0  # prefill chunks run so far
         self.rounds = 0  # batched rounds run so far
+        self.drafts = 0  # drafter passes run so far (a round with no slot drafting runs none)
+        self.latest: list[float] | None = None  # with a policy: the last expected-token curve of any slot
 
     @property
     def block(self) -> int:
@@ -221,15 +225,18 @@ class BatchEngine(Engine):
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
-        spec = [s for s in batch if s.mode != "ar"]
-        drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True)) if spec else {}
+        spec = self._drafting(batch)
+        drafts = {}
+        if spec:
+            self.drafts += 1
+            drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True))
         trees = [self._tree(s, drafts.get(id(s))) for s in batch]
         if self.policy is not None:
             self._follow_load(trees, self.policy)
         for t in trees:
             if t.live.mode == "ddtree":
                 t.live.budgets.append(t.tokens.shape[0] - 1)
-            if t.draft_logits is not None:
+            if t.tokens.shape[0] > 1:  # one node: the root alone, an `ar` row
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
         greedy = all(s.sampling.greedy for s in batch)
         parts = [
@@ -237,7 +244,10 @@ class BatchEngine(Engine):
             for t in trees
         ]
         logits, hidden = self.target.forward_parts(
-            parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
+            parts,
+            self.backend,
+            capture=any(s.mode != "ar" for s in batch),  # a slot off speculation feeds its drafter too
+            logits_dtype=None if greedy else torch.float32,
         )
         sizes = [p.rows for p in parts]
         finished = []
@@ -270,6 +280,26 @@ class BatchEngine(Engine):
         return {
             id(t): (path[i, : t.tokens.shape[0]], path_len[i], bonus[i]) for i, (t, _) in enumerate(batch)
         }
+
+    def _drafting(self, batch: list[Live]) -> list[Live]:
+        """The slots that draft this round: every speculative one, but with a budget policy only the
+        ddtree slots it keeps on speculation from their last curves (none known yet, or a probe
+        round: all of them)."""
+        spec = [s for s in batch if s.mode != "ar"]
+        policy = self.policy
+        if policy is None or self.latest is None or self.rounds % policy.probe_every == 0:
+            return spec
+        auto = [s for s in spec if s.mode == "ddtree"]
+        others = [s for s in batch if s.mode != "ddtree"]
+        picked = policy.choose(
+            [s.gains or self.latest for s in auto],
+            [s.budget for s in auto],
+            fixed_rows=sum(verify_rows(s.mode, self.block, s.budget) for s in others),
+            fixed_tokens=sum(s.gains[-1] if s.gains else 1.0 for s in others),
+            drafting=len(spec) - len(auto),
+        )
+        off = {id(s) for s, budget in zip(auto, picked, strict=True) if budget == 0}
+        return [s for s in spec if id(s) not in off]
 
     def _draft(self, spec: list[Live]) -> Tensor:
         """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
@@ -306,9 +336,10 @@ class BatchEngine(Engine):
         return key_bound(s.ctx + rows, self.max_context, bucketed=self.device.type == "cuda")
 
     def _tree(self, s: Live, draft_logits: Tensor | None) -> _Tree:
-        """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`)."""
+        """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`, or a
+        ddtree slot that did not draft)."""
         root = torch.tensor([s.root], dtype=torch.int64, device=self.device)
-        if draft_logits is None:  # ar
+        if draft_logits is None:
             zero = torch.zeros(1, dtype=torch.int64, device=self.device)
             return _Tree(s, root, zero - 1, zero, None)
         if s.mode == "ddtree":
@@ -320,21 +351,29 @@ class BatchEngine(Engine):
         return _Tree(s, tokens, parents, depth, draft_logits)
 
     def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> None:
-        """Cut every ddtree slot's tree (built at its request's budget) to the budget the policy
-        picks for this round's load: its first B + 1 nodes, the best-B tree."""
-        auto = [t for t in trees if t.live.mode == "ddtree"]
+        """Record every drafted slot's expected-token curve (the next round's prediction), then cut
+        every drafted ddtree slot's tree (built at its request's budget) to the budget the policy
+        picks for this round's load, the drafter's pass paid: its first B + 1 nodes, the best-B
+        tree (B = 0: the root alone)."""
+        curves = {
+            id(t): expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
+            for t in trees
+            if t.draft_logits is not None
+        }
+        for t in trees:
+            if id(t) in curves:
+                t.live.gains = self.latest = curves[id(t)]
+        auto = [t for t in trees if t.live.mode == "ddtree" and id(t) in curves]
         if not auto:
             return
-
-        def gains(t: _Tree) -> list[float]:
-            assert t.draft_logits is not None
-            return expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
-
-        others = [t for t in trees if t.live.mode != "ddtree"]
-        fixed_tokens = sum(1.0 if t.draft_logits is None else gains(t)[-1] for t in others)
-        fixed_rows = sum(t.tokens.shape[0] for t in others)
+        others = [t for t in trees if t.live.mode != "ddtree" or id(t) not in curves]
         picked = policy.choose(
-            [gains(t) for t in auto], [t.live.budget for t in auto], fixed_rows, fixed_tokens
+            [curves[id(t)] for t in auto],
+            [t.live.budget for t in auto],
+            fixed_rows=sum(t.tokens.shape[0] for t in others),
+            fixed_tokens=sum(curves[id(t)][-1] if id(t) in curves else 1.0 for t in others),
+            drafting=sum(id(t) in curves for t in others),
+            drafted=True,
         )
         for t, budget in zip(auto, picked, strict=True):
             t.tokens, t.parents, t.depth = (
@@ -347,7 +386,10 @@ class BatchEngine(Engine):
         """A slot's walk (unless `walked` already) and commit after the verify pass: its new tokens
         (accepted drafts, then the target's own next token)."""
         s, sampling = t.live, t.live.sampling
-        if t.tree is None:  # ar: the pass already committed the row
+        if t.tree is None:  # the root alone: the pass already committed the row
+            if s.mode != "ar":  # off speculation: the drafter reads its features at its next draft
+                assert hidden is not None
+                s.feats = hidden[:1] if s.feats is None else torch.cat([s.feats, hidden[:1]])
             s.root = int(choose(logits[0], sampling))
             s.ctx += 1
             s.accepted.append(0)

@@ -1,6 +1,7 @@
 """Budgets that follow the load: the cost table (model, file, errors), the expected tokens of a
 tree, the policy's choice, and a batched engine under it: still lossless, narrower trees when the
-batch makes rows expensive."""
+batch makes rows expensive, no speculation (and no drafter pass) when it makes drafting lose, and
+drafting again, with the drafter's cache complete, once the load drops."""
 
 from __future__ import annotations
 
@@ -24,12 +25,22 @@ BUDGETS = (4, 16, 64)
 
 
 def test_the_cost_table_interpolates_and_the_model_has_a_knee(tmp_path: Path) -> None:
-    model = CostTable.model(knee=32)
+    model = CostTable.model(knee=32, draft_share=0.25)
     assert model(1) == model(32) == 1.0 and model(64) == 2.0 and model(512) == 16.0
+    # the drafter: a quarter of a weight read until its 16-row blocks reach the knee (2 slots)
+    assert model(1, drafting=1) == model(1, drafting=2) == 1.25 and model(1, drafting=8) == 2.0
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"rows": [1, 10, 20], "seconds": [1.0, 1.0, 3.0]}))
-    table = CostTable.load(path)
+    table = CostTable.load(path)  # a table without the drafter's share: its pass counts as free
     assert (table(0), table(5), table(15), table(30)) == (1.0, 1.0, 2.0, 5.0)
+    assert table(15, drafting=4) == 2.0
+    path.write_text(
+        json.dumps(
+            {"rows": [1, 10, 20], "seconds": [1, 1, 3], "draft_slots": [1, 4], "draft_seconds": [0.5, 2]}
+        )
+    )
+    table = CostTable.load(path)
+    assert (table(15), table(15, drafting=1), table(15, drafting=2), table(15, drafting=8)) == (2, 2.5, 3, 6)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +50,8 @@ def test_the_cost_table_interpolates_and_the_model_has_a_knee(tmp_path: Path) ->
         ('{"rows": [1, 2]}', "not a cost table"),
         ('{"rows": [2, 1], "seconds": [1, 1]}', "increasing"),
         ('{"rows": [1, 2], "seconds": [1, 0]}', "seconds positive"),
+        ('{"rows": [1], "seconds": [1], "draft_slots": [1, 2]}', "draft_slots must be"),
+        ('{"rows": [1], "seconds": [1], "draft_slots": [0], "draft_seconds": [1]}', "draft_slots must be"),
     ],
 )
 def test_a_bad_cost_table_names_the_file_and_the_fix(tmp_path: Path, text: str, message: str) -> None:
@@ -67,11 +80,26 @@ def test_the_policy_maximises_tokens_per_cost() -> None:
 
     def rate(choice: tuple[int, ...]) -> float:
         rows = 1 + sum(b + 1 for b in choice)
-        return (1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))) / costs(rows)
+        tokens = 1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))
+        return tokens / costs(rows, drafting=sum(b > 0 for b in choice))
 
-    best = max(itertools.product(BUDGETS, repeat=2), key=rate)
+    best = max(itertools.product((0, *BUDGETS), repeat=2), key=rate)
     assert tuple(picked) == best and picked[0] > picked[1]  # the confident slot gets the wider tree
     assert BudgetPolicy(BUDGETS, CostTable.model(knee=10**6)).choose(gains, [64, 16], 1, 1.0) == [64, 16]
+
+
+def test_the_policy_turns_speculation_off_when_the_drafter_and_the_rows_cost_more_than_they_give() -> None:
+    """Sixteen slots whose drafts give 3 tokens at budget 4: with rows nearly free and a dear drafter
+    pass, no single slot's draft pays for the pass but all of them together do; with rows dear,
+    none drafts; once the drafter has run (its pass paid) the cheap rows are worth verifying."""
+    gains = [[1.0, 2.0, 2.5, 2.8, 3.0]] * 16
+    policy = BudgetPolicy((4,), CostTable((1, 1000), (1.0, 1.1), (1, 16), (1.0, 1.0)))
+    assert policy.choose(gains, [4] * 16, fixed_rows=0, fixed_tokens=0.0) == [4] * 16
+    dear_rows = BudgetPolicy((4,), CostTable((1, 16, 80), (1.0, 1.0, 5.0), (1, 16), (0.5, 1.0)))
+    assert dear_rows.choose(gains, [4] * 16, fixed_rows=0, fixed_tokens=0.0) == [0] * 16
+    assert dear_rows.choose(gains[:1], [4], fixed_rows=0, fixed_tokens=0.0) == [4]  # alone, drafting pays
+    assert policy.choose(gains[:1], [4], fixed_rows=15, fixed_tokens=15.0) == [0]
+    assert policy.choose(gains[:1], [4], fixed_rows=15, fixed_tokens=15.0, drafted=True) == [4]
 
 
 def decode_together(engine: BatchEngine, reqs: list[dict[str, Any]]) -> list[Live]:
@@ -103,7 +131,7 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
     for req, one, many in zip(reqs, single, batched, strict=True):
         want = alone.generate(**req).output_ids
         for s in (one, many):
-            assert s.result is not None and set(s.budgets) <= set(BUDGETS)
+            assert s.result is not None and set(s.budgets) <= {0, *BUDGETS}
             assert_same_tokens(alone, req["prompt_ids"], want, s.result.output_ids, dtype)
 
     def mean(lives: list[Live]) -> float:
@@ -111,3 +139,52 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
         return sum(budgets) / len(budgets)
 
     assert mean(batched) < mean(single)
+
+
+def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_complete(
+    tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """A cost table on which a slot's draft pays alone but not beside others (rows dear beyond a
+    9-row pass): while four sequences decode, the ddtree slots verify their roots alone (`ar` rows)
+    and the drafter runs only on probe rounds; once the short ones leave, the long one drafts again.
+    Every request gets its tokens alone, and after the switch the long one's rounds accept exactly
+    what `Engine.generate` accepts from the same context: the drafter read the features of the rows
+    committed while it was off."""
+    alone: Engine = engine_for(tiny_pair, device, dtype, max_context=256)
+    target, drafter = load_pair(tiny_pair.target, tiny_pair.drafter, device, dtype)
+    costs = CostTable((1, 9, 40), (1.0, 1.0, 20.0), (1, 4), (0.01, 0.04))
+    engine = BatchEngine(target, drafter, 256, 4, policy=BudgetPolicy((8,), costs, probe_every=4))
+    reqs: list[dict[str, Any]] = [
+        {"prompt_ids": [7 + i, 20 + 3 * i, 11], "mode": mode, "budget": 8, "max_new_tokens": n, "eos_ids": ()}
+        for i, (mode, n) in enumerate([("ddtree", 48), ("ddtree", 14), ("ar", 16), ("ddtree", 14)])
+    ]
+    live = [engine.add(**req) for req in reqs]
+    loaded: list[tuple[int, bool]] = []  # rounds with all four decoding: (round, drafter ran)
+    while engine.live:
+        drafts, full = engine.drafts, sum(s.decoding for s in engine.live) == 4
+        engine.step()
+        if full and len(engine.live) == 4:
+            loaded.append((engine.rounds, engine.drafts > drafts))
+    assert len(loaded) >= 6 and all(ran == (r % 4 == 0) for r, ran in loaded)  # probes only
+    for req, s in zip(reqs, live, strict=True):
+        assert s.result is not None
+        assert_same_tokens(
+            alone, req["prompt_ids"], alone.generate(**req).output_ids, s.result.output_ids, dtype
+        )
+    long = live[0]
+    assert long.result is not None and 0 in long.budgets
+    switch = len(long.budgets) - next(i for i, b in enumerate(reversed(long.budgets)) if b == 0)
+    assert switch < len(long.budgets) - 2, f"it never drafted again alone: {long.budgets}"
+    assert set(long.budgets[switch:]) == {8}
+    # tokens before the switch round: the prefill's, then each round's accepted drafts + 1
+    before = 1 + sum(a + 1 for a in long.accepted[:switch])
+    out = long.result.output_ids
+    resumed = alone.generate(
+        **{
+            **reqs[0],
+            "prompt_ids": reqs[0]["prompt_ids"] + out[: before - 1],
+            "max_new_tokens": len(out) - before + 1,
+        }
+    )
+    assert resumed.output_ids == out[before - 1 :]
+    assert resumed.accepted_per_round == long.accepted[switch:]
