@@ -120,6 +120,8 @@ class BatchEngine(Engine):
         self.rounds = 0  # batched rounds run so far
         self.drafts = 0  # drafter passes run so far (a round with no slot drafting runs none)
         self.latest: list[float] | None = None  # with a policy: the last expected-token curve of any slot
+        self.probe_gap = policy.probe_every if policy is not None else 0  # rounds from a probe to the next
+        self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
 
     @property
     def block(self) -> int:
@@ -225,14 +227,21 @@ class BatchEngine(Engine):
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
-        spec = self._drafting(batch)
+        policy = self.policy
+        probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
+        spec = [s for s in batch if s.mode != "ar"]
+        if policy is not None and not probe:
+            spec = self._speculating(spec, batch, policy)
         drafts = {}
         if spec:
             self.drafts += 1
             drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True))
         trees = [self._tree(s, drafts.get(id(s))) for s in batch]
-        if self.policy is not None:
-            self._follow_load(trees, self.policy)
+        if policy is not None:
+            speculating = self._follow_load(trees, policy)
+            if probe:
+                self.probe_gap = policy.next_gap(self.probe_gap, speculating)
+                self.probe_at = self.rounds + self.probe_gap
         for t in trees:
             if t.live.mode == "ddtree":
                 t.live.budgets.append(t.tokens.shape[0] - 1)
@@ -281,14 +290,11 @@ class BatchEngine(Engine):
             id(t): (path[i, : t.tokens.shape[0]], path_len[i], bonus[i]) for i, (t, _) in enumerate(batch)
         }
 
-    def _drafting(self, batch: list[Live]) -> list[Live]:
-        """The slots that draft this round: every speculative one, but with a budget policy only the
-        ddtree slots it keeps on speculation from their last curves (none known yet, or a probe
-        round: all of them)."""
-        spec = [s for s in batch if s.mode != "ar"]
-        policy = self.policy
-        if policy is None or self.latest is None or self.rounds % policy.probe_every == 0:
-            return spec
+    def _speculating(self, spec: list[Live], batch: list[Live], policy: BudgetPolicy) -> list[Live]:
+        """Of the speculative slots `spec`, those that draft this round: the ddtree ones only if the
+        policy keeps them on speculation, from their last curves (a slot that has not drafted yet:
+        the latest curve of any slot)."""
+        assert self.latest is not None
         auto = [s for s in spec if s.mode == "ddtree"]
         others = [s for s in batch if s.mode != "ddtree"]
         picked = policy.choose(
@@ -350,11 +356,11 @@ class BatchEngine(Engine):
             parents = depth - 1
         return _Tree(s, tokens, parents, depth, draft_logits)
 
-    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> None:
+    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> bool:
         """Record every drafted slot's expected-token curve (the next round's prediction), then cut
         every drafted ddtree slot's tree (built at its request's budget) to the budget the policy
         picks for this round's load, the drafter's pass paid: its first B + 1 nodes, the best-B
-        tree (B = 0: the root alone)."""
+        tree (B = 0: the root alone). Whether a ddtree slot speculates."""
         curves = {
             id(t): expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
             for t in trees
@@ -365,7 +371,7 @@ class BatchEngine(Engine):
                 t.live.gains = self.latest = curves[id(t)]
         auto = [t for t in trees if t.live.mode == "ddtree" and id(t) in curves]
         if not auto:
-            return
+            return False
         others = [t for t in trees if t.live.mode != "ddtree" or id(t) not in curves]
         picked = policy.choose(
             [curves[id(t)] for t in auto],
@@ -381,6 +387,7 @@ class BatchEngine(Engine):
                 t.parents[: budget + 1],
                 t.depth[: budget + 1],
             )
+        return any(picked)
 
     def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None, walked: Walk | None) -> list[int]:
         """A slot's walk (unless `walked` already) and commit after the verify pass: its new tokens

@@ -25,8 +25,11 @@ slot's move alone rarely pays for). It is made twice a round:
 2. after drafting, from the fresh curves, the drafter's pass paid: each drafted slot's budget.
 
 A slot off speculation keeps its last curve, so it drafts again as soon as the load drops (the
-batch shrinks) enough for that curve to pay; and every `probe_every`-th round every slot drafts (a
-probe: one drafter pass for all), so a curve that has gone stale is refreshed. Tokens stay exact
+batch shrinks) enough for that curve to pay. Now and then every slot drafts (a probe: one drafter
+pass for all), so that a curve gone stale is refreshed: `probe_every` rounds after a probe in
+which a slot took a tree, twice the last gap after one in which none did (up to `PROBE_BACKOFF`
+times `probe_every`): a probe costs a drafter pass that the load has said does not pay. The first
+round with a policy is a probe (no curve yet). Tokens stay exact
 whatever is picked: a ddtree slot's `ar` row commits the target's own token, its features still go
 to the drafter.
 """
@@ -53,7 +56,8 @@ DEFAULT_KNEE = 256
 # block of DRAFT_BLOCK rows per slot, so it turns compute-bound at knee / DRAFT_BLOCK slots
 DEFAULT_DRAFT_SHARE = 0.2
 DRAFT_BLOCK = 16
-PROBE_EVERY = 8  # every this many rounds, every ddtree slot drafts (module docstring)
+PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
+PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
 FIX = "rewrite it with `python benchmarks/batch_bench.py --cost-table FILE`"
 
 
@@ -174,6 +178,9 @@ class BudgetPolicy:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
         self.probe_every = probe_every
+        # the last choice and what it was asked: slots off speculation keep their curves, so under
+        # a steady load most rounds ask the same again
+        self.last: tuple[tuple[object, ...], list[int]] | None = None
 
     def choose(
         self,
@@ -189,20 +196,42 @@ class BudgetPolicy:
         are set (`ar`, `dflash`, slots off speculation), `drafting` of which draft. Rows per slot:
         B + 1. `drafted`: these slots have drafted already (the pass is paid whatever they pick);
         else only those that pick above 0 join the drafter's pass."""
+        asked = (gains, caps, fixed_rows, fixed_tokens, drafting, drafted)
+        if self.last is not None and self.last[0] == asked:
+            return list(self.last[1])
         options = [[0, *sorted({b for b in self.budgets if b < cap} | {cap})] for cap in caps]
-
-        def rate(choice: list[int]) -> float:
-            rows = fixed_rows + sum(b + 1 for b in choice)
-            drafts = drafting + (len(choice) if drafted else sum(b > 0 for b in choice))
-            tokens = sum(g[min(b, len(g) - 1)] for g, b in zip(gains, choice, strict=True))
-            return (fixed_tokens + tokens) / self.costs(rows, drafts)
-
-        best: list[int] = []
+        best: tuple[float, list[int]] = (-1.0, [])
         for start in ([0] * len(options), [opts[-1] for opts in options]):  # every slot off, at its widest
             pick = list(start)
+            # the batch's totals, kept up to date as picks change: each candidate costs O(1)
+            rows = fixed_rows + sum(b + 1 for b in pick)
+            tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
+            drafts = drafting + sum(drafted or b > 0 for b in pick)
             for _ in range(2):  # coordinate ascent; two sweeps settle it in practice
-                for s, opts in enumerate(options):
-                    pick[s] = max(opts, key=lambda b, s=s: rate([*pick[:s], b, *pick[s + 1 :]]))
-            if not best or rate(pick) > rate(best):
-                best = pick
-        return best
+                for s, (g, opts) in enumerate(zip(gains, options, strict=True)):
+                    rows, tokens = rows - pick[s] - 1, tokens - gain(g, pick[s])
+                    drafts -= drafted or pick[s] > 0
+                    b = max(
+                        opts,
+                        key=lambda b, g=g: (
+                            (tokens + gain(g, b)) / self.costs(rows + b + 1, drafts + (drafted or b > 0))
+                        ),
+                    )
+                    pick[s] = b
+                    rows, tokens, drafts = rows + b + 1, tokens + gain(g, b), drafts + (drafted or b > 0)
+            rate = tokens / self.costs(rows, drafts)
+            if rate > best[0]:
+                best = (rate, pick)
+        self.last = (asked, best[1])
+        return list(best[1])
+
+    def next_gap(self, gap: int, speculating: bool) -> int:
+        """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a
+        tree, else twice the gap (at most `PROBE_BACKOFF` times `probe_every`): under a steady load
+        that turns speculation off, probes grow rare."""
+        return self.probe_every if speculating else min(2 * gap, PROBE_BACKOFF * self.probe_every)
+
+
+def gain(curve: list[float], budget: int) -> float:
+    """Expected tokens at `budget` from a curve by budget, flat past its end."""
+    return curve[min(budget, len(curve) - 1)]
