@@ -249,7 +249,14 @@ class BatchEngine(Engine):
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
         greedy = all(s.sampling.greedy for s in batch)
         parts = [
-            Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
+            Part(
+                t.live.slot,
+                t.tokens,
+                t.live.ctx + t.depth,
+                t.live.ctx,
+                t.tree,
+                self._bound(t.live, t.tree is None),
+            )
             for t in trees
         ]
         logits, hidden = self.target.forward_parts(
@@ -300,7 +307,7 @@ class BatchEngine(Engine):
         picked = policy.choose(
             [s.gains or self.latest for s in auto],
             [s.budget for s in auto],
-            fixed_rows=sum(verify_rows(s.mode, self.block, s.budget) for s in others),
+            fixed_rows=[verify_rows(s.mode, self.block, s.budget) for s in others],
             fixed_tokens=sum(s.gains[-1] if s.gains else 1.0 for s in others),
             drafting=len(spec) - len(auto),
         )
@@ -335,10 +342,11 @@ class BatchEngine(Engine):
         logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.target.lm_head)
         return logits.view(len(spec), block - 1, -1)
 
-    def _bound(self, s: Live) -> int:
+    def _bound(self, s: Live, root_alone: bool = False) -> int:
         """A slot's key bound this round, as `Engine.generate` sets it (bucketed on CUDA), so that
-        its attention launches are the ones it gets alone."""
-        rows = verify_rows(s.mode, self.block, s.budget)
+        its attention launches are the ones it gets alone; `root_alone`: it verifies its root alone
+        this round (as `ar`: a ddtree slot off speculation reads no tree's keys)."""
+        rows = verify_rows("ar" if root_alone else s.mode, self.block, s.budget)
         return key_bound(s.ctx + rows, self.max_context, bucketed=self.device.type == "cuda")
 
     def _tree(self, s: Live, draft_logits: Tensor | None) -> _Tree:
@@ -359,8 +367,8 @@ class BatchEngine(Engine):
     def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> bool:
         """Record every drafted slot's expected-token curve (the next round's prediction), then cut
         every drafted ddtree slot's tree (built at its request's budget) to the budget the policy
-        picks for this round's load, the drafter's pass paid: its first B + 1 nodes, the best-B
-        tree (B = 0: the root alone). Whether a ddtree slot speculates."""
+        picks for this round's load: its first B + 1 nodes, the best-B tree (B = 0: the root
+        alone). Whether a ddtree slot speculates."""
         curves = {
             id(t): expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
             for t in trees
@@ -376,10 +384,9 @@ class BatchEngine(Engine):
         picked = policy.choose(
             [curves[id(t)] for t in auto],
             [t.live.budget for t in auto],
-            fixed_rows=sum(t.tokens.shape[0] for t in others),
+            fixed_rows=[t.tokens.shape[0] for t in others],
             fixed_tokens=sum(curves[id(t)][-1] if id(t) in curves else 1.0 for t in others),
             drafting=sum(id(t) in curves for t in others),
-            drafted=True,
         )
         for t, budget in zip(auto, picked, strict=True):
             t.tokens, t.parents, t.depth = (

@@ -12,26 +12,33 @@ Two inputs decide:
   (B = 0: 1 token). The best-B tree is the first B nodes of the best-B_max tree (nodes come in
   descending score order, parents first), so one tree at the largest budget serves every choice.
 - the round cost (`CostTable`): the target's pass against the total verify rows of the batch, plus
-  the drafter's pass against the slots that draft; from a simple model by default, or measured
-  (`python benchmarks/batch_bench.py --cost-table` writes it; format in `CostTable.load`).
+  drafting's share against the slots that draft; from a simple model by default, or measured
+  (`python benchmarks/batch_bench.py --cost-table` writes it; format in `CostTable.load`). The
+  batched pass pads every slot's rows to the widest slot's for attention (`attention_parts`), so
+  a round is costed at slots x the widest slot's rows: one wide tree among roots costs nearly what
+  a wide tree in every slot does (measured on the CPU: 4 ddtree/16 slots beside 12 roots, 30 ms a
+  round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the table's rounds
+  are measured, the two counts agree.
 
-The choice maximises (sum of the slots' expected tokens) / cost(rows, drafting slots) by coordinate
-ascent over {0} and the served budgets, each slot capped by its request's budget, started from
-every slot off and from every slot at its widest (the drafter's pass is a step in cost, which one
-slot's move alone rarely pays for). It is made twice a round:
+The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
+{0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
+then coordinate ascent from it (padding and drafting's share are steps in cost, which one slot's
+move alone rarely pays for). It is made twice a round:
 
 1. before drafting, from each slot's last drafted round's expected-token curve (a slot that has not
    drafted yet: the latest curve of any slot): the slots that pick 0 do not draft this round;
-2. after drafting, from the fresh curves, the drafter's pass paid: each drafted slot's budget.
+2. after drafting, from the fresh curves: each drafted slot's budget. The same rule: a slot that
+   takes a tree still pays its share of drafting (most of it on a CPU is the slot's tree: build,
+   plan, walk and commit, not the drafter's pass), so a probe (below) whose curves say drafting
+   does not pay verifies roots alone.
 
 A slot off speculation keeps its last curve, so it drafts again as soon as the load drops (the
 batch shrinks) enough for that curve to pay. Now and then every slot drafts (a probe: one drafter
 pass for all), so that a curve gone stale is refreshed: `probe_every` rounds after a probe in
 which a slot took a tree, twice the last gap after one in which none did (up to `PROBE_BACKOFF`
 times `probe_every`): a probe costs a drafter pass that the load has said does not pay. The first
-round with a policy is a probe (no curve yet). Tokens stay exact
-whatever is picked: a ddtree slot's `ar` row commits the target's own token, its features still go
-to the drafter.
+round with a policy is a probe (no curve yet). Tokens stay exact whatever is picked: a ddtree
+slot's `ar` row commits the target's own token, and its features still go to the drafter.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,42 +194,48 @@ class BudgetPolicy:
         self,
         gains: list[list[float]],
         caps: list[int],
-        fixed_rows: int,
+        fixed_rows: list[int],
         fixed_tokens: float,
         drafting: int = 0,
-        drafted: bool = False,
     ) -> list[int]:
         """Budgets (0: the root alone) for slots with expected-token curves `gains` (gains[s][B]; a
-        shorter curve stays flat past its end) and caps, beside slots whose rows and expected tokens
-        are set (`ar`, `dflash`, slots off speculation), `drafting` of which draft. Rows per slot:
-        B + 1. `drafted`: these slots have drafted already (the pass is paid whatever they pick);
-        else only those that pick above 0 join the drafter's pass."""
-        asked = (gains, caps, fixed_rows, fixed_tokens, drafting, drafted)
+        shorter curve stays flat past its end) and caps, beside slots whose rows (`fixed_rows`, one
+        per slot) and expected tokens in all are set (`ar`, `dflash`, slots off speculation),
+        `drafting` of which draft. A slot verifies B + 1 rows and pays its share of drafting if
+        B > 0; the round costs as if every slot had the widest slot's rows (see the module)."""
+        asked = (gains, caps, fixed_rows, fixed_tokens, drafting)
         if self.last is not None and self.last[0] == asked:
             return list(self.last[1])
         options = [[0, *sorted({b for b in self.budgets if b < cap} | {cap})] for cap in caps]
-        best: tuple[float, list[int]] = (-1.0, [])
-        for start in ([0] * len(options), [opts[-1] for opts in options]):  # every slot off, at its widest
-            pick = list(start)
-            # the batch's totals, kept up to date as picks change: each candidate costs O(1)
-            rows = fixed_rows + sum(b + 1 for b in pick)
+        slots, fixed_widest = len(fixed_rows) + len(caps), max(fixed_rows, default=1)
+
+        def rate(pick: list[int]) -> float:
             tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
-            drafts = drafting + sum(drafted or b > 0 for b in pick)
-            for _ in range(2):  # coordinate ascent; two sweeps settle it in practice
-                for s, (g, opts) in enumerate(zip(gains, options, strict=True)):
-                    rows, tokens = rows - pick[s] - 1, tokens - gain(g, pick[s])
-                    drafts -= drafted or pick[s] > 0
-                    b = max(
-                        opts,
-                        key=lambda b, g=g: (
-                            (tokens + gain(g, b)) / self.costs(rows + b + 1, drafts + (drafted or b > 0))
-                        ),
-                    )
-                    pick[s] = b
-                    rows, tokens, drafts = rows + b + 1, tokens + gain(g, b), drafts + (drafted or b > 0)
-            rate = tokens / self.costs(rows, drafts)
-            if rate > best[0]:
-                best = (rate, pick)
+            rows = slots * max([fixed_widest] + [b + 1 for b in pick])
+            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
+
+        # start from the best one budget for all (each slot's largest option up to it): with rows
+        # padded to the widest, one slot's move alone rarely pays, so uniform levels come first
+        levels = sorted({0, *self.budgets, *caps})
+        pick = max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
+        # then coordinate ascent, the batch's totals kept up to date: each candidate costs O(budgets)
+        tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
+        drafts = drafting + sum(b > 0 for b in pick)
+        counts = Counter(pick)
+        for _ in range(2):  # two sweeps settle it in practice
+            for s, (g, opts) in enumerate(zip(gains, options, strict=True)):
+                counts[pick[s]] -= 1
+                tokens, drafts = tokens - gain(g, pick[s]), drafts - (pick[s] > 0)
+                widest = max([fixed_widest] + [b + 1 for b, n in counts.items() if n])
+                pick[s] = b = max(
+                    opts,
+                    key=lambda b, g=g, w=widest, t=tokens, d=drafts: (
+                        (t + gain(g, b)) / self.costs(slots * max(w, b + 1), d + (b > 0))
+                    ),
+                )
+                counts[b] += 1
+                tokens, drafts = tokens + gain(g, b), drafts + (b > 0)
+        best = (rate(pick), pick)
         self.last = (asked, best[1])
         return list(best[1])
 

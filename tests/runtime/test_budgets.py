@@ -76,30 +76,34 @@ def test_the_policy_maximises_tokens_per_cost() -> None:
     gains = [[1.0 + 3 * (1 - 0.9**b) for b in range(65)], [1.0 + 1 - 0.5**b for b in range(65)]]
     costs = CostTable.model(knee=20)
     policy = BudgetPolicy(BUDGETS, costs)
-    picked = policy.choose(gains, [64, 64], fixed_rows=1, fixed_tokens=1.0)
+    for fixed in ([1], [65]):  # beside an `ar` slot, beside a slot as wide as the widest tree
+        picked = policy.choose(gains, [64, 64], fixed_rows=fixed, fixed_tokens=1.0)
 
-    def rate(choice: tuple[int, ...]) -> float:
-        rows = 1 + sum(b + 1 for b in choice)
-        tokens = 1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))
-        return tokens / costs(rows, drafting=sum(b > 0 for b in choice))
+        def rate(choice: tuple[int, ...], fixed: list[int] = fixed) -> float:
+            rows = 3 * max(fixed[0], *(b + 1 for b in choice))  # every slot padded to the widest
+            tokens = 1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))
+            return tokens / costs(rows, drafting=sum(b > 0 for b in choice))
 
-    best = max(itertools.product((0, *BUDGETS), repeat=2), key=rate)
-    assert tuple(picked) == best and picked[0] > picked[1]  # the confident slot gets the wider tree
-    assert BudgetPolicy(BUDGETS, CostTable.model(knee=10**6)).choose(gains, [64, 16], 1, 1.0) == [64, 16]
+        assert tuple(picked) == max(itertools.product((0, *BUDGETS), repeat=2), key=rate)
+    hopeless = [1.0] * 65  # a draft that never gets accepted: its slot verifies its root alone
+    assert policy.choose([gains[0], hopeless], [64, 64], [65], 1.0) == [64, 0]
+    assert BudgetPolicy(BUDGETS, CostTable.model(knee=10**6)).choose(gains, [64, 16], [1], 1.0) == [64, 16]
 
 
 def test_the_policy_turns_speculation_off_when_the_drafter_and_the_rows_cost_more_than_they_give() -> None:
     """Sixteen slots whose drafts give 3 tokens at budget 4: with rows nearly free and a dear drafter
     pass, no single slot's draft pays for the pass but all of them together do; with rows dear,
-    none drafts; once the drafter has run (its pass paid) the cheap rows are worth verifying."""
+    none drafts."""
     gains = [[1.0, 2.0, 2.5, 2.8, 3.0]] * 16
     policy = BudgetPolicy((4,), CostTable((1, 1000), (1.0, 1.1), (1, 16), (1.0, 1.0)))
-    assert policy.choose(gains, [4] * 16, fixed_rows=0, fixed_tokens=0.0) == [4] * 16
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [4] * 16
     dear_rows = BudgetPolicy((4,), CostTable((1, 16, 80), (1.0, 1.0, 5.0), (1, 16), (0.5, 1.0)))
-    assert dear_rows.choose(gains, [4] * 16, fixed_rows=0, fixed_tokens=0.0) == [0] * 16
-    assert dear_rows.choose(gains[:1], [4], fixed_rows=0, fixed_tokens=0.0) == [4]  # alone, drafting pays
-    assert policy.choose(gains[:1], [4], fixed_rows=15, fixed_tokens=15.0) == [0]
-    assert policy.choose(gains[:1], [4], fixed_rows=15, fixed_tokens=15.0, drafted=True) == [4]
+    assert dear_rows.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
+    assert dear_rows.choose(gains[:1], [4], fixed_rows=[], fixed_tokens=0.0) == [4]  # alone, drafting pays
+    assert policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0) == [0]
+    assert policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0, drafting=15) == [
+        4
+    ]  # beside drafters
 
 
 def decode_together(engine: BatchEngine, reqs: list[dict[str, Any]]) -> list[Live]:
