@@ -120,7 +120,7 @@ class BatchEngine(Engine):
         self.rounds = 0  # batched rounds run so far
         self.drafts = 0  # drafter passes run so far (a round with no slot drafting runs none)
         self.latest: list[float] | None = None  # with a policy: the last expected-token curve of any slot
-        self.probe_gap = policy.probe_every if policy is not None else 0  # rounds from a probe to the next
+        self.probe_gap = 0  # with a policy: rounds from the last probe to the next
         self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
 
     @property

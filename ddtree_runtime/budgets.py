@@ -243,7 +243,9 @@ class BudgetPolicy:
         """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a
         tree, else twice the gap (at most `PROBE_BACKOFF` times `probe_every`): under a steady load
         that turns speculation off, probes grow rare."""
-        return self.probe_every if speculating else min(2 * gap, PROBE_BACKOFF * self.probe_every)
+        if speculating:
+            return self.probe_every
+        return min(max(2 * gap, self.probe_every), PROBE_BACKOFF * self.probe_every)
 
 
 def gain(curve: list[float], budget: int) -> float:

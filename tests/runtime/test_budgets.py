@@ -101,9 +101,17 @@ def test_the_policy_turns_speculation_off_when_the_drafter_and_the_rows_cost_mor
     assert dear_rows.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
     assert dear_rows.choose(gains[:1], [4], fixed_rows=[], fixed_tokens=0.0) == [4]  # alone, drafting pays
     assert policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0) == [0]
-    assert policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0, drafting=15) == [
-        4
-    ]  # beside drafters
+    beside_drafters = policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0, drafting=15)
+    assert beside_drafters == [4]
+
+
+def test_probes_grow_rare_while_speculation_does_not_pay() -> None:
+    policy = BudgetPolicy((4,), probe_every=8)
+    gaps = [0]
+    for _ in range(7):
+        gaps.append(policy.next_gap(gaps[-1], speculating=False))
+    assert gaps == [0, 8, 16, 32, 64, 128, 128, 128]  # at most 16 x probe_every
+    assert policy.next_gap(128, speculating=True) == 8
 
 
 def decode_together(engine: BatchEngine, reqs: list[dict[str, Any]]) -> list[Live]:
