@@ -11,14 +11,14 @@ Two inputs decide:
   is expected to yield 1 + (sum of their scores) tokens, the draft standing in for the target
   (B = 0: 1 token). The best-B tree is the first B nodes of the best-B_max tree (nodes come in
   descending score order, parents first), so one tree at the largest budget serves every choice.
-- the round cost (`CostTable`): the target's pass against the total verify rows of the batch, plus
+- the round cost (`CostTable`): the target's pass against the verify rows of the batch, plus
   drafting's share against the slots that draft; from a simple model by default, or measured
   (`python benchmarks/batch_bench.py --cost-table` writes it; format in `CostTable.load`). The
   batched pass pads every slot's rows to the widest slot's for attention (`attention_parts`), so
-  a round is costed at slots x the widest slot's rows: one wide tree among roots costs nearly what
-  a wide tree in every slot does (measured on the CPU: 4 ddtree/16 slots beside 12 roots, 30 ms a
-  round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the table's rounds
-  are measured, the two counts agree.
+  the rows asked of the table are slots x the widest slot's rows: one wide tree among roots costs
+  nearly what a wide tree in every slot does (demo pair on the CPU, bf16: 4 ddtree/16 slots beside
+  12 roots 30 ms a round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the
+  table's rounds are measured, padded and total rows agree.
 
 The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
 {0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
