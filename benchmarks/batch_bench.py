@@ -51,9 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
-from ddtree_runtime.budgets import BudgetPolicy, CostTable
+from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import verify_rows
 
 TAUS = (3, 5, 7)
 BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps", "gdn_forest")
@@ -93,7 +94,9 @@ def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, 
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) -> None:
+def pair_rows(
+    args: argparse.Namespace, batches: list[int], budgets: list[int], costs: CostTable | None
+) -> None:
     """End to end on a real pair: total tokens/s of N requests together against one at a time."""
     pair, device = Path(args.pair), torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -103,9 +106,9 @@ def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) 
     ]
     prompts = [tok.encode(t)[-128:] for t in texts]
     target, drafter = load_pair(pair / "target", pair / "drafter", device, dtype)
-    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + max(budgets) + 1, max(batches))
+    rows = verify_rows("ddtree", drafter.config.block_size, max(budgets))  # at least the drafter's block
+    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + rows, max(batches))
     print(f"{pair} on {device}, {dtype}, {args.max_new_tokens} new tokens, T=0, eager batched rounds")
-    costs = CostTable.load(args.load_costs) if args.load_costs else None
     print(f"{'config':>12} {'N':>4} {'tok/s':>8} {'tau':>6} {'x alone':>8} {'no draft':>8}")
     for mode, budget, policy in [("ar", 1, None), *(("ddtree", b, None) for b in budgets),
                                  ("ddtree", max(budgets), BudgetPolicy(tuple(budgets), costs))]:  # fmt: skip
@@ -168,8 +171,16 @@ def main() -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     batches = [int(b) for b in args.batches.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
+    if args.cost_table and len(budgets) < 2:
+        p.error(
+            "--cost-table needs two budgets or more, to tell drafting's share from the rows' (fix: --budgets 1,2,4,8,16)"
+        )
+    try:
+        costs = CostTable.load(args.load_costs) if args.load_costs else None
+    except CostTableError as e:
+        p.error(f"--load-costs {e}")
     if args.pair and not args.cost_table:
-        pair_rows(args, batches, budgets)
+        pair_rows(args, batches, budgets, costs)
         return
     context = 16 if args.small else args.context
     if args.pair:
@@ -206,9 +217,6 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.cost_table:
-        if len(budgets) < 2:
-            sys.exit("--cost-table needs two budgets or more, to tell the drafting share from the rows' "
-                     "(fix: e.g. --budgets 1,2,4,8,16)")  # fmt: skip
         write_cost_table(Path(args.cost_table), rows)
 
 
