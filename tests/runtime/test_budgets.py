@@ -153,8 +153,9 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
     assert mean(batched) < mean(single)
 
 
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
 def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_complete(
-    tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype
+    request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
 ) -> None:
     """A cost table on which a slot's draft pays alone but not beside others (rows dear beyond a
     9-row pass): while four sequences decode, the ddtree slots verify their roots alone (`ar` rows)
@@ -162,9 +163,10 @@ def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_comp
     one drafts again.
     Every request gets its tokens alone, and after the switch the long one's rounds accept exactly
     what `Engine.generate` accepts from the same context: the drafter read the features of the rows
-    committed while it was off."""
-    alone: Engine = engine_for(tiny_pair, device, dtype, max_context=256)
-    target, drafter = load_pair(tiny_pair.target, tiny_pair.drafter, device, dtype)
+    committed while it was off (a hybrid target's DeltaNet states too)."""
+    pair: TinyPair = request.getfixturevalue(pair_name)
+    alone: Engine = engine_for(pair, device, dtype, max_context=256)
+    target, drafter = load_pair(pair.target, pair.drafter, device, dtype)
     costs = CostTable((1, 9, 40), (1.0, 1.0, 20.0), (1, 4), (0.01, 0.04))
     engine = BatchEngine(target, drafter, 256, 4, policy=BudgetPolicy((8,), costs, probe_every=4))
     reqs: list[dict[str, Any]] = [
