@@ -7,9 +7,13 @@ every slot: drafting, the one verify pass over all slots' trees, per-slot walk a
 CUDA the `ar` rounds replay the engine's captured step (`ar`), and the same engine's eager `ar`
 round is timed too (`ar eager`); the ddtree rounds run eagerly. Rows: ms per round, ms per round
 per sequence, the ratio to the `ar` step at the same N (the issue's goal: <= 2x at N = 16 for the
-load-chosen budget) and projected tokens/s in total at tau 3, 5 and 7 (random drafts are never accepted, so tau is projected, not measured).
-`--cost-table` writes the ddtree rows as the cost table `--budget-policy load` reads
-(`ddtree_runtime/budgets.py`: total verify rows against seconds per round).
+load-chosen budget) and projected tokens/s in total at tau 3, 5 and 7 (random drafts are never
+accepted, so tau is projected, not measured).
+`--cost-table` writes these rows as the cost table `--budget-policy load` reads
+(`ddtree_runtime/budgets.py`, `write_cost_table` here): the rounds less their drafting share against
+their total verify rows, and that share (the drafter's pass and the slots' trees, told from the
+rows' cost by two budgets or more) against the slots that draft; with `--pair` too, it measures that
+pair's rounds instead of the end-to-end rows below (e.g. the demo pair's table for a CPU server).
 
     python benchmarks/batch_bench.py --shape qwen3-8b [--batches 1,4,16] [--budgets 16,64,256]
         [--context 1024] [--json OUT.json] [--cost-table costs.json]
@@ -23,19 +27,24 @@ one walk per slot).
 
 `--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
 decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
-policy, as total tokens/s, tau and the ratio to the same config one request at a time
-(`Engine.generate`, the `--max-batch 1` server's path):
+policy (`--load-costs FILE`: its cost table, else the simple model), as total tokens/s, tau, the
+share of the load policy's rounds that ran no drafter pass, and the ratio to the same config one
+request at a time (`Engine.generate`, the `--max-batch 1` server's path):
 
     OMP_NUM_THREADS=1 python benchmarks/batch_bench.py --pair demo_pair --device cpu --batches 1,4,16
+    OMP_NUM_THREADS=1 python benchmarks/batch_bench.py --pair demo_pair --device cpu --batches 16 \
+        --budgets 1,2,4,8,16 --context 128 --reps 5 --cost-table costs.json   # the pair's table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,9 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
-from ddtree_runtime.budgets import BudgetPolicy
+from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
+from specops_contract import verify_rows
 
 TAUS = (3, 5, 7)
 BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps", "gdn_forest")
@@ -87,21 +97,24 @@ def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, 
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) -> None:
+def pair_rows(
+    args: argparse.Namespace, batches: list[int], budgets: list[int], costs: CostTable | None
+) -> None:
     """End to end on a real pair: total tokens/s of N requests together against one at a time."""
     pair, device = Path(args.pair), torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tok = Tokenizer(pair / "target")
     texts = [
         json.loads(line)["prompt"] for line in (pair / "held_out_prompts.jsonl").read_text().splitlines()
     ]
     prompts = [tok.encode(t)[-128:] for t in texts]
     target, drafter = load_pair(pair / "target", pair / "drafter", device, dtype)
-    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + max(budgets) + 1, max(batches))
+    rows = verify_rows("ddtree", drafter.config.block_size, max(budgets))  # at least the drafter's block
+    engine = BatchEngine(target, drafter, 128 + args.max_new_tokens + rows, max(batches))
     print(f"{pair} on {device}, {dtype}, {args.max_new_tokens} new tokens, T=0, eager batched rounds")
-    print(f"{'config':>12} {'N':>4} {'tok/s':>8} {'tau':>6} {'x alone':>8}")
+    print(f"{'config':>12} {'N':>4} {'tok/s':>8} {'tau':>6} {'x alone':>8} {'no draft':>8}")
     for mode, budget, policy in [("ar", 1, None), *(("ddtree", b, None) for b in budgets),
-                                 ("ddtree", max(budgets), BudgetPolicy(tuple(budgets)))]:  # fmt: skip
+                                 ("ddtree", max(budgets), BudgetPolicy(tuple(budgets), costs))]:  # fmt: skip
         engine.policy = policy
         name = "ar" if mode == "ar" else (f"ddtree/{budget}" if policy is None else "ddtree/load")
 
@@ -120,12 +133,15 @@ def pair_rows(args: argparse.Namespace, batches: list[int], budgets: list[int]) 
         alone = [engine.generate(**request(i)) for i in range(min(4, len(prompts)))]  # type: ignore[arg-type]
         alone_rate = sum(len(r.output_ids) for r in alone) / (time.perf_counter() - t)
         for n in batches:
-            t = time.perf_counter()
+            t, rounds_before, drafts_before = time.perf_counter(), engine.rounds, engine.drafts
             results = engine.run([request(i) for i in range(n)])
             rate = sum(len(r.output_ids) for r in results) / (time.perf_counter() - t)
             rounds = [a + 1 for r in results for a in r.accepted_per_round]
+            spec_rounds = engine.rounds - rounds_before
+            undrafted = 1 - (engine.drafts - drafts_before) / spec_rounds if mode != "ar" else 0.0
             print(
-                f"{name:>12} {n:>4} {rate:>8.1f} {sum(rounds) / len(rounds):>6.2f} {rate / alone_rate:>7.2f}x",
+                f"{name:>12} {n:>4} {rate:>8.1f} {sum(rounds) / len(rounds):>6.2f} "
+                f"{rate / alone_rate:>7.2f}x {undrafted:>8.0%}",
                 flush=True,
             )
 
@@ -139,34 +155,50 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     p.add_argument("--device", default=default_device())
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on CUDA, else float32")
     p.add_argument("--batches", default="1,2,4,8,16")
     p.add_argument("--budgets", default="16,64,256")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--small", action="store_true", help="tiny sizes for a CPU smoke run")
     p.add_argument("--json", help="write the rows here too")
-    p.add_argument("--cost-table", help="write the ddtree rows as a --budget-policy load cost table")
+    p.add_argument(
+        "--cost-table", help="write the rows as a --budget-policy load cost table (with --pair too)"
+    )
     p.add_argument("--pair", help="a real pair directory (with held_out_prompts.jsonl): end-to-end rows")
+    p.add_argument("--load-costs", help="with --pair: the cost table the ddtree/load row reads")
     p.add_argument("--max-new-tokens", type=int, default=96, help="with --pair")
     p.add_argument("--per-slot", action="store_true", help="without the batched attention and walk seams")
     args = p.parse_args()
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     batches = [int(b) for b in args.batches.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]
-    if args.pair:
-        pair_rows(args, batches, budgets)
+    if args.cost_table and len(budgets) < 2:
+        p.error(
+            "--cost-table needs two budgets or more, to tell drafting's share from the rows' (fix: --budgets 1,2,4,8,16)"
+        )
+    try:
+        costs = CostTable.load(args.load_costs) if args.load_costs else None
+    except CostTableError as e:
+        p.error(f"--load-costs {e}")
+    if args.pair and not args.cost_table:
+        pair_rows(args, batches, budgets, costs)
         return
     context = 16 if args.small else args.context
-    target, drafter = random_pair(args.shape, device, dtype, args.small)
+    if args.pair:
+        target, drafter = load_pair(Path(args.pair) / "target", Path(args.pair) / "drafter", device, dtype)
+    else:
+        target, drafter = random_pair(args.shape, device, dtype, args.small)
     max_context = context + (args.reps + 4) * drafter.config.block_size + max(budgets) + 1
     backend = select_backend(device)
     if args.per_slot:
         backend = PerSlot(backend)
     engine = BatchEngine(target, drafter, max_context, max(batches), backend)
     seams = "per-slot" if args.per_slot else "batched"
+    models = args.pair or f"{args.shape}{' (small)' if args.small else ''}"
     print(
-        f"{args.shape}{' (small)' if args.small else ''} on {device}, {dtype}, context {context}, "
+        f"{models} on {device}, {dtype}, context {context}, "
         f"{'graphed ar steps' if engine.step_graphs else 'eager'}, "
         f"{backend.name} backend, {seams} attention, DeltaNet steps and trees, and walks"
     )
@@ -195,17 +227,44 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.cost_table:
-        points: dict[int, float] = {}
-        for r in rows:
-            if r["config"].startswith("ar"):
-                continue
-            verify_rows = r["batch"] * (r["budget"] + 1)
-            points[verify_rows] = min(points.get(verify_rows, float("inf")), r["round_ms"] / 1e3)
-        table = sorted(points.items())
-        Path(args.cost_table).write_text(
-            json.dumps({"rows": [r for r, _ in table], "seconds": [s for _, s in table]})
+        # a ddtree server's rounds without drafts run eagerly, graphs or not: the eager `ar` round is
+        # the table's budget-0 point
+        eager = [r for r in rows if r["config"] != "ar"] if graphs is not None else rows
+        write_cost_table(
+            Path(args.cost_table), [{**r, "config": "ar"} if r["config"] == "ar eager" else r for r in eager]
         )
-        print(f"cost table ({len(table)} points) written to {args.cost_table}")
+
+
+def write_cost_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    """The rounds as a cost table (`CostTable.load`). At each N, the ddtree rounds, extended along
+    their least-squares line against verify rows to budget 0 (N rows), cost more than the `ar`
+    round of N rows by what drafting itself costs: the drafter's pass and each slot's tree (build,
+    plan, walk, commit); that share goes against N drafting slots, and the rest of each round at
+    the largest N against its verify rows (the table keys on rows alone, and a round of fewer
+    slots costs less at the same rows: the batch the policy has to narrow is the largest)."""
+    shares: dict[int, float] = {}  # N -> seconds
+    for n in sorted({r["batch"] for r in rows}):
+        ar = next(r["round_ms"] for r in rows if r["batch"] == n and r["config"] == "ar")
+        trees = [(n * (r["budget"] + 1), r["round_ms"]) for r in rows if r["batch"] == n and r["budget"]]
+        slope, intercept = statistics.linear_regression(*zip(*trees, strict=True))
+        shares[n] = max(intercept + slope * n - ar, 1e-3) / 1e3
+    n = max(shares)
+    table = sorted(
+        (n * (r["budget"] + 1), max(r["round_ms"] / 1e3 - (shares[n] if r["budget"] else 0.0), 1e-6))
+        for r in rows
+        if r["batch"] == n
+    )
+    doc = {
+        "rows": [r for r, _ in table],
+        "seconds": [s for _, s in table],
+        "draft_slots": sorted(shares),
+        "draft_seconds": [shares[n] for n in sorted(shares)],
+    }
+    path.write_text(json.dumps(doc))
+    print(
+        f"cost table written to {path}: "
+        + ", ".join(f"drafting {n} slots {1e3 * s:.2f} ms" for n, s in shares.items())
+    )
 
 
 if __name__ == "__main__":

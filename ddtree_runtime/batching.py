@@ -6,9 +6,10 @@ a round boundary; a long prompt is prefilled `prefill_chunk` tokens at a time be
 the running sequences keep streaming. One `step` is at most one prefill chunk, then one round of
 every decoding sequence:
 
-    draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass
+    draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass (with a
+             budget policy, only the ddtree slots it keeps on speculation; none: no pass)
     tree     each slot its own: the `budget` best prefixes (ddtree), the argmax chain (dflash), or
-             the root alone (`ar`: a one-node tree)
+             the root alone (`ar`, or a ddtree slot off speculation: a one-node tree)
     verify   every slot's nodes in ONE target pass (`Target.forward_parts`): the linear layers run
              over the concatenated rows of all slots (one read of the weights, where batching
              pays); a dense model's attention is one padded call per layer over all slots
@@ -70,6 +71,7 @@ class Live:
     root: int = 0  # the token to verify next (valid once prefilled)
     ctx: int = 0  # committed rows (= the root's position)
     feats: Tensor | None = None  # target hidden states of accepted rows the drafter has not read
+    gains: list[float] | None = None  # with a budget policy: its last draft's expected tokens by budget
     accepted: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)  # ddtree: each round's budget
     result: GenerationResult | None = None
@@ -121,6 +123,10 @@ class BatchEngine(Engine):
         self.live: list[Live] = []
         self.chunks = 0  # prefill chunks run so far
         self.rounds = 0  # batched rounds run so far
+        self.drafts = 0  # drafter passes run so far (a round with no slot drafting runs none)
+        self.latest: list[float] | None = None  # with a policy: the last expected-token curve of any slot
+        self.probe_gap = 0  # with a policy: rounds from the last probe to the next
+        self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
         if graphs is None:  # as `Engine`: the target and the backend must allow it
             graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
         self.step_graphs = RoundGraphs(self.device) if graphs else None  # ("ar", P, key bound)
@@ -230,26 +236,46 @@ class BatchEngine(Engine):
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
+        policy = self.policy
+        probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
         spec = [s for s in batch if s.mode != "ar"]
-        drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True)) if spec else {}
+        if policy is not None and not probe:
+            spec = self._speculating(spec, batch, policy)
+        drafts = {}
+        if spec:
+            self.drafts += 1
+            drafts = dict(zip((id(s) for s in spec), self._draft(spec), strict=True))
         trees = [self._tree(s, drafts.get(id(s))) for s in batch]
-        if self.policy is not None:
-            self._follow_load(trees, self.policy)
+        if policy is not None:
+            speculating = self._follow_load(trees, policy)
+            if probe:
+                self.probe_gap = policy.next_gap(self.probe_gap, speculating)
+                self.probe_at = self.rounds + self.probe_gap
         for t in trees:
             if t.live.mode == "ddtree":
                 t.live.budgets.append(t.tokens.shape[0] - 1)
-            if t.draft_logits is not None:
+            if t.tokens.shape[0] > 1:  # one node: the root alone, an `ar` row
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
         if self.step_graphs is not None and all(s.mode == "ar" for s in batch):
             logits, hidden = self._replay_steps(batch), None
         else:
             greedy = all(s.sampling.greedy for s in batch)
             parts = [
-                Part(t.live.slot, t.tokens, t.live.ctx + t.depth, t.live.ctx, t.tree, self._bound(t.live))
+                Part(
+                    t.live.slot,
+                    t.tokens,
+                    t.live.ctx + t.depth,
+                    t.live.ctx,
+                    t.tree,
+                    self._bound(t.live, t.tree is None),
+                )
                 for t in trees
             ]
             logits, hidden = self.target.forward_parts(
-                parts, self.backend, capture=bool(spec), logits_dtype=None if greedy else torch.float32
+                parts,
+                self.backend,
+                capture=any(s.mode != "ar" for s in batch),  # a slot off speculation feeds its drafter too
+                logits_dtype=None if greedy else torch.float32,
             )
         sizes = [t.tokens.shape[0] for t in trees]
         finished = []
@@ -305,6 +331,23 @@ class BatchEngine(Engine):
             id(t): (path[i, : t.tokens.shape[0]], path_len[i], bonus[i]) for i, (t, _) in enumerate(batch)
         }
 
+    def _speculating(self, spec: list[Live], batch: list[Live], policy: BudgetPolicy) -> list[Live]:
+        """Of the speculative slots `spec`, those that draft this round: the ddtree ones only if the
+        policy keeps them on speculation, from their last curves (a slot that has not drafted yet:
+        the latest curve of any slot)."""
+        assert self.latest is not None
+        auto = [s for s in spec if s.mode == "ddtree"]
+        others = [s for s in batch if s.mode != "ddtree"]
+        picked = policy.choose(
+            [s.gains or self.latest for s in auto],
+            [s.budget for s in auto],
+            fixed_rows=[verify_rows(s.mode, self.block, s.budget) for s in others],
+            fixed_tokens=sum(s.gains[-1] if s.gains else 1.0 for s in others),
+            drafting=len(spec) - len(auto),
+        )
+        off = {id(s) for s, budget in zip(auto, picked, strict=True) if budget == 0}
+        return [s for s in spec if id(s) not in off]
+
     def _draft(self, spec: list[Live]) -> Tensor:
         """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
         assert self.drafter is not None
@@ -333,16 +376,18 @@ class BatchEngine(Engine):
         logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.target.lm_head)
         return logits.view(len(spec), block - 1, -1)
 
-    def _bound(self, s: Live) -> int:
+    def _bound(self, s: Live, root_alone: bool = False) -> int:
         """A slot's key bound this round, as `Engine.generate` sets it (bucketed on CUDA), so that
-        its attention launches are the ones it gets alone."""
-        rows = verify_rows(s.mode, self.block, s.budget)
+        its attention launches are the ones it gets alone; `root_alone`: it verifies its root alone
+        this round (as `ar`: a ddtree slot off speculation reads no tree's keys)."""
+        rows = verify_rows("ar" if root_alone else s.mode, self.block, s.budget)
         return key_bound(s.ctx + rows, self.max_context, bucketed=self.device.type == "cuda")
 
     def _tree(self, s: Live, draft_logits: Tensor | None) -> _Tree:
-        """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`)."""
+        """A slot's nodes: a ddtree of its budget, a dflash chain, or the root alone (`ar`, or a
+        ddtree slot that did not draft)."""
         root = torch.tensor([s.root], dtype=torch.int64, device=self.device)
-        if draft_logits is None:  # ar
+        if draft_logits is None:
             zero = torch.zeros(1, dtype=torch.int64, device=self.device)
             return _Tree(s, root, zero - 1, zero, None)
         if s.mode == "ddtree":
@@ -353,22 +398,29 @@ class BatchEngine(Engine):
             parents = depth - 1
         return _Tree(s, tokens, parents, depth, draft_logits)
 
-    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> None:
-        """Cut every ddtree slot's tree (built at its request's budget) to the budget the policy
-        picks for this round's load: its first B + 1 nodes, the best-B tree."""
-        auto = [t for t in trees if t.live.mode == "ddtree"]
+    def _follow_load(self, trees: list[_Tree], policy: BudgetPolicy) -> bool:
+        """Record every drafted slot's expected-token curve (the next round's prediction), then cut
+        every drafted ddtree slot's tree (built at its request's budget) to the budget the policy
+        picks for this round's load: its first B + 1 nodes, the best-B tree (B = 0: the root
+        alone). Whether a ddtree slot speculates."""
+        curves = {
+            id(t): expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
+            for t in trees
+            if t.draft_logits is not None
+        }
+        for t in trees:
+            if id(t) in curves:
+                t.live.gains = self.latest = curves[id(t)]
+        auto = [t for t in trees if t.live.mode == "ddtree" and id(t) in curves]
         if not auto:
-            return
-
-        def gains(t: _Tree) -> list[float]:
-            assert t.draft_logits is not None
-            return expected_gains(t.draft_logits, t.tokens, t.parents, t.depth)
-
-        others = [t for t in trees if t.live.mode != "ddtree"]
-        fixed_tokens = sum(1.0 if t.draft_logits is None else gains(t)[-1] for t in others)
-        fixed_rows = sum(t.tokens.shape[0] for t in others)
+            return False
+        others = [t for t in trees if t.live.mode != "ddtree" or id(t) not in curves]
         picked = policy.choose(
-            [gains(t) for t in auto], [t.live.budget for t in auto], fixed_rows, fixed_tokens
+            [curves[id(t)] for t in auto],
+            [t.live.budget for t in auto],
+            fixed_rows=[t.tokens.shape[0] for t in others],
+            fixed_tokens=sum(curves[id(t)][-1] if id(t) in curves else 1.0 for t in others),
+            drafting=sum(id(t) in curves for t in others),
         )
         for t, budget in zip(auto, picked, strict=True):
             t.tokens, t.parents, t.depth = (
@@ -376,12 +428,16 @@ class BatchEngine(Engine):
                 t.parents[: budget + 1],
                 t.depth[: budget + 1],
             )
+        return any(picked)
 
     def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None, walked: Walk | None) -> list[int]:
         """A slot's walk (unless `walked` already) and commit after the verify pass: its new tokens
         (accepted drafts, then the target's own next token)."""
         s, sampling = t.live, t.live.sampling
-        if t.tree is None:  # ar: the pass already committed the row
+        if t.tree is None:  # the root alone: the pass already committed the row
+            if s.mode != "ar":  # off speculation: the drafter reads its features at its next draft
+                assert hidden is not None
+                s.feats = hidden[:1] if s.feats is None else torch.cat([s.feats, hidden[:1]])
             s.root = int(choose(logits[0], sampling))
             s.ctx += 1
             s.accepted.append(0)

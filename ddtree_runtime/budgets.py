@@ -1,19 +1,44 @@
 """Budgets that follow the load: each round, every ddtree slot's tree size is picked so that the
-batch's expected tokens per unit of round cost is highest.
+batch's expected tokens per unit of round cost is highest, and under enough load that size is 0:
+no speculation, the root alone (an `ar` row), and no drafter pass when no slot drafts.
 
 At batch 1 a verify pass is bound by reading the weights, so a wide tree is nearly free; with many
-slots the pass turns compute-bound and every extra row costs time. Two inputs decide:
+slots the pass turns compute-bound and every extra row costs time, and so does the drafter's pass.
+Two inputs decide:
 
 - expected tokens of a slot's tree: the drafter's per-position probabilities score each prefix
   (the product of its marginals, the score `build_tree` ranks by); a tree of the best B prefixes
-  is expected to yield 1 + (sum of their scores) tokens, the draft standing in for the target.
-  The best-B tree is the first B nodes of the best-B_max tree (nodes come in descending score
-  order, parents first), so one tree at the largest budget serves every choice.
-- the round cost as a function of the total verify rows of the batch (`CostTable`): a small table,
-  from a simple model by default, or measured (`fab tune` writes it; format in `CostTable.load`).
+  is expected to yield 1 + (sum of their scores) tokens, the draft standing in for the target
+  (B = 0: 1 token). The best-B tree is the first B nodes of the best-B_max tree (nodes come in
+  descending score order, parents first), so one tree at the largest budget serves every choice.
+- the round cost (`CostTable`): the target's pass against the verify rows of the batch, plus
+  drafting's share against the slots that draft; from a simple model by default, or measured
+  (`python benchmarks/batch_bench.py --cost-table` writes it; format in `CostTable.load`). The
+  batched pass pads every slot's rows to the widest slot's for attention (`attention_parts`), so
+  the rows asked of the table are slots x the widest slot's rows: one wide tree among roots costs
+  nearly what a wide tree in every slot does (demo pair on the CPU, bf16: 4 ddtree/16 slots beside
+  12 roots 30 ms a round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the
+  table's rounds are measured, padded and total rows agree.
 
-The choice maximises (sum of the slots' expected tokens) / cost(total rows) by coordinate ascent
-over the served budgets, each slot capped by its request's budget.
+The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
+{0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
+then coordinate ascent from it (padding and drafting's share are steps in cost, which one slot's
+move alone rarely pays for). It is made twice a round:
+
+1. before drafting, from each slot's last drafted round's expected-token curve (a slot that has not
+   drafted yet: the latest curve of any slot): the slots that pick 0 do not draft this round;
+2. after drafting, from the fresh curves: each drafted slot's budget. The same rule: a slot that
+   takes a tree still pays its share of drafting (most of it on a CPU is the slot's tree: build,
+   plan, walk and commit, not the drafter's pass), so a probe (below) whose curves say drafting
+   does not pay verifies roots alone.
+
+A slot off speculation keeps its last curve, so it drafts again as soon as the load drops (the
+batch shrinks) enough for that curve to pay. Now and then every slot drafts (a probe: one drafter
+pass for all), so that a curve gone stale is refreshed: `probe_every` rounds after a probe in
+which a slot took a tree, twice the last gap after one in which none did (up to `PROBE_BACKOFF`
+times `probe_every`): a probe costs a drafter pass that the load has said does not pay. The first
+round with a policy is a probe (no curve yet). Tokens stay exact whatever is picked: a ddtree
+slot's `ar` row commits the target's own token, and its features still go to the drafter.
 """
 
 from __future__ import annotations
@@ -21,6 +46,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,64 +59,112 @@ from ddtree_runtime.backend import ancestors
 # peak FLOP/s over (2 FLOP/weight x memory bandwidth / bytes per weight), ~200-300 on H100/H200 in
 # bf16. A guess for the default table; a measured one replaces it.
 DEFAULT_KNEE = 256
+# the drafter's pass against one target weight read, for the default table: a DFlash drafter is a
+# few layers (5 for an 8B target of 36) plus the target's LM head over its block; it drafts a
+# block of DRAFT_BLOCK rows per slot, so it turns compute-bound at knee / DRAFT_BLOCK slots
+DEFAULT_DRAFT_SHARE = 0.2
+DRAFT_BLOCK = 16
+PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
+PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
+FIX = "rewrite it with `python benchmarks/batch_bench.py --cost-table FILE`"
 
 
 class CostTableError(ValueError):
     """A cost table file that cannot be used; the message names the file, the field and the fix."""
 
 
+def interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: int) -> float:
+    """The curve through points (xs, ys) at x: linear between them and along the last segment beyond
+    the last point (the first point's value below it), never under the cheapest point."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    i = min(bisect.bisect_left(xs, x), len(xs) - 1)  # segment i-1..i (the last beyond)
+    (x0, x1), (y0, y1) = xs[i - 1 : i + 1], ys[i - 1 : i + 1]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), min(ys))
+
+
 @dataclass(frozen=True)
 class CostTable:
-    """Round cost against the total verify rows of the batch: points, linear between them and
-    along the last segment beyond the last point (the first point's cost below it)."""
+    """Round cost: the target's pass (verify, walk, commit) against the total verify rows of the
+    batch, plus the drafter's pass against the slots that draft (nothing when none does), each a
+    curve of points (`interpolate`). No drafter points: its pass counts as free."""
 
     rows: tuple[int, ...]
     cost: tuple[float, ...]
+    draft_slots: tuple[int, ...] = ()
+    draft_cost: tuple[float, ...] = ()
 
     @classmethod
-    def model(cls, knee: int = DEFAULT_KNEE) -> CostTable:
+    def model(cls, knee: int = DEFAULT_KNEE, draft_share: float = DEFAULT_DRAFT_SHARE) -> CostTable:
         """The simple model: one weight read per round (cost 1) until `knee` rows, then compute-bound
-        (cost rows / knee)."""
+        (cost rows / knee); the drafter's pass `draft_share` of that, its rows `DRAFT_BLOCK` a slot."""
         points = [1, knee, 4 * knee]
-        return cls(tuple(points), tuple(max(1.0, r / knee) for r in points))
+        slots = sorted({1, max(2, knee // DRAFT_BLOCK), 4 * max(2, knee // DRAFT_BLOCK)})
+        return cls(
+            tuple(points),
+            tuple(max(1.0, r / knee) for r in points),
+            tuple(slots),
+            tuple(draft_share * max(1.0, s * DRAFT_BLOCK / knee) for s in slots),
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
-        """A JSON file `{"rows": [1, 16, 64, ...], "seconds": [...]}`: the measured time of a
-        batched round (drafting, verifying and committing) against its total verify rows, rows
-        strictly increasing, seconds positive (only ratios matter)."""
+        """A JSON file `{"rows": [1, 16, 64, ...], "seconds": [...], "draft_slots": [1, 4, 16, ...],
+        "draft_seconds": [...]}`: the measured time of a batched round without its drafter pass
+        (verifying and committing) against its total verify rows, and of the drafter's pass against
+        the slots that draft; counts strictly increasing, seconds positive (only ratios matter).
+        The drafter's two fields are optional (a table without them, as older ones, timed whole
+        rounds: skipping the drafter then saves nothing)."""
         try:
             doc = json.loads(Path(path).read_text())
             rows, seconds = doc["rows"], doc["seconds"]
+            draft_slots, draft_seconds = doc.get("draft_slots"), doc.get("draft_seconds")
         except OSError as e:
             raise CostTableError(
                 f"{path}: cannot read it ({e.strerror}) (fix: pass a readable file)"
             ) from None
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise CostTableError(
                 f'{path}: not a cost table ({type(e).__name__}: {e}) (fix: {{"rows": [...], "seconds": [...]}})'
             ) from None
-        ok = (
-            isinstance(rows, list)
-            and isinstance(seconds, list)
-            and len(rows) == len(seconds) >= 1
-            and all(isinstance(r, int) and r >= 1 for r in rows)
-            and all(isinstance(s, (int, float)) and s > 0 for s in seconds)
-            and all(a < b for a, b in itertools.pairwise(rows))
-        )
-        if not ok:
+        if not curve(rows, seconds):
             raise CostTableError(
                 f"{path}: rows must be increasing positive integers and seconds positive numbers, one "
-                "per row count (fix: rewrite it with `fab tune`)"
+                f"per row count (fix: {FIX})"
             )
-        return cls(tuple(rows), tuple(float(s) for s in seconds))
+        if (draft_slots, draft_seconds) == (None, None):
+            return cls(tuple(rows), tuple(float(s) for s in seconds))
+        if not curve(draft_slots, draft_seconds):
+            raise CostTableError(
+                f"{path}: draft_slots must be increasing positive integers and draft_seconds positive "
+                f"numbers, one per slot count, or both left out (fix: {FIX})"
+            )
+        return cls(
+            tuple(rows),
+            tuple(float(s) for s in seconds),
+            tuple(draft_slots),
+            tuple(float(s) for s in draft_seconds),
+        )
 
-    def __call__(self, rows: int) -> float:
-        if len(self.rows) == 1 or rows <= self.rows[0]:
-            return self.cost[0]
-        i = min(bisect.bisect_left(self.rows, rows), len(self.rows) - 1)  # segment i-1..i (the last beyond)
-        (r0, r1), (c0, c1) = self.rows[i - 1 : i + 1], self.cost[i - 1 : i + 1]
-        return max(c0 + (c1 - c0) * (rows - r0) / (r1 - r0), min(self.cost))
+    def __call__(self, rows: int, drafting: int = 0) -> float:
+        """The cost of a round of `rows` verify rows in which `drafting` slots draft."""
+        verify = interpolate(self.rows, self.cost, rows)
+        if drafting == 0 or not self.draft_slots:
+            return verify
+        return verify + interpolate(self.draft_slots, self.draft_cost, drafting)
+
+
+def curve(xs: object, ys: object) -> bool:
+    """Whether (xs, ys) from a JSON file make a cost curve: increasing positive integer counts, one
+    positive number each."""
+    return (
+        isinstance(xs, list)
+        and isinstance(ys, list)
+        and len(xs) == len(ys) >= 1
+        and all(isinstance(x, int) and x >= 1 for x in xs)
+        and all(isinstance(y, (int, float)) and y > 0 for y in ys)
+        and all(a < b for a, b in itertools.pairwise(xs))
+    )
 
 
 def expected_gains(draft_logits: Tensor, tokens: Tensor, parents: Tensor, depth: Tensor) -> list[float]:
@@ -104,25 +178,76 @@ def expected_gains(draft_logits: Tensor, tokens: Tensor, parents: Tensor, depth:
 
 
 class BudgetPolicy:
-    """Picks every ddtree slot's budget each round from the served `budgets` (see the module)."""
+    """Picks every ddtree slot's budget each round from 0 and the served `budgets` (see the module)."""
 
-    def __init__(self, budgets: tuple[int, ...], costs: CostTable | None = None) -> None:
+    def __init__(
+        self, budgets: tuple[int, ...], costs: CostTable | None = None, probe_every: int = PROBE_EVERY
+    ) -> None:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
+        self.probe_every = probe_every
+        # the last choice and what it was asked: slots off speculation keep their curves, so under
+        # a steady load most rounds ask the same again
+        self.last: tuple[tuple[object, ...], list[int]] | None = None
 
     def choose(
-        self, gains: list[list[float]], caps: list[int], fixed_rows: int, fixed_tokens: float
+        self,
+        gains: list[list[float]],
+        caps: list[int],
+        fixed_rows: list[int],
+        fixed_tokens: float,
+        drafting: int = 0,
     ) -> list[int]:
-        """Budgets for slots with expected-token curves `gains` (gains[s][B]) and caps, beside
-        slots whose rows and expected tokens are set (`ar`, `dflash`). Rows per slot: B + 1."""
-        options = [sorted({b for b in self.budgets if b < cap} | {cap}) for cap in caps]
-        pick = [opts[0] for opts in options]
+        """Budgets (0: the root alone) for slots with expected-token curves `gains` (gains[s][B]; a
+        shorter curve stays flat past its end) and caps, beside slots whose rows (`fixed_rows`, one
+        per slot) and expected tokens in all are set (`ar`, `dflash`, slots off speculation),
+        `drafting` of which draft. A slot verifies B + 1 rows and pays its share of drafting if
+        B > 0; the round costs as if every slot had the widest slot's rows (see the module)."""
+        asked = (gains, caps, fixed_rows, fixed_tokens, drafting)
+        if self.last is not None and self.last[0] == asked:
+            return list(self.last[1])
+        options = [[0, *sorted({b for b in self.budgets if b < cap} | {cap})] for cap in caps]
+        slots, fixed_widest = len(fixed_rows) + len(caps), max(fixed_rows, default=1)
 
-        def rate(choice: list[int]) -> float:
-            rows = fixed_rows + sum(b + 1 for b in choice)
-            return (fixed_tokens + sum(g[b] for g, b in zip(gains, choice, strict=True))) / self.costs(rows)
+        def rate(pick: list[int]) -> float:
+            tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
+            rows = slots * max([fixed_widest] + [b + 1 for b in pick])
+            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
 
-        for _ in range(2):  # coordinate ascent; two sweeps settle it in practice
-            for s, opts in enumerate(options):
-                pick[s] = max(opts, key=lambda b, s=s: rate([*pick[:s], b, *pick[s + 1 :]]))
-        return pick
+        # start from the best one budget for all (each slot's largest option up to it): with rows
+        # padded to the widest, one slot's move alone rarely pays, so uniform levels come first
+        levels = sorted({0, *self.budgets, *caps})
+        pick = max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
+        # then coordinate ascent, the batch's totals kept up to date: each candidate costs O(budgets)
+        tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
+        drafts = drafting + sum(b > 0 for b in pick)
+        counts = Counter(pick)
+        for _ in range(2):  # two sweeps settle it in practice
+            for s, (g, opts) in enumerate(zip(gains, options, strict=True)):
+                counts[pick[s]] -= 1
+                tokens, drafts = tokens - gain(g, pick[s]), drafts - (pick[s] > 0)
+                widest = max([fixed_widest] + [b + 1 for b, n in counts.items() if n])
+                pick[s] = b = max(
+                    opts,
+                    key=lambda b, g=g, w=widest, t=tokens, d=drafts: (
+                        (t + gain(g, b)) / self.costs(slots * max(w, b + 1), d + (b > 0))
+                    ),
+                )
+                counts[b] += 1
+                tokens, drafts = tokens + gain(g, b), drafts + (b > 0)
+        best = (rate(pick), pick)
+        self.last = (asked, best[1])
+        return list(best[1])
+
+    def next_gap(self, gap: int, speculating: bool) -> int:
+        """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a
+        tree, else twice the gap (at most `PROBE_BACKOFF` times `probe_every`): under a steady load
+        that turns speculation off, probes grow rare."""
+        if speculating:
+            return self.probe_every
+        return min(max(2 * gap, self.probe_every), PROBE_BACKOFF * self.probe_every)
+
+
+def gain(curve: list[float], budget: int) -> float:
+    """Expected tokens at `budget` from a curve by budget, flat past its end."""
+    return curve[min(budget, len(curve) - 1)]

@@ -223,9 +223,12 @@ class Worker(threading.Thread):
         each round's ddtree budget where the load picked them."""
         req = job.request
         if req.mode != "ar":
-            per_round = self.draft_tokens(req.mode, req.budget)
-            drafts = sum(budgets) if budgets else per_round * result.rounds
-            self.metrics.record_rounds(drafts, result.accepted_per_round)
+            accepted = result.accepted_per_round
+            drafts = self.draft_tokens(req.mode, req.budget) * result.rounds
+            if budgets:  # a round at budget 0 (off speculation) drafted nothing: no draft to count
+                drafts = sum(budgets)
+                accepted = [a for a, b in zip(accepted, budgets, strict=True) if b]
+            self.metrics.record_rounds(drafts, accepted)
         prefill = result.phase_s.get("prefill", 0.0)
         self.metrics.prefill_time.observe(prefill)
         self.metrics.decode_time.observe(max(0.0, result.total_s - prefill))

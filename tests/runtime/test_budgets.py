@@ -1,6 +1,7 @@
 """Budgets that follow the load: the cost table (model, file, errors), the expected tokens of a
 tree, the policy's choice, and a batched engine under it: still lossless, narrower trees when the
-batch makes rows expensive."""
+batch makes rows expensive, no speculation (and no drafter pass) when it makes drafting lose, and
+drafting again, with the drafter's cache complete, once the load drops."""
 
 from __future__ import annotations
 
@@ -24,12 +25,22 @@ BUDGETS = (4, 16, 64)
 
 
 def test_the_cost_table_interpolates_and_the_model_has_a_knee(tmp_path: Path) -> None:
-    model = CostTable.model(knee=32)
+    model = CostTable.model(knee=32, draft_share=0.25)
     assert model(1) == model(32) == 1.0 and model(64) == 2.0 and model(512) == 16.0
+    # the drafter: a quarter of a weight read until its 16-row blocks reach the knee (2 slots)
+    assert model(1, drafting=1) == model(1, drafting=2) == 1.25 and model(1, drafting=8) == 2.0
     path = tmp_path / "costs.json"
     path.write_text(json.dumps({"rows": [1, 10, 20], "seconds": [1.0, 1.0, 3.0]}))
-    table = CostTable.load(path)
+    table = CostTable.load(path)  # a table without the drafter's share: its pass counts as free
     assert (table(0), table(5), table(15), table(30)) == (1.0, 1.0, 2.0, 5.0)
+    assert table(15, drafting=4) == 2.0
+    path.write_text(
+        json.dumps(
+            {"rows": [1, 10, 20], "seconds": [1, 1, 3], "draft_slots": [1, 4], "draft_seconds": [0.5, 2]}
+        )
+    )
+    table = CostTable.load(path)
+    assert (table(15), table(15, drafting=1), table(15, drafting=2), table(15, drafting=8)) == (2, 2.5, 3, 6)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +50,8 @@ def test_the_cost_table_interpolates_and_the_model_has_a_knee(tmp_path: Path) ->
         ('{"rows": [1, 2]}', "not a cost table"),
         ('{"rows": [2, 1], "seconds": [1, 1]}', "increasing"),
         ('{"rows": [1, 2], "seconds": [1, 0]}', "seconds positive"),
+        ('{"rows": [1], "seconds": [1], "draft_slots": [1, 2]}', "draft_slots must be"),
+        ('{"rows": [1], "seconds": [1], "draft_slots": [0], "draft_seconds": [1]}', "draft_slots must be"),
     ],
 )
 def test_a_bad_cost_table_names_the_file_and_the_fix(tmp_path: Path, text: str, message: str) -> None:
@@ -63,15 +76,42 @@ def test_the_policy_maximises_tokens_per_cost() -> None:
     gains = [[1.0 + 3 * (1 - 0.9**b) for b in range(65)], [1.0 + 1 - 0.5**b for b in range(65)]]
     costs = CostTable.model(knee=20)
     policy = BudgetPolicy(BUDGETS, costs)
-    picked = policy.choose(gains, [64, 64], fixed_rows=1, fixed_tokens=1.0)
+    for fixed in ([1], [65]):  # beside an `ar` slot, beside a slot as wide as the widest tree
+        picked = policy.choose(gains, [64, 64], fixed_rows=fixed, fixed_tokens=1.0)
 
-    def rate(choice: tuple[int, ...]) -> float:
-        rows = 1 + sum(b + 1 for b in choice)
-        return (1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))) / costs(rows)
+        def rate(choice: tuple[int, ...], fixed: list[int] = fixed) -> float:
+            rows = 3 * max(fixed[0], *(b + 1 for b in choice))  # every slot padded to the widest
+            tokens = 1.0 + sum(g[b] for g, b in zip(gains, choice, strict=True))
+            return tokens / costs(rows, drafting=sum(b > 0 for b in choice))
 
-    best = max(itertools.product(BUDGETS, repeat=2), key=rate)
-    assert tuple(picked) == best and picked[0] > picked[1]  # the confident slot gets the wider tree
-    assert BudgetPolicy(BUDGETS, CostTable.model(knee=10**6)).choose(gains, [64, 16], 1, 1.0) == [64, 16]
+        assert tuple(picked) == max(itertools.product((0, *BUDGETS), repeat=2), key=rate)
+    hopeless = [1.0] * 65  # a draft that never gets accepted: its slot verifies its root alone
+    assert policy.choose([gains[0], hopeless], [64, 64], [65], 1.0) == [64, 0]
+    assert BudgetPolicy(BUDGETS, CostTable.model(knee=10**6)).choose(gains, [64, 16], [1], 1.0) == [64, 16]
+
+
+def test_the_policy_turns_speculation_off_when_the_drafter_and_the_rows_cost_more_than_they_give() -> None:
+    """Sixteen slots whose drafts give 3 tokens at budget 4: with rows nearly free and a dear drafter
+    pass, no single slot's draft pays for the pass but all of them together do; with rows dear,
+    none drafts."""
+    gains = [[1.0, 2.0, 2.5, 2.8, 3.0]] * 16
+    policy = BudgetPolicy((4,), CostTable((1, 1000), (1.0, 1.1), (1, 16), (1.0, 1.0)))
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [4] * 16
+    dear_rows = BudgetPolicy((4,), CostTable((1, 16, 80), (1.0, 1.0, 5.0), (1, 16), (0.5, 1.0)))
+    assert dear_rows.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
+    assert dear_rows.choose(gains[:1], [4], fixed_rows=[], fixed_tokens=0.0) == [4]  # alone, drafting pays
+    assert policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0) == [0]
+    beside_drafters = policy.choose(gains[:1], [4], fixed_rows=[1] * 15, fixed_tokens=15.0, drafting=15)
+    assert beside_drafters == [4]
+
+
+def test_probes_grow_rare_while_speculation_does_not_pay() -> None:
+    policy = BudgetPolicy((4,), probe_every=8)
+    gaps = [0]
+    for _ in range(7):
+        gaps.append(policy.next_gap(gaps[-1], speculating=False))
+    assert gaps == [0, 8, 16, 32, 64, 128, 128, 128]  # at most 16 x probe_every
+    assert policy.next_gap(128, speculating=True) == 8
 
 
 def decode_together(engine: BatchEngine, reqs: list[dict[str, Any]]) -> list[Live]:
@@ -103,7 +143,7 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
     for req, one, many in zip(reqs, single, batched, strict=True):
         want = alone.generate(**req).output_ids
         for s in (one, many):
-            assert s.result is not None and set(s.budgets) <= set(BUDGETS)
+            assert s.result is not None and set(s.budgets) <= {0, *BUDGETS}
             assert_same_tokens(alone, req["prompt_ids"], want, s.result.output_ids, dtype)
 
     def mean(lives: list[Live]) -> float:
@@ -111,3 +151,57 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
         return sum(budgets) / len(budgets)
 
     assert mean(batched) < mean(single)
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_complete(
+    request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
+) -> None:
+    """A cost table on which a slot's draft pays alone but not beside others (rows dear beyond a
+    9-row pass): while four sequences decode, the ddtree slots verify their roots alone (`ar` rows)
+    and the drafter runs only on probe rounds, which grow rarer; once the short ones leave, the long
+    one drafts again.
+    Every request gets its tokens alone, and after the switch the long one's rounds accept exactly
+    what `Engine.generate` accepts from the same context: the drafter read the features of the rows
+    committed while it was off (a hybrid target's DeltaNet states too)."""
+    pair: TinyPair = request.getfixturevalue(pair_name)
+    alone: Engine = engine_for(pair, device, dtype, max_context=256)
+    target, drafter = load_pair(pair.target, pair.drafter, device, dtype)
+    costs = CostTable((1, 9, 40), (1.0, 1.0, 20.0), (1, 4), (0.01, 0.04))
+    engine = BatchEngine(target, drafter, 256, 4, policy=BudgetPolicy((8,), costs, probe_every=4))
+    reqs: list[dict[str, Any]] = [
+        {"prompt_ids": [7 + i, 20 + 3 * i, 11], "mode": mode, "budget": 8, "max_new_tokens": n, "eos_ids": ()}
+        for i, (mode, n) in enumerate([("ddtree", 48), ("ddtree", 14), ("ar", 16), ("ddtree", 14)])
+    ]
+    live = [engine.add(**req) for req in reqs]
+    loaded: list[tuple[int, bool]] = []  # rounds with all four decoding: (round, drafter ran)
+    while engine.live:
+        drafts, full, probe = engine.drafts, sum(s.decoding for s in engine.live) == 4, engine.probe_at
+        engine.step()
+        if full and len(engine.live) == 4:
+            loaded.append((engine.rounds, engine.drafts > drafts))
+            assert (engine.drafts > drafts) == (engine.rounds >= probe)  # the drafter ran for probes only
+    probes = [r for r, ran in loaded if ran]
+    assert len(loaded) >= 8 and len(probes) == 2 and probes[1] - probes[0] == 2 * 4  # off: the gap doubles
+    for req, s in zip(reqs, live, strict=True):
+        assert s.result is not None
+        assert_same_tokens(
+            alone, req["prompt_ids"], alone.generate(**req).output_ids, s.result.output_ids, dtype
+        )
+    long = live[0]
+    assert long.result is not None and 0 in long.budgets
+    switch = len(long.budgets) - next(i for i, b in enumerate(reversed(long.budgets)) if b == 0)
+    assert switch < len(long.budgets) - 2, f"it never drafted again alone: {long.budgets}"
+    assert set(long.budgets[switch:]) == {8}
+    # tokens before the switch round: the prefill's, then each round's accepted drafts + 1
+    before = 1 + sum(a + 1 for a in long.accepted[:switch])
+    out = long.result.output_ids
+    resumed = alone.generate(
+        **{
+            **reqs[0],
+            "prompt_ids": reqs[0]["prompt_ids"] + out[: before - 1],
+            "max_new_tokens": len(out) - before + 1,
+        }
+    )
+    assert resumed.output_ids == out[before - 1 :]
+    assert resumed.accepted_per_round == long.accepted[switch:]
