@@ -96,7 +96,9 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
         choices=("fixed", "load"),
     ),
     "cost_table": ServeOption(
-        str, 'budget-policy load: JSON {"rows": [...], "seconds": [...]} of batched round cost (`fab tune`)'
+        str,
+        'budget-policy load: JSON {"rows", "seconds", "draft_slots", "draft_seconds"} of batched round cost '
+        "(`benchmarks/batch_bench.py --cost-table`)",
     ),
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),
