@@ -98,11 +98,14 @@ def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, 
 
 
 def pair_rows(
-    args: argparse.Namespace, batches: list[int], budgets: list[int], costs: CostTable | None
+    args: argparse.Namespace,
+    batches: list[int],
+    budgets: list[int],
+    costs: CostTable | None,
+    dtype: torch.dtype,
 ) -> None:
     """End to end on a real pair: total tokens/s of N requests together against one at a time."""
     pair, device = Path(args.pair), torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     tok = Tokenizer(pair / "target")
     texts = [
         json.loads(line)["prompt"] for line in (pair / "held_out_prompts.jsonl").read_text().splitlines()
@@ -183,7 +186,7 @@ def main() -> None:
     except CostTableError as e:
         p.error(f"--load-costs {e}")
     if args.pair and not args.cost_table:
-        pair_rows(args, batches, budgets, costs)
+        pair_rows(args, batches, budgets, costs, dtype)
         return
     context = 16 if args.small else args.context
     if args.pair:
