@@ -46,13 +46,14 @@ from ddtree_runtime.backend import Backend
 from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
-from ddtree_runtime.graphs import GraphKey, RoundGraphs, key_bound
+from ddtree_runtime.graphs import RoundGraphs, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
-from ddtree_runtime.models.target import Part, Steps, Target, TreeInputs
-from ddtree_runtime.rounds import Sampling, choose, nucleus
+from ddtree_runtime.models.target import Forest, Part, Steps, Target, TreeInputs
+from ddtree_runtime.rounds import Phase, Sampling, choose, nucleus
 from specops_contract import SERVE_OPTIONS, verify_rows
 
 Walk = tuple[Tensor, Tensor, Tensor]  # a tree walk: path, path_len, bonus (`Backend.tree_walk`)
+StepKey = tuple[str, int, int, int]  # a batched round's graph: (mode, sequences, budget, key bound)
 
 
 @dataclass
@@ -93,6 +94,25 @@ class _Tree:
     tree: TreeInputs | None = None  # None: `ar`, a committed one-token chain
 
 
+@dataclass
+class _TreeRound:
+    """A round of P greedy ddtree sequences of one budget from device tensors alone (`steps`: their
+    roots, slots and lengths): every drafter block in one pass, each sequence's tree and plan, one
+    verify pass over the forest, every walk in one call. A CUDA graph captures its phases (one per (P, budget, key bound));
+    elsewhere they run as they are. Its outputs hold until the next round."""
+
+    steps: Steps
+    phases: list[Phase] = field(default_factory=list)
+    draft_logits: Tensor | None = None  # [P, B - 1, V] fp32
+    tokens: Tensor | None = None  # [P, N]: each tree's root, then its nodes
+    parents: Tensor | None = None  # [P, N]
+    depth: Tensor | None = None  # [P, N]
+    plans: list[TreeInputs] = field(default_factory=list)
+    logits: Tensor | None = None  # [P N, V]
+    hidden: Tensor | None = None  # [P N, features]
+    walk: Walk | None = None  # path [P, N], path_len [P], bonus [P]
+
+
 class BatchEngine(Engine):
     """An `Engine` whose caches hold `max_batch` sequences, and the steps that decode them together.
 
@@ -129,8 +149,9 @@ class BatchEngine(Engine):
         self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
         if graphs is None:  # as `Engine`: the target and the backend must allow it
             graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
-        self.step_graphs = RoundGraphs(self.device) if graphs else None  # ("ar", P, key bound)
-        self.step_buffers: dict[GraphKey, tuple[Steps, list[Tensor]]] = {}  # each graph's inputs, output
+        self.step_graphs = RoundGraphs(self.device) if graphs else None  # by `StepKey`
+        self.step_buffers: dict[StepKey, tuple[Steps, list[Tensor]]] = {}  # each `ar` graph's inputs, output
+        self.tree_rounds: dict[StepKey, _TreeRound] = {}  # graphed on CUDA
 
     @property
     def block(self) -> int:
@@ -236,6 +257,26 @@ class BatchEngine(Engine):
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
+        budget = self._shared_budget(batch)
+        if budget is not None:
+            trees, logits, hidden, walks = self._tree_round(batch, budget)
+        else:
+            trees, logits, hidden = self._mixed_round(batch)
+        sizes = [t.tokens.shape[0] for t in trees]
+        finished = []
+        hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
+        rows = logits.split(sizes)
+        if budget is None:
+            walks = self._greedy_walks(trees, rows)
+        for t, r, h in zip(trees, rows, hiddens, strict=True):
+            if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
+                finished.append(t.live)
+        return finished
+
+    def _mixed_round(self, batch: list[Live]) -> tuple[list[_Tree], Tensor, Tensor | None]:
+        """A round of any mix of modes, budgets and samplings (the budget policy's too): each slot's
+        tree built on the host's description of it, the verify pass over host-side lengths (a
+        round of `ar` sequences only: a replayed step on CUDA). Its trees, logits and features."""
         policy = self.policy
         probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
         spec = [s for s in batch if s.mode != "ar"]
@@ -277,28 +318,104 @@ class BatchEngine(Engine):
                 capture=any(s.mode != "ar" for s in batch),  # a slot off speculation feeds its drafter too
                 logits_dtype=None if greedy else torch.float32,
             )
-        sizes = [t.tokens.shape[0] for t in trees]
-        finished = []
-        hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
-        rows = logits.split(sizes)
-        walks = self._greedy_walks(trees, rows)
-        for t, r, h in zip(trees, rows, hiddens, strict=True):
-            if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
-                finished.append(t.live)
-        return finished
+        return trees, logits, hidden
+
+    def _shared_budget(self, batch: list[Live]) -> int | None:
+        """The budget of a round that runs as a `_TreeRound` (every slot a greedy ddtree one of one
+        budget): that budget, or with a policy between probes its best one budget for all from the
+        slots' last curves; None for any other round (and for a policy's 0: no drafting)."""
+        caps = {s.budget for s in batch}
+        if len(caps) != 1 or any(s.mode != "ddtree" or not s.sampling.greedy for s in batch):
+            return None
+        if self.policy is None:
+            return caps.pop()
+        if self.latest is None or self.rounds >= self.probe_at:  # a probe: the policy's own round
+            return None
+        return self.policy.shared([s.gains or self.latest for s in batch], caps.pop()) or None
+
+    def _tree_round(
+        self, batch: list[Live], budget: int
+    ) -> tuple[list[_Tree], Tensor, Tensor | None, dict[int, Walk]]:
+        """The round of `batch` (greedy ddtree sequences of one `budget`) as a `_TreeRound` per
+        (sequences, budget, key bound): on CUDA a graph captured at its first use and replayed,
+        elsewhere its phases run as they are. Its trees, logits, features and walks (by `id` of
+        the tree); each slot commits its own after it."""
+        self.drafts += 1
+        self._ingest(batch)
+        key: StepKey = ("ddtree", len(batch), budget, max(self._bound(s) for s in batch))
+        values = [s.root for s in batch], [s.slot for s in batch], [s.ctx for s in batch]
+        r = self.tree_rounds.get(key)
+        if r is None:
+            r = self.tree_rounds[key] = self._tree_phases(*key[1:])
+            if self.step_graphs is not None:  # its warm-up run writes only rows the round rewrites
+                r.steps.fill(*values)
+                self.step_graphs.capture(key, r.phases, lambda: None)
+        r.steps.fill(*values)
+        if self.step_graphs is not None:
+            self.step_graphs.replay(key)
+        else:
+            for _, run in r.phases:
+                run()
+        assert r.tokens is not None and r.parents is not None and r.depth is not None
+        assert r.draft_logits is not None and r.logits is not None and r.walk is not None
+        trees, walks = [], {}
+        for i, s in enumerate(batch):
+            s.budgets.append(budget)
+            trees.append(_Tree(s, r.tokens[i], r.parents[i], r.depth[i], r.draft_logits[i], r.plans[i]))
+            walks[id(trees[-1])] = (r.walk[0][i], r.walk[1][i], r.walk[2][i])
+        return trees, r.logits, r.hidden, walks
+
+    def _tree_phases(self, sequences: int, budget: int, bound: int) -> _TreeRound:
+        """A `_TreeRound`'s buffers and phases: draft (every block in one drafter pass), tree (each
+        sequence's best-`budget` tree and its plan), verify (one target pass over the forest) and
+        walk (every tree's in one call)."""
+        assert self.drafter is not None
+        cfg, block, backend, target = self.drafter.config, self.block, self.backend, self.target
+        r = _TreeRound(Steps.empty(sequences, bound, self.device))
+        masks = torch.full((sequences, block - 1), cfg.mask_token_id, dtype=torch.int64, device=self.device)
+        offsets = torch.arange(block, device=self.device).expand(sequences, block)
+
+        def draft() -> None:
+            steps = r.steps
+            tokens = torch.cat([steps.tokens[:, None], masks], dim=1)  # [P, block]
+            noise = target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
+            blocks = Forest(tokens, offsets, steps.slots, steps.context_lens, bound)
+            hidden = self.drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
+            logits = self.drafter.logits(hidden[:, 1:].reshape(sequences * (block - 1), -1), target.lm_head)
+            r.draft_logits = logits.view(sequences, block - 1, -1)
+
+        def tree() -> None:
+            assert r.draft_logits is not None
+            built = [
+                backend.build_tree(r.draft_logits[i], budget, r.steps.tokens[i]) for i in range(sequences)
+            ]
+            r.tokens, r.parents, r.depth = (torch.stack(x) for x in zip(*built, strict=True))
+            r.plans = [target.plan(r.parents[i], r.depth[i], backend, False) for i in range(sequences)]
+
+        def verify() -> None:
+            assert r.tokens is not None and r.depth is not None
+            forest = Forest(r.tokens, r.depth, r.steps.slots, r.steps.context_lens, bound, r.plans)
+            r.logits, r.hidden = target.forward_parts(forest, backend, logits_dtype=None)
+
+        def walk() -> None:
+            assert r.tokens is not None and r.parents is not None and r.logits is not None
+            r.walk = backend.tree_walk_parts(r.tokens, r.parents, r.logits.view(sequences, budget + 1, -1))
+
+        r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk)]
+        return r
 
     def _replay_steps(self, batch: list[Live]) -> Tensor:
         """Every sequence's `ar` token through the graph of a step of this many sequences under this
         key bound (captured at its first use, from the states as they are), its buffers refilled:
         fp32 logits [P, V], valid until the next replay."""
         assert self.step_graphs is not None
-        key: GraphKey = ("ar", len(batch), max(self._bound(s) for s in batch))
+        key: StepKey = ("ar", len(batch), 0, max(self._bound(s) for s in batch))
         values = [s.root for s in batch], [s.slot for s in batch], [s.ctx for s in batch]
         if key not in self.step_graphs:
-            steps, out = Steps.empty(len(batch), key[2], self.device), []
+            steps, out = Steps.empty(len(batch), key[3], self.device), []
 
             def step() -> None:  # the capture's output tensor is the one its replays write
-                out[:] = [self.target.forward_parts(steps, self.backend, capture=False)[0]]
+                out[:] = [self.target.forward_parts(steps.forest(), self.backend, capture=False)[0]]
 
             self.step_buffers[key] = steps, out
             steps.fill(*values)  # the warm-up run before the capture steps these sequences for real:
@@ -348,22 +465,28 @@ class BatchEngine(Engine):
         off = {id(s) for s, budget in zip(auto, picked, strict=True) if budget == 0}
         return [s for s in spec if id(s) not in off]
 
+    def _ingest(self, spec: list[Live]) -> None:
+        """Last round's accepted rows of every slot in `spec` into its drafter cache, in one pass."""
+        assert self.drafter is not None
+        fresh = [s for s in spec if s.feats is not None]
+        if not fresh:
+            return
+        parts = []
+        for s in fresh:
+            assert s.feats is not None
+            positions = torch.arange(s.ctx - s.feats.shape[0], s.ctx, device=self.device)
+            parts.append(Part(s.slot, positions, positions, s.ctx - s.feats.shape[0]))
+        self.drafter.ingest_parts(
+            torch.cat([s.feats for s in fresh if s.feats is not None]), parts, self.backend
+        )
+        for s in fresh:
+            s.feats = None
+
     def _draft(self, spec: list[Live]) -> Tensor:
         """Every speculative slot's block in one drafter pass: draft logits [S, B - 1, V] (fp32)."""
         assert self.drafter is not None
         cfg, block = self.drafter.config, self.block
-        fresh = [s for s in spec if s.feats is not None]
-        if fresh:  # last round's accepted rows into each slot's drafter cache, in one pass
-            parts = []
-            for s in fresh:
-                assert s.feats is not None
-                positions = torch.arange(s.ctx - s.feats.shape[0], s.ctx, device=self.device)
-                parts.append(Part(s.slot, positions, positions, s.ctx - s.feats.shape[0]))
-            self.drafter.ingest_parts(
-                torch.cat([s.feats for s in fresh if s.feats is not None]), parts, self.backend
-            )
-            for s in fresh:
-                s.feats = None
+        self._ingest(spec)
         roots = torch.tensor([s.root for s in spec], dtype=torch.int64, device=self.device)
         tokens = torch.full((len(spec), block), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         tokens[:, 0] = roots

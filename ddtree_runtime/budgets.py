@@ -26,7 +26,9 @@ then coordinate ascent from it (padding and drafting's share are steps in cost, 
 move alone rarely pays for). It is made twice a round:
 
 1. before drafting, from each slot's last drafted round's expected-token curve (a slot that has not
-   drafted yet: the latest curve of any slot): the slots that pick 0 do not draft this round;
+   drafted yet: the latest curve of any slot): the slots that pick 0 do not draft this round
+   (when every slot is a greedy ddtree one of the same budget, the best one budget for all instead:
+   the batch then runs a tree round of that budget, graphed on CUDA, until the next probe);
 2. after drafting, from the fresh curves: each drafted slot's budget. The same rule: a slot that
    takes a tree still pays its share of drafting (most of it on a CPU is the slot's tree: build,
    plan, walk and commit, not the drafter's pass), so a probe (below) whose curves say drafting
@@ -238,6 +240,15 @@ class BudgetPolicy:
         best = (rate(pick), pick)
         self.last = (asked, best[1])
         return list(best[1])
+
+    def shared(self, gains: list[list[float]], cap: int) -> int:
+        """The best one budget for slots with curves `gains`, each capped at `cap` and none beside
+        them: what a round of one budget for all (`BatchEngine`'s tree round) verifies."""
+        levels = sorted({0, *(b for b in self.budgets if b < cap), cap})
+        n = len(gains)
+        return max(
+            levels, key=lambda b: sum(gain(g, b) for g in gains) / self.costs(n * (b + 1), n * (b > 0))
+        )
 
     def next_gap(self, gap: int, speculating: bool) -> int:
         """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a

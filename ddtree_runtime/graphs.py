@@ -18,6 +18,8 @@ from ddtree_runtime.rounds import Phase
 MIN_BUCKET = 1024
 
 GraphKey = tuple[str, int, int]  # (mode, budget, key bound)
+# a graph's key: a `GraphKey` (`Engine`), or a batched round's `batching.StepKey`
+AnyKey = tuple[str | int, ...]
 
 
 def key_bound(needed: int, max_context: int, bucketed: bool) -> int:
@@ -41,19 +43,20 @@ def buckets(max_context: int) -> list[int]:
 
 
 class RoundGraphs:
-    """Captured rounds, keyed by (mode, budget, key bound)."""
+    """Captured rounds, keyed by (mode, budget, key bound), or for a batched round by (mode,
+    sequences, budget, key bound)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         # each graph with its phases: their closures own tensors made before the capture (mask
         # tokens, chain parents), which the graph reads by address and so must outlive it
-        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, list[Phase]]] = {}
+        self.graphs: dict[AnyKey, tuple[torch.cuda.CUDAGraph, list[Phase]]] = {}
 
-    def __contains__(self, key: GraphKey) -> bool:
+    def __contains__(self, key: AnyKey) -> bool:
         return key in self.graphs
 
-    def capture(self, key: GraphKey, phases: list[Phase], reset: Callable[[], None]) -> None:
+    def capture(self, key: AnyKey, phases: list[Phase], reset: Callable[[], None]) -> None:
         """Run the round once on a side stream (compiles kernels, sets up cuBLAS), then capture
         it. `reset` puts the buffers back into a valid state before each run."""
         stream = torch.cuda.Stream(self.device)
@@ -70,5 +73,5 @@ class RoundGraphs:
                 run()
         self.graphs[key] = (graph, phases)
 
-    def replay(self, key: GraphKey) -> None:
+    def replay(self, key: AnyKey) -> None:
         self.graphs[key][0].replay()

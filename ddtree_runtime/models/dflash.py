@@ -25,7 +25,15 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import DFlashConfig
 from ddtree_runtime.models.qwen3 import DecoderLayer, RMSNorm, linear, rope_tables
-from ddtree_runtime.models.target import Part, as_device_length, attend_slots, per_part, slot_rows
+from ddtree_runtime.models.target import (
+    Forest,
+    Part,
+    SlotRows,
+    as_device_length,
+    attend_slots,
+    per_part,
+    slot_rows,
+)
 
 
 class DFlashDrafter(nn.Module):
@@ -107,16 +115,22 @@ class DFlashDrafter(nn.Module):
         part = Part(0, positions, positions, start, None, key_bound)
         return self.draft_parts(noise, [part], backend)
 
-    def draft_parts(self, noise: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> Tensor:
+    def draft_parts(
+        self, noise: Tensor, parts: Sequence[Part] | Forest, backend: Backend[Any, Any, Any]
+    ) -> Tensor:
         """Several slots' blocks in one pass: noise [sum of the parts' rows, hidden], each part a
         block at `input_pos` right after its slot's ingested context (`context_len`; its `tokens`
         only count its rows). The projections and MLPs run over every block's rows at once,
         attention per part over its own cache (one padded call for all, on a backend with
-        `attention_parts`)."""
+        `attention_parts`). A `Forest` (without trees) in place of the parts: the blocks from
+        device tensors alone, which a graph can capture."""
         assert self.k_cache is not None and self.v_cache is not None
         eps = self.config.layers.rms_norm_eps
-        parts = [p.resolved() for p in parts]
-        batch = slot_rows(parts, backend)
+        if isinstance(parts, Forest):
+            batch, parts = SlotRows.of_forest(parts), []
+        else:
+            parts = [p.resolved() for p in parts]
+            batch = slot_rows(parts, backend)
         masks: dict[tuple[bool, int | None], Any] = {}  # one per kind of layer (causal?, window)
         h, x = backend.rms_norm(noise, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):

@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from ddtree_runtime.backend import Backend, TorchBackend
 from ddtree_runtime.config import Qwen3Config
 from ddtree_runtime.models.target import (
+    Forest,
     Part,
     SlotRows,
-    Steps,
     TreeInputs,
     as_device_length,
     attend_slots,
@@ -334,7 +334,7 @@ class Qwen3(nn.Module):
 
     def forward_parts(
         self,
-        parts: Sequence[Part] | Steps,
+        parts: Sequence[Part] | Forest,
         backend: Backend,
         capture: bool = True,
         *,
@@ -346,12 +346,13 @@ class Qwen3(nn.Module):
         slot), outputs in the parts' order. The projections and the MLP run over every part's rows
         at once (one read of the weights); q/k norm + RoPE and attention run per part, over its own
         cache and context length (the existing kernels, one launch per part), or, on a backend with
-        `attention_parts`, once per layer over every part's rows (padded). `Steps` in place of the
-        parts: a batched `ar` step from device buffers (on a backend with `attention_parts`)."""
+        `attention_parts`, once per layer over every part's rows (padded). A `Forest` in place of the
+        parts: P sequences' trees (or `ar` steps) from device tensors alone, which a graph can
+        capture (on a backend with `attention_parts`)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        if isinstance(parts, Steps):
-            tokens, batch, parts = parts.tokens, SlotRows.of_steps(parts), []
+        if isinstance(parts, Forest):
+            tokens, batch, parts = parts.tokens.reshape(-1), SlotRows.of_forest(parts), []
         else:
             parts = [p.resolved() for p in parts]
             tokens = parts[0].tokens if len(parts) == 1 else torch.cat([p.tokens for p in parts])

@@ -35,9 +35,9 @@ from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
 from ddtree_runtime.models.qwen3 import MLP, _fused, linear, outputs, rope_tables
 from ddtree_runtime.models.target import (
+    Forest,
     Part,
     SlotRows,
-    Steps,
     TreeInputs,
     as_device_length,
     attend_slots,
@@ -432,10 +432,9 @@ class Qwen3_5(nn.Module):
         self.capture_layers: tuple[int, ...] = ()
         self.slot = {layer: i for i, layer in enumerate(cfg.full_layers)}
         self.slot.update({layer: i for i, layer in enumerate(cfg.linear_layers)})
-        # each verify size's staging buffers (per backend, for every cache slot), and each slot's
-        # last verify pass's, for `commit`
+        # each verify size's staging buffers (per backend, for every cache slot; `commit` reads a
+        # slot's of its path's size)
         self._stagings: dict[tuple[str, int], Any] = {}
-        self._staged: dict[int, Any] = {}
 
     def fuse(self) -> None:
         """Fused projections and precomputed norm scales for inference (done by the loader; training
@@ -470,7 +469,7 @@ class Qwen3_5(nn.Module):
         self.conv_state, self.rec_state = self.conv_states[0], self.rec_states[0]
         self.cos, self.sin = rope_tables(cfg.rotary_dim, cfg.rope_theta, max_context, w.device)
         self.capture_layers = capture_layers
-        self._stagings, self._staged = {}, {}
+        self._stagings = {}
 
     @property
     def max_context(self) -> int:
@@ -549,7 +548,7 @@ class Qwen3_5(nn.Module):
 
     def forward_parts(
         self,
-        parts: Sequence[Part] | Steps,
+        parts: Sequence[Part] | Forest,
         backend: Backend[Any, Any, Any],
         capture: bool = True,
         *,
@@ -563,21 +562,22 @@ class Qwen3_5(nn.Module):
         or, on a backend with `gdn_steps`, of every one-token chain (`ar`) in one call per layer,
         and, with `gdn_forest`, of every verify part of a size shared by several in one call;
         attention per part, or, on a backend with `attention_parts`, once per layer over every
-        part's rows (padded). `Steps` in place of the parts: a batched `ar` step from device
-        buffers (on a backend with `attention_parts` and `gdn_steps`), which a graph can capture."""
+        part's rows (padded). A `Forest` in place of the parts: P sequences' trees of one size
+        (`gdn_forest`) or `ar` steps (`gdn_steps`) from device tensors alone, which a graph can
+        capture (on a backend with the batched calls)."""
         if self.k_cache is None or self.v_cache is None:
             raise RuntimeError("call setup_caches(max_context) before forward")
-        if isinstance(parts, Steps):
-            rows = torch.arange(parts.sequences, device=parts.values.device)
-            p = _Pass(backend, [], {}, _Batched([_Group(rows, parts.slots)], []), SlotRows.of_steps(parts))
-            tokens = parts.tokens
+        if isinstance(parts, Forest):
+            p = _Pass(
+                backend, [], {}, _Batched([self._forest_group(parts, backend)], []), SlotRows.of_forest(parts)
+            )
+            tokens = parts.tokens.reshape(-1)
         else:
             for part in parts:
                 if isinstance(part.context_len, int) and part.context_len == 0:
                     self.reset(part.slot)
             by_size = {p.rows: self._staging(p.rows, backend) for p in parts if p.tree is not None}
             stagings = {p.slot: by_size[p.rows][p.slot] for p in parts if p.tree is not None}
-            self._staged.update(stagings)
             resolved = [part.resolved() for part in parts]
             p = _Pass(backend, resolved, stagings, _Batched.of(resolved, backend, by_size))
             tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])
@@ -596,6 +596,17 @@ class Qwen3_5(nn.Module):
             if capture and i in self.capture_layers:  # x: the residual stream after layer i
                 captured[i] = x
         return outputs(self, h, captured, logits_dtype, last_logits_only, final_hidden)
+
+    def _forest_group(self, forest: Forest, backend: Backend[Any, Any, Any]) -> _Group:
+        """A forest's rows as every DeltaNet layer takes them: its trees in one `gdn_forest` call
+        (their plans stacked once), or its one-token steps in one `gdn_steps` call."""
+        p, n = forest.shape
+        rows = torch.arange(p * n, device=forest.tokens.device)
+        if not forest.trees:
+            assert n == 1, "a forest without trees is a batched `ar` step"
+            return _Group(rows, forest.slots)
+        plan = backend.gdn_forest_plan([t.gdn for t in forest.trees])
+        return _Group(rows, forest.slots, plan, self._staging(n, backend))
 
     def _norm_before(self, layer: int) -> tuple[Tensor, int | None]:
         """The (1 + w) scale of the norm before `layer` (the final norm past the last) and the
@@ -616,6 +627,7 @@ class Qwen3_5(nn.Module):
         """After a verify pass: a slot's DeltaNet states along the accepted path, then (for a tree)
         its accepted K/V rows into place, as for dense models. path [N] padded with -1; path_len 0-d."""
         conv_states, states = self.conv_states[slot], self.rec_states[slot]
-        backend.gdn_commit(conv_states, states, self._staged[slot], tree.gdn, path, path_len)
+        staging = self._staging(path.shape[0], backend)[slot]  # where its verify pass staged
+        backend.gdn_commit(conv_states, states, staging, tree.gdn, path, path_len)
         if not tree.chain:
             backend.compact(self.k_caches[slot], self.v_caches[slot], context_len, path, path_len)

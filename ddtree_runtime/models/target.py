@@ -56,20 +56,41 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Forest:
+    """N new rows of each of P sequences described by device tensors alone (no host value), so that
+    a CUDA graph can capture the pass: a verify tree of N nodes each (`trees`, from `Target.plan`),
+    or, without trees, N consecutive rows each (a batched `ar` step, N = 1, or the drafter's blocks).
+    Sequence i's rows go to cache rows `context_lens[i] + 0 .. N - 1` of its slot, at positions
+    `context_lens[i] + depth[i]`, and read at most `keys` keys."""
+
+    tokens: Tensor  # [P, N]
+    depth: Tensor  # [P, N]
+    slots: Tensor  # [P]
+    context_lens: Tensor  # [P]
+    keys: int
+    trees: Sequence[TreeInputs] = ()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(P, N): sequences, rows each."""
+        return self.tokens.shape[0], self.tokens.shape[1]
+
+
+@dataclass(frozen=True)
 class Steps:
-    """One committed token of each of P sequences (a batched `ar` step) in device buffers, with no
-    host value in its description, so that a CUDA graph can capture the pass: refilled before each
-    replay, the buffers serve every step of P sequences under the key bound `keys`."""
+    """Each of P sequences' next token, cache slot and context length in one device buffer, refilled
+    before each replay of a graph that reads them (a batched round of P sequences under the key
+    bound `keys`)."""
 
     values: Tensor  # int64 [3, P]: tokens, cache slots, context lengths (cache rows, positions)
-    keys: int  # static bound on any sequence's keys (its context and the token)
+    keys: int  # static bound on any sequence's keys (its context and its new rows)
 
     @classmethod
     def empty(cls, sequences: int, keys: int, device: torch.device) -> Steps:
         return cls(torch.zeros(3, sequences, dtype=torch.int64, device=device), keys)
 
     def fill(self, tokens: Sequence[int], slots: Sequence[int], context_lens: Sequence[int]) -> None:
-        """A step's values into the buffers, in one host-to-device copy."""
+        """A round's values into the buffer, in one host-to-device copy."""
         self.values.copy_(torch.tensor([list(tokens), list(slots), list(context_lens)], dtype=torch.int64))
 
     @property
@@ -87,6 +108,11 @@ class Steps:
     @property
     def sequences(self) -> int:
         return self.values.shape[1]
+
+    def forest(self) -> Forest:
+        """The batched `ar` step: each sequence's token as one committed row."""
+        zero = torch.zeros(self.sequences, 1, dtype=torch.int64, device=self.values.device)
+        return Forest(self.tokens[:, None], zero, self.slots, self.context_lens, self.keys)
 
 
 def as_device_length(context_len: int | Tensor, device: torch.device) -> Tensor:
@@ -120,7 +146,7 @@ class SlotRows:
     pad: Tensor  # [P, N] each padded row's index into the T rows (T: a padding row)
     unpad: Tensor  # [T] each row's index into the P * N padded rows
     rows: list[int]
-    context_lens: list[int] | Tensor  # a Tensor [P] on the device for `Steps`
+    context_lens: list[int] | Tensor  # a Tensor [P] on the device for a `Forest`
     keys: int  # the most keys any part reads (its key bound)
     visibilities: list[Any]  # each part's tree visibility (None: a chain)
 
@@ -157,21 +183,22 @@ class SlotRows:
         )
 
     @classmethod
-    def of_steps(cls, steps: Steps) -> SlotRows:
-        """A batched `ar` step's layout, from its buffers alone (a graph can capture it)."""
-        p = steps.sequences
-        ids = torch.arange(p, device=steps.values.device)
+    def of_forest(cls, forest: Forest) -> SlotRows:
+        """A forest's layout, from its device tensors alone (a graph can capture it)."""
+        p, n = forest.shape
+        device = forest.tokens.device
+        ids = torch.arange(p * n, device=device)
         return cls(
-            slots=steps.slots,
-            row_slots=steps.slots,
-            cache_rows=steps.context_lens,
-            positions=steps.context_lens,
-            pad=ids[:, None],
+            slots=forest.slots,
+            row_slots=forest.slots[:, None].expand(p, n).reshape(-1),
+            cache_rows=(forest.context_lens[:, None] + torch.arange(n, device=device)).reshape(-1),
+            positions=(forest.context_lens[:, None] + forest.depth).reshape(-1),
+            pad=ids.view(p, n),
             unpad=ids,
-            rows=[1] * p,
-            context_lens=steps.context_lens,
-            keys=steps.keys,
-            visibilities=[None] * p,
+            rows=[n] * p,
+            context_lens=forest.context_lens,
+            keys=forest.keys,
+            visibilities=[t.visibility for t in forest.trees] or [None] * p,
         )
 
     def mask(
@@ -251,7 +278,7 @@ class Target(Protocol):
 
     def forward_parts(
         self,
-        parts: Sequence[Part] | Steps,
+        parts: Sequence[Part] | Forest,
         backend: Backend[Any, Any, Any],
         capture: bool = True,
         *,

@@ -16,7 +16,7 @@ from ddtree_runtime.backend import TorchBackend, select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.loader import load_pair
-from ddtree_runtime.models.target import Part, Steps
+from ddtree_runtime.models.target import Forest, Part, Steps
 from ddtree_runtime.tiny import SPECIALS, TinyPair
 from ddtree_runtime.triton_backend import TritonBackend
 from tests.runtime.helpers import assert_same_tokens, engine_for
@@ -244,9 +244,90 @@ def test_a_step_from_device_buffers_is_the_step_of_its_parts(
     restore()
     steps = Steps.empty(len(slots), max(ctxs) + 1, device)
     steps.fill(roots, slots, ctxs)
-    got, _ = target.forward_parts(steps, backend, capture=False)
+    got, _ = target.forward_parts(steps.forest(), backend, capture=False)
     assert torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(state(), want_state, strict=True))
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+@pytest.mark.parametrize("backend", [TorchBackend(), TritonBackend()], ids=["torch", "triton"])
+def test_a_forest_from_device_tensors_verifies_and_commits_as_its_parts(
+    request: pytest.FixtureRequest, pair_name: str, backend: Any, device: torch.device, dtype: torch.dtype
+) -> None:
+    """A `Forest` (what a graphed ddtree round verifies: every sequence's tree from device tensors
+    alone) gives every sequence the logits and features of the same trees as parts, and after each
+    slot's commit the same K/V rows and DeltaNet states, on both backends."""
+    pair = request.getfixturevalue(pair_name)
+    target, _ = load_pair(pair.target, pair.drafter, device, dtype)
+    target.setup_caches(64, capture_layers=(0, 1), slots=4)
+    prompts = {2: [5, 6, 7], 0: [8, 9, 10, 11, 12], 3: [13]}  # slots out of order, one left free
+    for slot, prompt in prompts.items():
+        tokens = torch.tensor(prompt, device=device)
+        target.forward_parts(
+            [Part(slot, tokens, torch.arange(len(prompt), device=device), 0)], TorchBackend()
+        )
+    slots, ctxs = list(prompts), [len(p) for p in prompts.values()]
+    parents = torch.tensor([-1, 0, 0, 1, 2], device=device)
+    depth = torch.tensor([0, 1, 1, 2, 2], device=device)
+    tokens = torch.tensor([[20, 21, 22, 23, 24], [25, 21, 26, 27, 28], [29, 30, 31, 32, 33]], device=device)
+    path, path_len = torch.tensor([0, 2, 4, -1, -1], device=device), torch.tensor(3, device=device)
+    plan = target.plan(parents, depth, backend, False)
+    keys = max(ctxs) + 5
+    restore = target.snapshot(slots)
+
+    def verify_and_commit(pass_: Any) -> list[torch.Tensor]:
+        logits, hidden = target.forward_parts(pass_, backend)
+        for slot, ctx in zip(slots, ctxs, strict=True):
+            target.commit(ctx, plan, path, path_len, backend, slot)
+        names = ("k_caches", "v_caches", "conv_states", "rec_states")
+        return [logits, hidden, *(getattr(target, n).clone() for n in names if hasattr(target, n))]
+
+    parts = [Part(s, t, c + depth, c, plan, keys) for s, t, c in zip(slots, tokens, ctxs, strict=True)]
+    want = verify_and_commit(parts)
+    restore()
+    values = torch.tensor([slots, ctxs], device=device)
+    forest = Forest(tokens, depth.expand(3, 5), values[0], values[1], keys, [plan] * 3)
+    got = verify_and_commit(forest)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+def test_ddtree_requests_of_one_budget_run_as_tree_rounds_and_keep_their_tokens(
+    request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Greedy ddtree requests of one budget decode in tree rounds (the round a CUDA graph
+    captures: drafts, trees, verify and walks from device tensors alone; on CUDA replayed), as
+    requests join and leave (several batch sizes), and each gets its tokens and acceptances alone."""
+    pair = request.getfixturevalue(pair_name)
+    alone = engine_for(pair, device, dtype, max_context=256)
+    batched = batch_engine(pair, device, dtype, 3, chunk=4)
+    reqs = [
+        {**r, "mode": "ddtree", "budget": 6, "max_new_tokens": 8 + 2 * r["max_new_tokens"]}
+        for r in requests(17, 6)
+    ]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
+        assert result.accepted_per_round == want.accepted_per_round
+    assert {sequences for _, sequences, _, _ in batched.tree_rounds} >= {1, 2, 3}
+    if batched.step_graphs is not None:
+        assert set(batched.tree_rounds) <= set(batched.step_graphs.graphs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+def test_on_cuda_graphed_tree_rounds_in_bf16_give_each_request_its_tokens_alone(
+    request: pytest.FixtureRequest, pair_name: str
+) -> None:
+    """The replayed tree rounds in bf16 (the fp32 case is the test above on a CUDA run). CUDA only."""
+    pair, device = request.getfixturevalue(pair_name), torch.device("cuda")
+    alone = engine_for(pair, device, torch.bfloat16, max_context=256)
+    batched = batch_engine(pair, device, torch.bfloat16, 4, chunk=5)
+    reqs = [{**r, "mode": "ddtree", "budget": 8} for r in requests(19, 9)]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, torch.bfloat16)
+    assert batched.step_graphs is not None and len(batched.tree_rounds) >= 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

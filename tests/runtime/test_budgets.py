@@ -151,6 +151,8 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
         return sum(budgets) / len(budgets)
 
     assert mean(batched) < mean(single)
+    # between probes the four ran tree rounds (graphed on CUDA) at the policy's one budget for all
+    assert any(n == 4 and 0 < b < 64 for _, n, b, _ in engine.tree_rounds), engine.tree_rounds.keys()
 
 
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
