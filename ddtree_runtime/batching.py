@@ -23,12 +23,18 @@ every decoding sequence:
     commit   per slot, accepted K/V rows and DeltaNet states into place
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
-(T = 0) whatever else is in the batch. On CUDA a round of `ar` sequences only is a CUDA graph: the
-target's step of P sequences (`Steps`: their tokens, slots and lengths in device buffers) is
-captured at the first round of P sequences under a key bound, then replayed with the buffers
-refilled (one graph per (P, key bound); a launch per kernel cost a 27B step ~4x the GPU work). The
-other rounds run eagerly, with host-side lengths; `Engine.generate` (slot 0, graphed on CUDA) stays
-the batch-1 path.
+(T = 0) whatever else is in the batch. Two kinds of round are described by device tensors alone
+(`Forest`: each sequence's rows, slot and length, no host value), so that on CUDA a graph captures
+them at their first use and replays them with their buffers (`Steps`) refilled (a launch per
+kernel cost a 27B round ~4x its GPU work):
+    - a round of `ar` sequences only: the target's step of P sequences (one graph per (P, key
+      bound));
+    - a tree round: every sequence a greedy ddtree one of one budget (the served default), or with
+      a budget policy between probes its best one budget for all: draft, every tree and its plan,
+      the verify pass over the forest and every walk (one graph per (P, budget, key bound)); each
+      slot then commits its own on the host's slot index. Elsewhere its phases run as they are.
+Other rounds (mixed modes or budgets, sampling, the policy's probes) run eagerly, with host-side
+lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path.
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class _Tree:
     tokens: Tensor
     parents: Tensor
     depth: Tensor
-    draft_logits: Tensor | None  # None: `ar`
+    draft_logits: Tensor | None  # None: not drafted, or not kept (a tree round's)
     tree: TreeInputs | None = None  # None: `ar`, a committed one-token chain
 
 
@@ -98,17 +104,17 @@ class _Tree:
 class _TreeRound:
     """A round of P greedy ddtree sequences of one budget from device tensors alone (`steps`: their
     roots, slots and lengths): every drafter block in one pass, each sequence's tree and plan, one
-    verify pass over the forest, every walk in one call. A CUDA graph captures its phases (one per (P, budget, key bound));
-    elsewhere they run as they are. Its outputs hold until the next round."""
+    verify pass over the forest, every walk in one call. A CUDA graph captures its phases (one per
+    (P, budget, key bound)); elsewhere they run as they are. It keeps only what the slots' commits
+    read, valid until the next round: a graph's outputs stay allocated as long as the graph, and the
+    logits ([P N, V], and the drafter's) would hold GBs per round shape of a large vocabulary."""
 
     steps: Steps
     phases: list[Phase] = field(default_factory=list)
-    draft_logits: Tensor | None = None  # [P, B - 1, V] fp32
     tokens: Tensor | None = None  # [P, N]: each tree's root, then its nodes
     parents: Tensor | None = None  # [P, N]
     depth: Tensor | None = None  # [P, N]
     plans: list[TreeInputs] = field(default_factory=list)
-    logits: Tensor | None = None  # [P N, V]
     hidden: Tensor | None = None  # [P N, features]
     walk: Walk | None = None  # path [P, N], path_len [P], bonus [P]
 
@@ -258,16 +264,17 @@ class BatchEngine(Engine):
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
         budget = self._shared_budget(batch)
+        rows: Sequence[Tensor | None]
         if budget is not None:
-            trees, logits, hidden, walks = self._tree_round(batch, budget)
+            trees, hidden, walks = self._tree_round(batch, budget)
+            rows = [None] * len(trees)  # walked already
         else:
             trees, logits, hidden = self._mixed_round(batch)
+            rows = logits.split([t.tokens.shape[0] for t in trees])
+            walks = self._greedy_walks(trees, rows)
         sizes = [t.tokens.shape[0] for t in trees]
         finished = []
         hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
-        rows = logits.split(sizes)
-        if budget is None:
-            walks = self._greedy_walks(trees, rows)
         for t, r, h in zip(trees, rows, hiddens, strict=True):
             if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
                 finished.append(t.live)
@@ -335,11 +342,11 @@ class BatchEngine(Engine):
 
     def _tree_round(
         self, batch: list[Live], budget: int
-    ) -> tuple[list[_Tree], Tensor, Tensor | None, dict[int, Walk]]:
+    ) -> tuple[list[_Tree], Tensor | None, dict[int, Walk]]:
         """The round of `batch` (greedy ddtree sequences of one `budget`) as a `_TreeRound` per
         (sequences, budget, key bound): on CUDA a graph captured at its first use and replayed,
-        elsewhere its phases run as they are. Its trees, logits, features and walks (by `id` of
-        the tree); each slot commits its own after it."""
+        elsewhere its phases run as they are. Its trees, features and walks (by `id` of the tree);
+        each slot commits its own after it."""
         self.drafts += 1
         self._ingest(batch)
         key: StepKey = ("ddtree", len(batch), budget, max(self._bound(s) for s in batch))
@@ -356,50 +363,51 @@ class BatchEngine(Engine):
         else:
             for _, run in r.phases:
                 run()
-        assert r.tokens is not None and r.parents is not None and r.depth is not None
-        assert r.draft_logits is not None and r.logits is not None and r.walk is not None
+        assert r.tokens is not None and r.parents is not None and r.depth is not None and r.walk is not None
         trees, walks = [], {}
         for i, s in enumerate(batch):
             s.budgets.append(budget)
-            trees.append(_Tree(s, r.tokens[i], r.parents[i], r.depth[i], r.draft_logits[i], r.plans[i]))
+            trees.append(_Tree(s, r.tokens[i], r.parents[i], r.depth[i], None, r.plans[i]))
             walks[id(trees[-1])] = (r.walk[0][i], r.walk[1][i], r.walk[2][i])
-        return trees, r.logits, r.hidden, walks
+        return trees, r.hidden, walks
 
     def _tree_phases(self, sequences: int, budget: int, bound: int) -> _TreeRound:
         """A `_TreeRound`'s buffers and phases: draft (every block in one drafter pass), tree (each
         sequence's best-`budget` tree and its plan), verify (one target pass over the forest) and
-        walk (every tree's in one call)."""
+        walk (every tree's in one call). The logits pass between phases and are not kept."""
         assert self.drafter is not None
         cfg, block, backend, target = self.drafter.config, self.block, self.backend, self.target
+        drafter = self.drafter
         r = _TreeRound(Steps.empty(sequences, bound, self.device))
         masks = torch.full((sequences, block - 1), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         offsets = torch.arange(block, device=self.device).expand(sequences, block)
+        logits: list[Tensor] = []  # the phase's output the next reads (then dropped)
 
         def draft() -> None:
             steps = r.steps
             tokens = torch.cat([steps.tokens[:, None], masks], dim=1)  # [P, block]
             noise = target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
             blocks = Forest(tokens, offsets, steps.slots, steps.context_lens, bound)
-            hidden = self.drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
-            logits = self.drafter.logits(hidden[:, 1:].reshape(sequences * (block - 1), -1), target.lm_head)
-            r.draft_logits = logits.view(sequences, block - 1, -1)
+            hidden = drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
+            flat = hidden[:, 1:].reshape(sequences * (block - 1), -1)
+            logits[:] = [drafter.logits(flat, target.lm_head).view(sequences, block - 1, -1)]
 
         def tree() -> None:
-            assert r.draft_logits is not None
-            built = [
-                backend.build_tree(r.draft_logits[i], budget, r.steps.tokens[i]) for i in range(sequences)
-            ]
+            (draft_logits,) = logits
+            built = [backend.build_tree(draft_logits[i], budget, r.steps.tokens[i]) for i in range(sequences)]
             r.tokens, r.parents, r.depth = (torch.stack(x) for x in zip(*built, strict=True))
             r.plans = [target.plan(r.parents[i], r.depth[i], backend, False) for i in range(sequences)]
+            logits.clear()
 
         def verify() -> None:
             assert r.tokens is not None and r.depth is not None
             forest = Forest(r.tokens, r.depth, r.steps.slots, r.steps.context_lens, bound, r.plans)
-            r.logits, r.hidden = target.forward_parts(forest, backend, logits_dtype=None)
+            out, r.hidden = target.forward_parts(forest, backend, logits_dtype=None)
+            logits[:] = [out.view(sequences, budget + 1, -1)]
 
         def walk() -> None:
-            assert r.tokens is not None and r.parents is not None and r.logits is not None
-            r.walk = backend.tree_walk_parts(r.tokens, r.parents, r.logits.view(sequences, budget + 1, -1))
+            assert r.tokens is not None and r.parents is not None
+            r.walk = backend.tree_walk_parts(r.tokens, r.parents, logits.pop())
 
         r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk)]
         return r
@@ -553,11 +561,12 @@ class BatchEngine(Engine):
             )
         return any(picked)
 
-    def _walk(self, t: _Tree, logits: Tensor, hidden: Tensor | None, walked: Walk | None) -> list[int]:
-        """A slot's walk (unless `walked` already) and commit after the verify pass: its new tokens
-        (accepted drafts, then the target's own next token)."""
+    def _walk(self, t: _Tree, logits: Tensor | None, hidden: Tensor | None, walked: Walk | None) -> list[int]:
+        """A slot's walk (unless `walked` already: then `logits` may be None) and commit after the
+        verify pass: its new tokens (accepted drafts, then the target's own next token)."""
         s, sampling = t.live, t.live.sampling
         if t.tree is None:  # the root alone: the pass already committed the row
+            assert logits is not None
             if s.mode != "ar":  # off speculation: the drafter reads its features at its next draft
                 assert hidden is not None
                 s.feats = hidden[:1] if s.feats is None else torch.cat([s.feats, hidden[:1]])
@@ -565,13 +574,13 @@ class BatchEngine(Engine):
             s.ctx += 1
             s.accepted.append(0)
             return [s.root]
-        path, path_len, bonus = walked or self.backend.tree_walk(
-            t.tokens,
-            t.parents,
-            nucleus(logits, sampling.temperature, sampling.top_p),
-            sampling.temperature,
-            sampling.generator,
-        )
+        if walked is None:
+            assert logits is not None
+            logits = nucleus(logits, sampling.temperature, sampling.top_p)
+            walked = self.backend.tree_walk(
+                t.tokens, t.parents, logits, sampling.temperature, sampling.generator
+            )
+        path, path_len, bonus = walked
         self.target.commit(s.ctx, t.tree, path, path_len, self.backend, s.slot)
         n = int(path_len)
         keep = path[:n]
