@@ -27,7 +27,8 @@ from ddtree_runtime.quant import Fp8Linear, act_group
 from ddtree_runtime.tiny_fp8 import QUANTIZED
 from ddtree_runtime.tiny_hybrid import _hybrid_config
 from ddtree_runtime.triton_backend import TritonBackend
-from tests.kernels.trees import DEVICE
+from tests.kernels.test_gdn_layer import layer, projection, states
+from tests.kernels.trees import DEVICE, depths_of, make_parents
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -137,6 +138,53 @@ def test_which_groups_the_head_producers_quantize() -> None:
         )
     with pytest.raises(RuntimeError, match="not 96"):
         attention_gate_fp8(torch.zeros(4, 2, 64, device=DEVICE), torch.zeros(2, 512, device=DEVICE), 4, 96)
+
+
+def _quantizes_as_without_group(call, conv: torch.Tensor, rec: torch.Tensor, group: int) -> None:
+    """`call(conv, rec, group)` on copies of the states: what it returns quantized exactly as the
+    reference quantizes what it returns without a group, and the states advanced alike."""
+    plain, fused = (conv.clone(), rec.clone()), (conv.clone(), rec.clone())
+    want = call(*plain, None)
+    _assert_quantized_as_reference(call(*fused, group), want, group)
+    assert _same(fused[0], plain[0]) and _same(fused[1], plain[1])
+
+
+@pytest.mark.parametrize("backend", [TritonBackend(), TorchBackend()], ids=["triton", "torch"])
+def test_the_deltanet_seams_quantize_their_output_for_an_fp8_out_proj(backend) -> None:
+    """With out_proj's activation group each DeltaNet seam returns its gated norm's rows quantized:
+    the fused `ar` step of one sequence (a 64-wide head a group) and of five in slots out of order
+    (two groups a head), a 17-node tree and a forest of two (the gated norm: two heads a group).
+    A group wider than the step's head (a scale per row) leaves the Triton step's rows unquantized,
+    for the linear to quantize (TorchBackend, the reference, quantizes whatever the group)."""
+    gen = torch.Generator().manual_seed(9)
+    spec = layer(gen, dv=64)
+    conv, rec = states(spec, gen, layers=6)  # one layer's states of six cache slots
+    one, five = projection(spec, 1, gen), projection(spec, 5, gen)
+    slots = torch.tensor([4, 0, 5, 2, 3], device=DEVICE)
+    _quantizes_as_without_group(lambda c, r, g: backend.gdn_chain(one, spec, c[1], r[1], g), conv, rec, 64)
+    _quantizes_as_without_group(lambda c, r, g: backend.gdn_steps(five, spec, c, r, slots, g), conv, rec, 32)
+    plans = []
+    for shape in ("bushy", "random"):
+        parents = make_parents(shape, 17, gen)
+        par, depth = torch.tensor(parents, device=DEVICE), torch.tensor(depths_of(parents), device=DEVICE)
+        plans.append(backend.gdn_plan(par, depth, spec.kernel))
+    staging = backend.gdn_staging(2, 17, spec, torch.float32, slots=6)
+    nodes, pair = projection(spec, 17, gen), projection(spec, 34, gen)
+
+    def tree(c, r, g):
+        return backend.gdn_tree(nodes, spec, c[3], r[3], plans[0], staging[3], 1, g)
+
+    def forest(c, r, g):
+        forest_plan = backend.gdn_forest_plan(plans)
+        return backend.gdn_forest(pair, spec, c, r, slots[:2], forest_plan, staging, 0, g)
+
+    _quantizes_as_without_group(tree, conv, rec, 128)
+    _quantizes_as_without_group(forest, conv, rec, 128)
+    per_row = backend.gdn_chain(one, spec, conv[1].clone(), rec[1].clone(), 256)
+    if isinstance(backend, TritonBackend):
+        assert _same(per_row, backend.gdn_chain(one, spec, conv[1].clone(), rec[1].clone()))
+    else:
+        assert isinstance(per_row, QuantizedRows) and per_row.scale.shape == (1, 1)
 
 
 @pytest.mark.parametrize(("t", "block"), [(3, (128, 128)), (20, (128, 128)), (2, (1, 256)), (20, (1, 256))])
