@@ -15,7 +15,8 @@ input of ``o_proj``. The reference is ``ddtree_runtime.backend.TorchBackend.atte
 For an FP8 target's ``o_proj`` ``attention_gate_fp8`` writes the gated output quantized instead, as
 ``fp8_gemm.act_quant`` would quantize it (``quantize_row``), when whole groups of columns fall in a
 program's heads (``attention_gate_fits``: Qwen's 128-column groups, two to a 256-wide head); a
-scale per row (per-channel checkpoints) spans every program, and those rows stay unquantized.
+scale per row (per-channel checkpoints) spans a row's several programs at real sizes, and those
+rows stay unquantized (the linear quantizes them).
 """
 
 from __future__ import annotations

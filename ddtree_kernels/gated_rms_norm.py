@@ -16,7 +16,8 @@ the same arithmetic (``gated_norm``) into the single-token recurrence.
 For an FP8 target's ``out_proj`` ``gated_rms_norm_fp8`` writes the output quantized instead, as
 ``fp8_gemm.act_quant`` would quantize it (``quantize_row``), when whole groups of columns fall in a
 program's heads (``gated_norm_fits``: Qwen's 128-column groups, a 128-wide value head each); a
-scale per row (per-channel checkpoints) spans every program, and those rows stay unquantized.
+scale per row (per-channel checkpoints) spans a row's several programs at real sizes, and those
+rows stay unquantized (the linear quantizes them).
 """
 
 from __future__ import annotations
