@@ -117,7 +117,10 @@ def swiglu_rows(backend: Backend, gate_up: Tensor, group: int | None) -> Tensor 
     return Fp8Input(None, backend.silu_mul_fp8(gate_up, group))
 
 
-def produced_rows(rows: Tensor | QuantizedRows) -> Tensor | Fp8Input:
+Produced = Tensor | QuantizedRows  # a producer seam's output: its rows, or them quantized for an FP8 reader
+
+
+def produced_rows(rows: Produced) -> Tensor | Fp8Input:
     """A producer's output as its one reader takes it: rows the backend quantized for an FP8 linear
     (given its `act_group`) as an `Fp8Input`; rows it could not quantize in its kernel as they are
     (the linear quantizes them)."""

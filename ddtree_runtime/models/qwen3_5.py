@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ddtree_kernels.host import QuantizedRows
 from ddtree_runtime.backend import Backend
 from ddtree_runtime.config import Qwen3_5Config
 from ddtree_runtime.gated_delta import GdnSpec
@@ -46,7 +45,7 @@ from ddtree_runtime.models.target import (
     slot_rows,
     write_slots,
 )
-from ddtree_runtime.quant import Fp8Input, act_group, norm_rows, produced_rows
+from ddtree_runtime.quant import Fp8Input, Produced, act_group, norm_rows, produced_rows
 
 
 class RMSNorm(nn.Module):
@@ -342,7 +341,7 @@ class GatedDeltaNet(nn.Module):
         batched: _Batched,
         proj: Tensor,
         fp8_group: int | None,
-    ) -> Tensor | QuantizedRows:
+    ) -> Produced:
         """A batched pass: each group of parts in one call (the steps, each forest), every other
         part on its own (quantized for the FP8 out_proj only when one call writes every row)."""
         if len(batched.groups) == 1 and not batched.others:  # one call over every row, in order
@@ -364,7 +363,7 @@ class GatedDeltaNet(nn.Module):
         group: _Group,
         proj: Tensor,
         fp8_group: int | None = None,
-    ) -> Tensor | QuantizedRows:
+    ) -> Produced:
         if group.plan is None:
             return p.backend.gdn_steps(proj, self.spec, conv_states, states, group.slots, fp8_group)
         return p.backend.gdn_forest(
@@ -380,7 +379,7 @@ class GatedDeltaNet(nn.Module):
         part: Part,
         proj: Tensor,
         fp8_group: int | None = None,
-    ) -> Tensor | QuantizedRows:
+    ) -> Produced:
         conv_state, state = conv_states[part.slot], states[part.slot]
         if part.tree is None:
             return p.backend.gdn_chain(proj, self.spec, conv_state, state, fp8_group)
