@@ -733,35 +733,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             BATCHED=batched,
         )
         found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, warps))
-    for case, n in (("ar step", 1), (f"ar steps P={GDN_BATCH}", GDN_BATCH)):
-        vec, head = _empty(n, GDN_HV * GDN_D, dtype=bf16), _empty(n, GDN_HK, GDN_D, dtype=bf16)
-        state = _empty(GDN_HV, GDN_D, GDN_D)
-        found.append(
-            Spec(
-                "gdn_step",
-                case,
-                cc,
-                gdn_step._gdn_step_kernel,
-                dict(
-                    Q=head,
-                    K=head,
-                    V=vec,
-                    G=_empty(n, GDN_HV),
-                    BETA=_empty(n, GDN_HV),
-                    STATE=state,
-                    PROJ=_empty(n, GDN_PROJ, dtype=bf16),
-                    W=_empty(GDN_D, dtype=bf16),
-                    OUT=vec,
-                    SLOTS=_empty(n, dtype=i64) if n > 1 else state,
-                    z_col=GDN_C,
-                    eps=1e-6,
-                    stride_pt=GDN_PROJ,
-                    stride_slot=GDN_LAYERS * GDN_HV * GDN_D * GDN_D if n > 1 else 0,
-                ),
-                dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, DV_PAD=GDN_D, BATCHED=n > 1),
-                8,
-            )
-        )
+    found += [_gdn_step(cc, n, None) for n in (1, GDN_BATCH)]
     # dflash's chain, ddtree at budgets 16, 64, 256; the forests of a batched round (0: one tree)
     for n, parts in ((16, 0), (17, 0), (65, 0), (257, 0), (16, GDN_BATCH), (17, GDN_BATCH), (65, GDN_BATCH)):
         forest, p = parts > 0, max(1, parts)
@@ -858,30 +830,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             1,
         )
     )
-    o = _empty(257, GDN_HV, GDN_D, dtype=bf16)
-    found.append(
-        Spec(
-            "gated_rms_norm",
-            "N=257",
-            cc,
-            gated_rms_norm._gated_rms_norm_kernel,
-            dict(
-                X=o,
-                PROJ=_empty(257, GDN_PROJ, dtype=bf16),
-                W=_empty(GDN_D, dtype=bf16),
-                OUT=_empty(257, GDN_HV * GDN_D, dtype=bf16),
-                stride_ot=GDN_HV * GDN_D,
-                stride_oh=GDN_D,
-                stride_pt=GDN_PROJ,
-                stride_out=GDN_HV * GDN_D,
-                z_col=GDN_C,
-                eps=1e-6,
-                n_heads=GDN_HV,
-            ),
-            dict(DV=GDN_D, DV_PAD=GDN_D, BLOCK_H=gated_rms_norm.HEADS_PER_PROGRAM),
-            4,
-        )
-    )
+    found.append(_gated_rms_norm(cc, None))
     path = _empty(257, dtype=i64)
     found.append(
         Spec(
@@ -928,27 +877,7 @@ def hybrid_layer_specs(cc: int) -> list[Spec]:
     """The 27B's gated attention q/k norm + partial RoPE, its output gate over 257 rows, and its
     projections' skinny matmuls."""
     found = [_qk_rope(cc, HQ27, HKV27, D27, D27 // 4, gated=True, w_dtype=torch.float32)]
-    qkv_width = (2 * HQ27 + 2 * HKV27) * D27
-    found.append(
-        Spec(
-            "attention_gate",
-            "N=257",
-            cc,
-            attention_gate._attention_gate_kernel,
-            dict(
-                ATT=_empty(HQ27, 257, D27, dtype=torch.bfloat16),
-                QKV=_empty(257, qkv_width, dtype=torch.bfloat16),
-                OUT=_empty(257, HQ27 * D27, dtype=torch.bfloat16),
-                stride_oh=257 * D27,
-                stride_ot=D27,
-                stride_qt=qkv_width,
-                stride_out=HQ27 * D27,
-                n_heads=HQ27,
-            ),
-            dict(D=D27, D_PAD=D27, BLOCK_H=attention_gate.HEADS_PER_PROGRAM),
-            4,
-        )
-    )
+    found.append(_attention_gate(cc, None))
     shapes = (
         (GDN_PROJ, H27),
         ((2 * HQ27 + 2 * HKV27) * D27, H27),
@@ -959,6 +888,116 @@ def hybrid_layer_specs(cc: int) -> list[Spec]:
     for n, k in shapes:
         found.append(_skinny(cc, n, k))
     return found
+
+
+def _producer_out(rows: int, width: int, group: int | None) -> tuple[torch.Tensor, dict[str, object]]:
+    """A producer's outputs as its wrapper passes them: (OUT, its Q, S and their row strides). With a
+    group: the e4m3 rows (OUT too, unused) and a scale per `group` columns; without: the bf16 rows,
+    and OUT with strides 0 for Q and S."""
+    if group is None:
+        out = _empty(rows, width, dtype=torch.bfloat16)
+        return out, dict(Q=out, S=out, stride_q=0, stride_s=0)
+    q, s = _empty(rows, width, dtype=torch.float8_e4m3fn), _empty(rows, cdiv(width, group))
+    return q, dict(Q=q, S=s, stride_q=q.stride(0), stride_s=s.stride(0))
+
+
+def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
+    """The fused DeltaNet step of n sequences (`ar`), its heads quantized by `group` columns when set."""
+    bf16 = torch.bfloat16
+    vec, head = _empty(n, GDN_HV * GDN_D, dtype=bf16), _empty(n, GDN_HK, GDN_D, dtype=bf16)
+    state = _empty(GDN_HV, GDN_D, GDN_D)
+    out, quant = _producer_out(n, GDN_HV * GDN_D, group)
+    return Spec(
+        "gdn_step",
+        ("ar step" if n == 1 else f"ar steps P={n}") + (f" + e4m3 by {group}" if group else ""),
+        cc,
+        gdn_step._gdn_step_kernel,
+        dict(
+            Q=head,
+            K=head,
+            V=vec,
+            G=_empty(n, GDN_HV),
+            BETA=_empty(n, GDN_HV),
+            STATE=state,
+            PROJ=_empty(n, GDN_PROJ, dtype=bf16),
+            W=_empty(GDN_D, dtype=bf16),
+            OUT=out,
+            Q_OUT=quant["Q"],
+            S_OUT=quant["S"],
+            SLOTS=_empty(n, dtype=torch.int64) if n > 1 else state,
+            z_col=GDN_C,
+            eps=1e-6,
+            stride_pt=GDN_PROJ,
+            stride_slot=GDN_LAYERS * GDN_HV * GDN_D * GDN_D if n > 1 else 0,
+            stride_q=quant["stride_q"],
+            stride_s=quant["stride_s"],
+        ),
+        dict(
+            HK=GDN_HK,
+            HV=GDN_HV,
+            DK=GDN_D,
+            DV=GDN_D,
+            DK_PAD=GDN_D,
+            DV_PAD=GDN_D,
+            BATCHED=n > 1,
+            GROUP=group or 0,
+        ),
+        8,
+    )
+
+
+def _gated_rms_norm(cc: int, group: int | None) -> Spec:
+    """The DeltaNet output norm over 257 rows (a verify pass), quantized by `group` columns when set."""
+    bf16 = torch.bfloat16
+    out, quant = _producer_out(257, GDN_HV * GDN_D, group)
+    return Spec(
+        "gated_rms_norm",
+        "N=257" + (f" + e4m3 by {group}" if group else ""),
+        cc,
+        gated_rms_norm._gated_rms_norm_kernel,
+        dict(
+            X=_empty(257, GDN_HV, GDN_D, dtype=bf16),
+            PROJ=_empty(257, GDN_PROJ, dtype=bf16),
+            W=_empty(GDN_D, dtype=bf16),
+            OUT=out,
+            stride_ot=GDN_HV * GDN_D,
+            stride_oh=GDN_D,
+            stride_pt=GDN_PROJ,
+            stride_out=GDN_HV * GDN_D,
+            **quant,
+            z_col=GDN_C,
+            eps=1e-6,
+            n_heads=GDN_HV,
+        ),
+        dict(DV=GDN_D, DV_PAD=GDN_D, BLOCK_H=gated_rms_norm.HEADS_PER_PROGRAM, GROUP=group or 0),
+        4,
+    )
+
+
+def _attention_gate(cc: int, group: int | None) -> Spec:
+    """The 27B's attention output gate over 257 rows, quantized by `group` columns when set."""
+    bf16 = torch.bfloat16
+    qkv_width = (2 * HQ27 + 2 * HKV27) * D27
+    out, quant = _producer_out(257, HQ27 * D27, group)
+    return Spec(
+        "attention_gate",
+        "N=257" + (f" + e4m3 by {group}" if group else ""),
+        cc,
+        attention_gate._attention_gate_kernel,
+        dict(
+            ATT=_empty(HQ27, 257, D27, dtype=bf16),
+            QKV=_empty(257, qkv_width, dtype=bf16),
+            OUT=out,
+            stride_oh=257 * D27,
+            stride_ot=D27,
+            stride_qt=qkv_width,
+            stride_out=HQ27 * D27,
+            **quant,
+            n_heads=HQ27,
+        ),
+        dict(D=D27, D_PAD=D27, BLOCK_H=attention_gate.HEADS_PER_PROGRAM, GROUP=group or 0),
+        4,
+    )
 
 
 # --- the FP8 target's linears (ddtree_kernels/fp8_skinny.py, ddtree_kernels/fp8_gemm.py) ----------------
@@ -1085,7 +1124,9 @@ def fp8_specs(cc: int) -> list[Spec]:
 
 
 def fp8_producer_specs(cc: int) -> list[Spec]:
-    """RMSNorm and SwiGLU writing their outputs quantized for FP8 linears, in both scale layouts."""
+    """RMSNorm and SwiGLU writing their outputs quantized for FP8 linears, in both scale layouts; the
+    27B's DeltaNet step and output norm and its attention gate in Qwen's 128-column groups (per
+    channel, their rows span programs and stay unquantized)."""
     found = [_rms_norm(cc, group) for group in (FP8_BLOCK[1], HIDDEN)]
     found.append(_rms_norm(cc, FP8_BLOCK[1], rms_norm.QUANT_CHUNK))
     gate_up = _empty(257, 2 * INTER, dtype=torch.bfloat16)
@@ -1115,7 +1156,9 @@ def fp8_producer_specs(cc: int) -> list[Spec]:
                 4,
             )
         )
-    return found
+    group = FP8_BLOCK[1]
+    found += [_gdn_step(cc, n, group) for n in (1, GDN_BATCH)]
+    return [*found, _gated_rms_norm(cc, group), _attention_gate(cc, group)]
 
 
 @cache

@@ -16,6 +16,11 @@ step is this and `gdn_inputs`.
 A batched pass (continuous batching) steps P sequences at once, each in its own cache slot: the
 same program per (value head, sequence), the sequence's slot index read on the device, so the `ar`
 rows of a round cost one launch per layer instead of one per sequence.
+
+For an FP8 target's ``out_proj`` (``group``) each program writes its head quantized instead, as
+``fp8_gemm.act_quant`` would quantize the normed row, when whole groups fall in a head
+(``gdn_step_fits``: Qwen's 128-column groups and 128-wide value heads); else the row stays in the
+model dtype and the linear quantizes it.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ddtree_kernels.gated_rms_norm import gated_norm
-from ddtree_kernels.host import next_pow2
+from ddtree_kernels.fp8_gemm import quantize_row
+from ddtree_kernels.gated_rms_norm import gated_norm, whole_groups
+from ddtree_kernels.host import QuantizedRows, next_pow2
 
 
 @triton.jit
@@ -40,11 +46,15 @@ def _gdn_step_kernel(
     PROJ,
     W,
     OUT,
+    Q_OUT,
+    S_OUT,
     SLOTS,
     z_col,
     eps,
     stride_pt,
     stride_slot,
+    stride_q,
+    stride_s,
     HK: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -52,7 +62,9 @@ def _gdn_step_kernel(
     DK_PAD: tl.constexpr,
     DV_PAD: tl.constexpr,
     BATCHED: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
+    """GROUP 0: the normed output into OUT in the model dtype; else quantized into Q_OUT, S_OUT."""
     h = tl.program_id(0)
     hk = h // (HV // HK)
     if BATCHED:  # sequence t's token in row t of every input, its state in slot SLOTS[t]
@@ -65,6 +77,8 @@ def _gdn_step_kernel(
         BETA += t * HV
         PROJ += t * stride_pt
         OUT += t * HV * DV
+        Q_OUT += t * stride_q
+        S_OUT += t * stride_s
     rows = tl.arange(0, DK_PAD)
     cols = tl.arange(0, DV_PAD)
     r_ok, v_ok = rows < DK, cols < DV
@@ -80,7 +94,11 @@ def _gdn_step_kernel(
     tl.store(STATE + rows[:, None] * DV + cols[None, :], decay * s + kv[:, None] * d[None, :], mask=mask)
     z = tl.load(PROJ + z_col + h * DV + cols, mask=v_ok, other=0.0)
     w = tl.load(W + cols, mask=v_ok, other=0.0)
-    tl.store(OUT + h * DV + cols, gated_norm(o, z, w, v_ok, eps, DV, OUT.dtype.element_ty), mask=v_ok)
+    out = gated_norm(o, z, w, v_ok, eps, DV, PROJ.dtype.element_ty)
+    if GROUP == 0:
+        tl.store(OUT + h * DV + cols, out, mask=v_ok)
+    else:  # DV == DV_PAD
+        quantize_row(out.to(tl.float32), Q_OUT, S_OUT, h * DV, HV * DV, GROUP, DV)
 
 
 def gdn_step(
@@ -95,13 +113,17 @@ def gdn_step(
     norm_weight: Tensor,
     eps: float,
     slots: Tensor | None = None,
-) -> Tensor:
+    group: int | None = None,
+) -> Tensor | QuantizedRows:
     """One token: q, k [1, Hk, Dk]; v [1, Hv, Dv]; g, beta [1, Hv] (fp32); state [Hv, Dk, Dv] fp32,
     advanced in place; z = proj[0, z_col : z_col + Hv Dv]. Returns the normed output [1, Hv Dv].
 
     With ``slots`` [P] (distinct cache slots, on the device): one token of each of P sequences, the
     inputs [P, ...] and the states of every slot [S, Hv, Dk, Dv] (each slot's contiguous); row p
-    advances ``state[slots[p]]``. Returns [P, Hv Dv]."""
+    advances ``state[slots[p]]``. Returns [P, Hv Dv].
+
+    With ``group`` (which must tile a head: `gdn_step_fits`) the output comes quantized per row and
+    group of ``group`` columns, for an FP8 ``out_proj``."""
     p, hk, dk = q.shape
     _, hv, dv = v.shape
     rows = 1 if slots is None else slots.shape[0]
@@ -125,7 +147,12 @@ def gdn_step(
         )
     if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()) or proj.stride(1) != 1:
         raise RuntimeError("gdn_step wants contiguous q, k, v and proj with a unit last stride")
-    out = torch.empty(p, hv * dv, device=q.device, dtype=proj.dtype)
+    if group is not None and not gdn_step_fits(group, dv):
+        raise RuntimeError(
+            f"gdn_step quantizes power-of-two groups of 16..{dv} columns (whole in a head of {dv}), not {group}"
+        )
+    quant = None if group is None else QuantizedRows.empty(p, hv * dv, group, proj.dtype, q.device)
+    out = quant.x8 if quant else torch.empty(p, hv * dv, device=q.device, dtype=proj.dtype)
     _gdn_step_kernel[(hv, p)](
         q,
         k,
@@ -136,11 +163,15 @@ def gdn_step(
         proj,
         norm_weight,
         out,
+        out,
+        quant.scale if quant else out,
         state if slots is None else slots,
         z_col,
         eps,
         proj.stride(0),
         0 if slots is None else state.stride(0),
+        quant.x8.stride(0) if quant else 0,
+        quant.scale.stride(0) if quant else 0,
         HK=hk,
         HV=hv,
         DK=dk,
@@ -148,6 +179,12 @@ def gdn_step(
         DK_PAD=max(16, next_pow2(dk)),
         DV_PAD=max(16, next_pow2(dv)),
         BATCHED=slots is not None,
+        GROUP=0 if group is None else group,
         num_warps=8,
     )
-    return out
+    return out if quant is None else quant
+
+
+def gdn_step_fits(group: int, dv: int) -> bool:
+    """Whether `gdn_step` can quantize its heads of Dv by `group` columns (one program a head)."""
+    return whole_groups(group, 1, dv)

@@ -43,7 +43,12 @@ class Backend(Protocol[Vis, Plan, Staging]):
     attention for all its sequences in one padded call per layer instead of one launch per sequence
     (`models.target.SlotRows`), a hybrid's DeltaNet layers step all its `ar` sequences in one call
     and verify all its trees of one size in one call, and the greedy slots of a batched round walk
-    their trees in one call; without them, one sequence at a time."""
+    their trees in one call; without them, one sequence at a time.
+
+    The producers of an FP8 linear's input take its activation group (`quant.act_group`):
+    `attention_gate` (before `o_proj`) and the DeltaNet calls (their gated norm, before `out_proj`)
+    may then return their rows quantized as that linear would (`QuantizedRows`): TorchBackend
+    always, TritonBackend where whole groups fit its kernels' programs. Without one, the rows."""
 
     name: str
     capturable: bool  # its seams do no host work, so a round of them can be a CUDA graph
@@ -78,7 +83,9 @@ class Backend(Protocol[Vis, Plan, Staging]):
         gated: bool = False,
     ) -> Tensor: ...
 
-    def attention_gate(self, o: Tensor, qkv: Tensor, n_heads: int) -> Tensor: ...
+    def attention_gate(
+        self, o: Tensor, qkv: Tensor, n_heads: int, group: int | None = None
+    ) -> Tensor | QuantizedRows: ...
 
     def silu_mul(self, gate_up: Tensor) -> Tensor: ...
 
@@ -122,7 +129,9 @@ class Backend(Protocol[Vis, Plan, Staging]):
         self, layers: int, nodes: int, spec: GdnSpec, dtype: torch.dtype, slots: int = 1
     ) -> Sequence[Staging]: ...
 
-    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor: ...
+    def gdn_chain(
+        self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor, group: int | None = None
+    ) -> Tensor | QuantizedRows: ...
 
     def gdn_tree(
         self,
@@ -133,7 +142,8 @@ class Backend(Protocol[Vis, Plan, Staging]):
         plan: Plan,
         staging: Staging,
         slot: int,
-    ) -> Tensor: ...
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows: ...
 
     def gdn_commit(
         self,
@@ -225,12 +235,15 @@ class TorchBackend:
         return rope(norm(q, q_weight)).contiguous()
 
     @staticmethod
-    def attention_gate(o: Tensor, qkv: Tensor, n_heads: int) -> Tensor:
+    def attention_gate(
+        o: Tensor, qkv: Tensor, n_heads: int, group: int | None = None
+    ) -> Tensor | QuantizedRows:
         """Gated attention's output o [Hq, T, D] times the sigmoid of each query head's gate (the D
-        values after its query values in qkv [T, >= 2 Hq D]): [T, Hq D]."""
+        values after its query values in qkv [T, >= 2 Hq D]): [T, Hq D] (quantized by `group`
+        columns when it is set)."""
         t, d = qkv.shape[0], o.shape[-1]
         gate = qkv[:, : 2 * n_heads * d].view(t, n_heads, 2 * d)[..., d:]
-        return (o.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1)
+        return _quantized((o.transpose(0, 1) * torch.sigmoid(gate)).reshape(t, -1), group)
 
     @staticmethod
     def silu_mul(gate_up: Tensor) -> Tensor:
@@ -421,28 +434,38 @@ class TorchBackend:
         """Per cache slot, an entry per DeltaNet layer, filled by `gdn_tree`."""
         return [[None] * layers for _ in range(slots)]
 
-    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
+    def gdn_chain(
+        self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor, group: int | None = None
+    ) -> Tensor | QuantizedRows:
         """A committed chain (prefill, `ar`) through a DeltaNet layer from its fused projection
-        [T, ...]: both states advance in place; returns the normed output [T, Hv Dv]."""
+        [T, ...]: both states advance in place; returns the normed output [T, Hv Dv] (quantized by
+        `group` columns when it is set)."""
         t = proj.shape[0]
         windows = gated_delta.conv_windows(gated_delta.chain_parents(t, proj.device), spec.kernel)
         q, k, v, g, beta = gated_delta.inputs(proj, conv_state, spec, windows)
         o, new_state = gated_delta.chain(q, k, v, g, beta, state)
         gated_delta.advance_conv(conv_state, proj, spec)
         state.copy_(new_state)
-        return gated_delta.gated_norm(o, proj, spec)
+        return _quantized(gated_delta.gated_norm(o, proj, spec), group)
 
     def gdn_steps(
-        self, proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor
-    ) -> Tensor:
+        self,
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_states: Tensor,
+        states: Tensor,
+        slots: Tensor,
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """One token of each of P sequences (a batched pass's `ar` rows), each a `gdn_chain` of one
         in its own cache slot: proj [P, ...], conv_states [S, K-1, C] and states [S, Hv, Dk, Dv]
-        (one layer's, every slot), slots [P] (distinct). Returns [P, Hv Dv]."""
+        (one layer's, every slot), slots [P] (distinct). Returns [P, Hv Dv] (quantized by `group`
+        columns when it is set)."""
         steps = [
             self.gdn_chain(proj[p : p + 1], spec, conv_states[slot], states[slot])
             for p, slot in enumerate(slots.tolist())
         ]
-        return torch.cat(steps)
+        return _quantized(torch.cat(steps), group)
 
     def gdn_tree(
         self,
@@ -453,13 +476,15 @@ class TorchBackend:
         plan: TreeAncestry,
         staging: list[Staged | None],
         slot: int,
-    ) -> Tensor:
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """A tree through a DeltaNet layer, every node along its own root path; nothing advances,
-        the layer's staging slot keeps what `gdn_commit` needs. Returns [N, Hv Dv]."""
+        the layer's staging slot keeps what `gdn_commit` needs. Returns [N, Hv Dv] (quantized by
+        `group` columns when it is set)."""
         q, k, v, g, beta = gated_delta.inputs(proj, conv_state, spec, plan.windows)
         o, d, big_g = gated_delta.tree_form(q, k, v, g, beta, plan.anc, state)
         staging[slot] = Staged(proj[:, : spec.conv_dim], k, d, big_g)
-        return gated_delta.gated_norm(o, proj, spec)
+        return _quantized(gated_delta.gated_norm(o, proj, spec), group)
 
     @staticmethod
     def gdn_forest_plan(plans: Sequence[TreeAncestry]) -> list[TreeAncestry]:
@@ -476,10 +501,12 @@ class TorchBackend:
         plan: list[TreeAncestry],
         stagings: list[list[Staged | None]],
         layer: int,
-    ) -> Tensor:
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """P trees of N nodes (proj [P N, ...]), tree p a `gdn_tree` in cache slot slots[p]: over
         conv_states [S, K-1, C] and states [S, Hv, Dk, Dv] (one layer's, every slot), staged in
-        stagings[slots[p]] at `layer`. Returns [P N, Hv Dv]."""
+        stagings[slots[p]] at `layer`. Returns [P N, Hv Dv] (quantized by `group` columns when it
+        is set)."""
         n = proj.shape[0] // len(plan)
         trees = [
             self.gdn_tree(
@@ -487,7 +514,7 @@ class TorchBackend:
             )
             for p, s in enumerate(slots.tolist())
         ]
-        return torch.cat(trees)
+        return _quantized(torch.cat(trees), group)
 
     def gdn_commit(
         self,
@@ -507,6 +534,12 @@ class TorchBackend:
             hist = torch.cat([conv, staged.x.to(conv.dtype)])
             state.copy_(gated_delta.advance_state(state, staged.k, staged.d, staged.big_g, path, path_len))
             conv.copy_(hist[rows])
+
+
+def _quantized(rows: Tensor, group: int | None) -> Tensor | QuantizedRows:
+    """A producer's rows as it hands them to the linear that reads them: quantized by `group`
+    columns for an FP8 one (`act_quant`'s reference), else as they are."""
+    return rows if group is None else quantized_reference(rows, group)
 
 
 def attention_mask(

@@ -11,8 +11,10 @@ and speculation stays lossless against the FP8 target.
 
 The kernel that produces a linear's input quantizes it when every FP8 linear reading it wants the
 same scale layout (`act_group`): the RMSNorm before q/k/v (or the DeltaNet in-projection) and
-gate/up, and SwiGLU before the down projection (`norm_rows`, `swiglu_rows`). The rows then travel
-as an `Fp8Input`, quantized once, and no FP8 linear quantizes them again; the numbers are the same.
+gate/up, and SwiGLU before the down projection (`norm_rows`, `swiglu_rows`), and in the hybrid the
+attention's output gate before `o_proj` and the DeltaNet's gated norm before `out_proj`
+(`produced_rows`). The rows then travel as an `Fp8Input`, quantized once, and no FP8 linear
+quantizes them again; the numbers are the same.
 """
 
 from __future__ import annotations
@@ -113,6 +115,16 @@ def swiglu_rows(backend: Backend, gate_up: Tensor, group: int | None) -> Tensor 
     if group is None:
         return backend.silu_mul(gate_up)
     return Fp8Input(None, backend.silu_mul_fp8(gate_up, group))
+
+
+Produced = Tensor | QuantizedRows  # a producer seam's output: its rows, or them quantized for an FP8 reader
+
+
+def produced_rows(rows: Produced) -> Tensor | Fp8Input:
+    """A producer's output as its one reader takes it: rows the backend quantized for an FP8 linear
+    (given its `act_group`) as an `Fp8Input`; rows it could not quantize in its kernel as they are
+    (the linear quantizes them)."""
+    return Fp8Input(None, rows) if isinstance(rows, QuantizedRows) else rows
 
 
 def fp8_scheme(raw: dict, path: Path) -> Fp8Scheme | None:

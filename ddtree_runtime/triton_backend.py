@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
-from ddtree_kernels.attention_gate import attention_gate
+from ddtree_kernels.attention_gate import attention_gate, attention_gate_fits, attention_gate_fp8
 from ddtree_kernels.fp8_gemm import fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
-from ddtree_kernels.gated_rms_norm import gated_rms_norm
+from ddtree_kernels.gated_rms_norm import gated_norm_fits, gated_rms_norm, gated_rms_norm_fp8
 from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_inputs import gdn_inputs
-from ddtree_kernels.gdn_step import gdn_step
+from ddtree_kernels.gdn_step import gdn_step, gdn_step_fits
 from ddtree_kernels.gdn_tree import ForestPlan, TreePlan, gdn_forest, gdn_tree, tree_plan
 from ddtree_kernels.host import QuantizedRows, fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact
@@ -84,6 +84,29 @@ def _spec_inputs(
     return gdn_inputs(proj, conv_state, spec.conv_weight, spec.a_log, spec.dt_bias, spec.heads, **options)
 
 
+def _gated_norm(o: Tensor, proj: Tensor, spec: GdnSpec, group: int | None) -> Tensor | QuantizedRows:
+    """The DeltaNet output's gated norm, o [T, Hv, Dv] -> [T, Hv Dv]: quantized by `group` columns
+    for an FP8 out_proj when whole groups fit the kernel's programs, else in the model dtype."""
+    if group is not None and gated_norm_fits(group, spec.n_v, spec.dv):
+        return gated_rms_norm_fp8(o, proj, spec.conv_dim, spec.norm_weight, spec.eps, group)
+    return gated_rms_norm(o, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+
+
+def _step(
+    inputs: tuple[Tensor, ...],
+    state: Tensor,
+    proj: Tensor,
+    spec: GdnSpec,
+    group: int | None,
+    slots: Tensor | None = None,
+) -> Tensor | QuantizedRows:
+    """The fused `ar` step (one token per sequence): its heads quantized by `group` columns for an
+    FP8 out_proj when whole groups fit a head, else in the model dtype."""
+    fits = group is not None and gdn_step_fits(group, spec.dv)
+    norm = (spec.conv_dim, spec.norm_weight, spec.eps)
+    return gdn_step(*inputs, state, proj, *norm, slots=slots, group=group if fits else None)
+
+
 class TritonBackend:
     """The Triton kernels behind TorchBackend's interface; holds the per-budget candidate tables."""
 
@@ -121,7 +144,17 @@ class TritonBackend:
         return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)
-    attention_gate = staticmethod(attention_gate)
+
+    @staticmethod
+    def attention_gate(
+        o: Tensor, qkv: Tensor, n_heads: int, group: int | None = None
+    ) -> Tensor | QuantizedRows:
+        """The gated attention output, quantized by `group` columns for an FP8 o_proj when whole
+        groups fit the kernel's programs (Qwen's 128-column groups: two to a head)."""
+        if group is not None and attention_gate_fits(group, n_heads, o.shape[-1]):
+            return attention_gate_fp8(o, qkv, n_heads, group)
+        return attention_gate(o, qkv, n_heads)
+
     silu_mul = staticmethod(silu_mul)
     silu_mul_fp8 = staticmethod(silu_mul_fp8)
 
@@ -228,12 +261,14 @@ class TritonBackend:
             gsum=buf(spec.n_v, nodes),
         )
 
-    def gdn_chain(self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor) -> Tensor:
+    def gdn_chain(
+        self, proj: Tensor, spec: GdnSpec, conv_state: Tensor, state: Tensor, group: int | None = None
+    ) -> Tensor | QuantizedRows:
         """A committed chain: one token through the fused step, more through fla's chunked kernel."""
         t = proj.shape[0]
         q, k, v, g, beta = _spec_inputs(proj, spec, conv_state, update_conv=t == 1)
         if t == 1:
-            return gdn_step(q, k, v, g, beta, state, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+            return _step((q, k, v, g, beta), state, proj, spec, group)
         advance_conv(conv_state, proj, spec)  # gdn_inputs above read the old rows
         o, final = chunk_gated_delta_rule(
             q[None],
@@ -246,16 +281,21 @@ class TritonBackend:
             output_final_state=True,
         )
         state.copy_(final[0])
-        return gated_rms_norm(o[0], proj, spec.conv_dim, spec.norm_weight, spec.eps)
+        return _gated_norm(o[0], proj, spec, group)
 
     @staticmethod
-    def gdn_steps(proj: Tensor, spec: GdnSpec, conv_states: Tensor, states: Tensor, slots: Tensor) -> Tensor:
+    def gdn_steps(
+        proj: Tensor,
+        spec: GdnSpec,
+        conv_states: Tensor,
+        states: Tensor,
+        slots: Tensor,
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """One token of each of P sequences in its own cache slot (slots [P] on the device): the
         fused step over every sequence, two launches whatever P."""
-        q, k, v, g, beta = _spec_inputs(proj, spec, conv_states, update_conv=True, slots=slots)
-        return gdn_step(
-            q, k, v, g, beta, states, proj, spec.conv_dim, spec.norm_weight, spec.eps, slots=slots
-        )
+        inputs = _spec_inputs(proj, spec, conv_states, update_conv=True, slots=slots)
+        return _step(inputs, states, proj, spec, group, slots)
 
     def gdn_tree(
         self,
@@ -266,7 +306,8 @@ class TritonBackend:
         plan: TreePlan,
         staging: GdnStaging,
         slot: int,
-    ) -> Tensor:
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """A tree through a DeltaNet layer along each node's root path; stages k, x, d and G."""
         q, k, v, g, beta = _spec_inputs(
             proj,
@@ -277,7 +318,7 @@ class TritonBackend:
             x_out=staging.x[slot],
         )
         o, _, _ = gdn_tree(q, k, v, g, beta, state, plan, d_out=staging.d[slot], gsum_out=staging.gsum[slot])
-        return gated_rms_norm(o, proj, spec.conv_dim, spec.norm_weight, spec.eps)
+        return _gated_norm(o, proj, spec, group)
 
     @staticmethod
     def gdn_forest_plan(plans: Sequence[TreePlan]) -> ForestPlan:
@@ -294,7 +335,8 @@ class TritonBackend:
         plan: ForestPlan,
         stagings: GdnStagings,
         layer: int,
-    ) -> Tensor:
+        group: int | None = None,
+    ) -> Tensor | QuantizedRows:
         """P trees of one size, each in its own cache slot, through a DeltaNet layer (as `gdn_tree`
         for each): three launches and the norm whatever P; each stages into its slot's staging."""
         parts, n = plan.parts, plan.num_nodes
@@ -309,9 +351,7 @@ class TritonBackend:
         )
         q, k, v, g, beta = (x.view(parts, n, *x.shape[1:]) for x in (q, k, v, g, beta))
         o = gdn_forest(q, k, v, g, beta, states, slots, plan, stagings.d[:, layer], stagings.gsum[:, layer])
-        return gated_rms_norm(
-            o.view(parts * n, *o.shape[2:]), proj, spec.conv_dim, spec.norm_weight, spec.eps
-        )
+        return _gated_norm(o.view(parts * n, *o.shape[2:]), proj, spec, group)
 
     def gdn_commit(
         self,

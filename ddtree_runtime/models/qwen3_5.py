@@ -45,7 +45,7 @@ from ddtree_runtime.models.target import (
     slot_rows,
     write_slots,
 )
-from ddtree_runtime.quant import Fp8Input, act_group, norm_rows
+from ddtree_runtime.quant import Fp8Input, Produced, act_group, norm_rows, produced_rows
 
 
 class RMSNorm(nn.Module):
@@ -184,8 +184,9 @@ class GatedAttention(nn.Module):
         if p.batch is not None:
             out = self._attend_slots(qkv, cos, sin, k_caches, v_caches, p)
         else:
-            out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend))
-        return linear(self.o_proj, out, backend)
+            out = per_part(qkv, p.parts, partial(self._attend, cos, sin, k_caches, v_caches, backend), dim=1)
+        gated = backend.attention_gate(out, qkv, self.n_heads, act_group(self.o_proj))  # [T, Hq D]
+        return linear(self.o_proj, produced_rows(gated), backend)
 
     def _rope(
         self,
@@ -218,16 +219,15 @@ class GatedAttention(nn.Module):
     def _attend_slots(
         self, qkv: Tensor, cos: Tensor, sin: Tensor, k_caches: Tensor, v_caches: Tensor, p: _Pass
     ) -> Tensor:
-        """Every part's gated attention in one q/k norm + RoPE step (into scratch K/V, then one
-        scatter into the slots) and one `attention_parts` call: [T, Hq D]."""
+        """Every part's attention in one q/k norm + RoPE step (into scratch K/V, then one scatter
+        into the slots) and one `attention_parts` call: [Hq, T, D], before the output gate."""
         assert p.batch is not None
         t, d = qkv.shape[0], self.head_dim
         k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
         start = as_device_length(0, qkv.device)
         q = self._rope(qkv, cos, sin, p.batch.positions, k_new, v_new, start, p.backend)
         write_slots(p.batch, k_new, v_new, k_caches, v_caches)
-        out = attend_slots(q.transpose(0, 1), p.batch, p.mask, k_caches, v_caches, p.backend)
-        return p.backend.attention_gate(out, qkv, self.n_heads)
+        return attend_slots(q.transpose(0, 1), p.batch, p.mask, k_caches, v_caches, p.backend)
 
     def _attend(
         self,
@@ -239,12 +239,13 @@ class GatedAttention(nn.Module):
         part: Part,
         qkv: Tensor,
     ) -> Tensor:
-        """One part's gated attention from its projection rows, over its slot's cache: [T, Hq D]."""
+        """One part's attention from its projection rows, over its slot's cache: [Hq, T, D], before
+        the output gate."""
         d = self.head_dim
         k_cache, v_cache = k_caches[part.slot], v_caches[part.slot]
         q = self._rope(qkv, cos, sin, part.input_pos, k_cache, v_cache, part.context_len, backend)
         visibility = part.tree.visibility if part.tree is not None else None
-        out = backend.attention(
+        return backend.attention(
             q.transpose(0, 1),
             k_cache,
             v_cache,
@@ -252,8 +253,7 @@ class GatedAttention(nn.Module):
             visibility,
             d**-0.5,
             key_bound=part.key_bound,
-        )  # [Hq, T, D]
-        return backend.attention_gate(out, qkv, self.n_heads)
+        )
 
 
 class GatedDeltaNet(nn.Module):
@@ -322,19 +322,30 @@ class GatedDeltaNet(nn.Module):
         layer's (`slot`: its index among the DeltaNet layers). A chain part advances its sequence's
         states in place; a tree part leaves them and fills the layer's slot of its staging."""
         proj = self.project(x, p.backend)
-        if p.batched is None:
-            out = per_part(proj, p.parts, partial(self._mix, conv_states, states, slot, p))
+        # one call that writes every row can quantize them for an FP8 out_proj (its `act_group`)
+        fp8_group, mix = act_group(self.out_proj), partial(self._mix, conv_states, states, slot, p)
+        if p.batched is not None:
+            out = self._mix_batched(conv_states, states, slot, p, p.batched, proj, fp8_group)
+        elif len(p.parts) == 1:
+            out = mix(p.parts[0], proj, fp8_group)
         else:
-            out = self._mix_batched(conv_states, states, slot, p, p.batched, proj)
-        return linear(self.out_proj, out, p.backend)
+            out = per_part(proj, p.parts, mix)
+        return linear(self.out_proj, produced_rows(out), p.backend)
 
     def _mix_batched(
-        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, batched: _Batched, proj: Tensor
-    ) -> Tensor:
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        slot: int,
+        p: _Pass,
+        batched: _Batched,
+        proj: Tensor,
+        fp8_group: int | None,
+    ) -> Produced:
         """A batched pass: each group of parts in one call (the steps, each forest), every other
-        part on its own."""
+        part on its own (quantized for the FP8 out_proj only when one call writes every row)."""
         if len(batched.groups) == 1 and not batched.others:  # one call over every row, in order
-            return self._mix_group(conv_states, states, slot, p, batched.groups[0], proj)
+            return self._mix_group(conv_states, states, slot, p, batched.groups[0], proj, fp8_group)
         out = proj.new_empty(proj.shape[0], self.n_v * self.dv)
         for group in batched.groups:
             out[group.rows] = self._mix_group(conv_states, states, slot, p, group, proj[group.rows])
@@ -344,22 +355,36 @@ class GatedDeltaNet(nn.Module):
         return out
 
     def _mix_group(
-        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, group: _Group, proj: Tensor
-    ) -> Tensor:
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        slot: int,
+        p: _Pass,
+        group: _Group,
+        proj: Tensor,
+        fp8_group: int | None = None,
+    ) -> Produced:
         if group.plan is None:
-            return p.backend.gdn_steps(proj, self.spec, conv_states, states, group.slots)
+            return p.backend.gdn_steps(proj, self.spec, conv_states, states, group.slots, fp8_group)
         return p.backend.gdn_forest(
-            proj, self.spec, conv_states, states, group.slots, group.plan, group.stagings, slot
+            proj, self.spec, conv_states, states, group.slots, group.plan, group.stagings, slot, fp8_group
         )
 
     def _mix(
-        self, conv_states: Tensor, states: Tensor, slot: int, p: _Pass, part: Part, proj: Tensor
-    ) -> Tensor:
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        slot: int,
+        p: _Pass,
+        part: Part,
+        proj: Tensor,
+        fp8_group: int | None = None,
+    ) -> Produced:
         conv_state, state = conv_states[part.slot], states[part.slot]
         if part.tree is None:
-            return p.backend.gdn_chain(proj, self.spec, conv_state, state)
+            return p.backend.gdn_chain(proj, self.spec, conv_state, state, fp8_group)
         staging = p.stagings[part.slot]
-        return p.backend.gdn_tree(proj, self.spec, conv_state, state, part.tree.gdn, staging, slot)
+        return p.backend.gdn_tree(proj, self.spec, conv_state, state, part.tree.gdn, staging, slot, fp8_group)
 
 
 class _Layer(nn.Module):
