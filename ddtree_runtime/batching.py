@@ -34,7 +34,10 @@ kernel cost a 27B round ~4x its GPU work):
       the verify pass over the forest and every walk (one graph per (P, budget, key bound)); each
       slot then commits its own on the host's slot index. Elsewhere its phases run as they are.
 Other rounds (mixed modes or budgets, sampling, the policy's probes) run eagerly, with host-side
-lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path.
+lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path. With graphs the
+graphed rounds are padded to batch buckets (powers of two, then `max_batch`): the padding sequences
+write a scratch cache slot that no request owns, so that `warmup` captures every shape serving can
+hit (batch bucket x context bucket x budget) before the server reports healthy.
 """
 
 from __future__ import annotations
@@ -48,11 +51,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ddtree_runtime.backend import Backend
+from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
-from ddtree_runtime.graphs import RoundGraphs, key_bound
+from ddtree_runtime.graphs import RoundGraphs, buckets, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Forest, Part, Steps, Target, TreeInputs
 from ddtree_runtime.rounds import Phase, Sampling, choose, nucleus
@@ -136,13 +139,22 @@ class BatchEngine(Engine):
         prefill_chunk: int | None = None,
         policy: BudgetPolicy | None = None,
         graphs: bool | None = None,
+        padded: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise GenerationError(f"max_batch is {max_batch} (fix: at least 1)")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise GenerationError(f"prefill_chunk is {prefill_chunk} (fix: at least 1, or none)")
-        super().__init__(target, drafter, max_context, backend, graphs=False, slots=max_batch)
+        backend = backend or select_backend(target.embed_tokens.weight.device)
+        if graphs is None:  # as `Engine`: the target and the backend must allow it
+            graphs = (
+                target.embed_tokens.weight.device.type == "cuda" and target.graphable and backend.capturable
+            )
+        self.padded = graphs if padded is None else padded
+        # padded: one more slot, the scratch slot that padding sequences write (and nobody reads)
+        super().__init__(target, drafter, max_context, backend, graphs=False, slots=max_batch + self.padded)
         self.max_batch = max_batch
+        self.scratch = max_batch  # the padding sequences' slot (with `padded`)
         self.prefill_chunk = prefill_chunk or max_context
         self.policy = policy  # None: every ddtree request verifies its own budget each round
         self.free = list(range(max_batch))  # `add` takes the lowest
@@ -153,11 +165,51 @@ class BatchEngine(Engine):
         self.latest: list[float] | None = None  # with a policy: the last expected-token curve of any slot
         self.probe_gap = 0  # with a policy: rounds from the last probe to the next
         self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
-        if graphs is None:  # as `Engine`: the target and the backend must allow it
-            graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
         self.step_graphs = RoundGraphs(self.device) if graphs else None  # by `StepKey`
         self.step_buffers: dict[StepKey, tuple[Steps, list[Tensor]]] = {}  # each `ar` graph's inputs, output
         self.tree_rounds: dict[StepKey, _TreeRound] = {}  # graphed on CUDA
+
+    def batch_buckets(self) -> list[int]:
+        """The sequence counts a graphed round runs at: powers of two, then `max_batch`."""
+        out, n = [], 1
+        while n < self.max_batch:
+            out.append(n)
+            n *= 2
+        return [*out, self.max_batch]
+
+    def _sequences(self, live: int) -> int:
+        """The sequences a round of `live` runs (padded: its batch bucket, the rest scratch)."""
+        return min(n for n in self.batch_buckets() if n >= live) if self.padded else live
+
+    def _values(self, batch: list[Live]) -> tuple[int, tuple[list[int], list[int], list[int]]]:
+        """A round's sequence count and its `Steps` values (roots, slots, lengths), padded with
+        sequences of token 0 at the start of the scratch slot."""
+        n = self._sequences(len(batch))
+        pad = n - len(batch)
+        return n, (
+            [s.root for s in batch] + [0] * pad,
+            [s.slot for s in batch] + [self.scratch] * pad,
+            [s.ctx for s in batch] + [0] * pad,
+        )
+
+    @torch.inference_mode()
+    def warmup(self, modes: Sequence[str], budgets: Sequence[int], max_prompt: int | None = None) -> None:
+        """`Engine.warmup` (every mode's kernels and the prefill's), then, padded, every batched
+        round shape serving can hit, so that no request pays a capture: per batch bucket and
+        context bucket, the `ar` step (graphs only) and the tree round of every budget a round can
+        verify (with a budget policy, its budgets too), on CUDA captured on the scratch slot alone."""
+        super().warmup(modes, budgets, max_prompt)
+        if not self.padded:
+            return
+        levels = sorted(set(budgets) | set(self.policy.budgets if self.policy is not None else ()))
+        for n in self.batch_buckets():
+            values = [0] * n, [self.scratch] * n, [0] * n
+            for bound in buckets(self.max_context):
+                if "ar" in modes and self.step_graphs is not None:
+                    self._step_graph(("ar", n, 0, bound), values)
+                for budget in levels if "ddtree" in modes and self.drafter is not None else ():
+                    if verify_rows("ddtree", self.block, budget) < bound:
+                        self._tree_graph(("ddtree", n, budget, bound), values)
 
     @property
     def block(self) -> int:
@@ -344,19 +396,14 @@ class BatchEngine(Engine):
         self, batch: list[Live], budget: int
     ) -> tuple[list[_Tree], Tensor | None, dict[int, Walk]]:
         """The round of `batch` (greedy ddtree sequences of one `budget`) as a `_TreeRound` per
-        (sequences, budget, key bound): on CUDA a graph captured at its first use and replayed,
-        elsewhere its phases run as they are. Its trees, features and walks (by `id` of the tree);
-        each slot commits its own after it."""
+        (sequences, padded: their batch bucket; budget; key bound): on CUDA a graph captured at its
+        first use and replayed (warmed: `warmup`), elsewhere its phases run as they are. Its trees,
+        features and walks (by `id` of the tree); each slot commits its own after it."""
         self.drafts += 1
         self._ingest(batch)
-        key: StepKey = ("ddtree", len(batch), budget, max(self._bound(s) for s in batch))
-        values = [s.root for s in batch], [s.slot for s in batch], [s.ctx for s in batch]
-        r = self.tree_rounds.get(key)
-        if r is None:
-            r = self.tree_rounds[key] = self._tree_phases(*key[1:])
-            if self.step_graphs is not None:  # its warm-up run writes only rows the round rewrites
-                r.steps.fill(*values)
-                self.step_graphs.capture(key, r.phases, lambda: None)
+        n, values = self._values(batch)
+        key: StepKey = ("ddtree", n, budget, max(self._bound(s) for s in batch))
+        r = self._tree_graph(key, values)
         r.steps.fill(*values)
         if self.step_graphs is not None:
             self.step_graphs.replay(key)
@@ -369,7 +416,18 @@ class BatchEngine(Engine):
             s.budgets.append(budget)
             trees.append(_Tree(s, r.tokens[i], r.parents[i], r.depth[i], None, r.plans[i]))
             walks[id(trees[-1])] = (r.walk[0][i], r.walk[1][i], r.walk[2][i])
-        return trees, r.hidden, walks
+        hidden = r.hidden[: len(batch) * (budget + 1)] if r.hidden is not None else None
+        return trees, hidden, walks
+
+    def _tree_graph(self, key: StepKey, values: tuple[list[int], list[int], list[int]]) -> _TreeRound:
+        """The tree round of `key`, made (and on CUDA captured, from these values) at its first use."""
+        r = self.tree_rounds.get(key)
+        if r is None:
+            r = self.tree_rounds[key] = self._tree_phases(*key[1:])
+            if self.step_graphs is not None:  # its warm-up run writes only rows the round rewrites
+                r.steps.fill(*values)
+                self.step_graphs.capture(key, r.phases, lambda: None)
+        return r
 
     def _tree_phases(self, sequences: int, budget: int, bound: int) -> _TreeRound:
         """A `_TreeRound`'s buffers and phases: draft (every block in one drafter pass), tree (each
@@ -413,26 +471,36 @@ class BatchEngine(Engine):
         return r
 
     def _replay_steps(self, batch: list[Live]) -> Tensor:
-        """Every sequence's `ar` token through the graph of a step of this many sequences under this
-        key bound (captured at its first use, from the states as they are), its buffers refilled:
-        fp32 logits [P, V], valid until the next replay."""
+        """Every sequence's `ar` token through the graph of a step of this many sequences (padded:
+        its batch bucket's) under this key bound (captured at its first use, from the states as
+        they are), its buffers refilled: fp32 logits [P, V], valid until the next replay."""
+        n, values = self._values(batch)
+        key: StepKey = ("ar", n, 0, max(self._bound(s) for s in batch))
+        steps, out = self._step_graph(key, values)
+        steps.fill(*values)
         assert self.step_graphs is not None
-        key: StepKey = ("ar", len(batch), 0, max(self._bound(s) for s in batch))
-        values = [s.root for s in batch], [s.slot for s in batch], [s.ctx for s in batch]
+        self.step_graphs.replay(key)
+        return out[0][: len(batch)]
+
+    def _step_graph(
+        self, key: StepKey, values: tuple[list[int], list[int], list[int]]
+    ) -> tuple[Steps, list[Tensor]]:
+        """The `ar` step graph of `key` and its buffers, captured at its first use from these values
+        (their sequences' states as they are)."""
+        assert self.step_graphs is not None
         if key not in self.step_graphs:
-            steps, out = Steps.empty(len(batch), key[3], self.device), []
+            steps, out = Steps.empty(key[1], key[3], self.device), []
 
             def step() -> None:  # the capture's output tensor is the one its replays write
                 out[:] = [self.target.forward_parts(steps.forest(), self.backend, capture=False)[0]]
 
             self.step_buffers[key] = steps, out
-            steps.fill(*values)  # the warm-up run before the capture steps these sequences for real:
-            restore = self.target.snapshot(values[1])  # their states are put back (K/V rows rewrite)
+            # the warm-up run before the capture steps these sequences for real: their states are
+            # put back (K/V rows rewrite)
+            steps.fill(*values)
+            restore = self.target.snapshot(sorted(set(values[1])))
             self.step_graphs.capture(key, [("ar steps", step)], restore)
-        steps, out = self.step_buffers[key]
-        steps.fill(*values)
-        self.step_graphs.replay(key)
-        return out[0]
+        return self.step_buffers[key]
 
     def _greedy_walks(self, trees: list[_Tree], rows: Sequence[Tensor]) -> dict[int, Walk]:
         """Every greedy tree's walk (by `id` of its tree) in one call, on a backend that walks

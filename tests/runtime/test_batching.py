@@ -314,6 +314,38 @@ def test_ddtree_requests_of_one_budget_run_as_tree_rounds_and_keep_their_tokens(
         assert set(batched.tree_rounds) <= set(batched.step_graphs.graphs)
 
 
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
+    request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Padded to batch buckets (as on CUDA, where each shape is a graph), 3 sequences run as 4, the
+    fourth a scratch sequence in a slot no request owns; the warm-up makes every shape the rounds
+    then take (on CUDA: captures them, so serving captures none), and each request gets its tokens
+    and acceptances alone."""
+    pair = request.getfixturevalue(pair_name)
+    alone = engine_for(pair, device, dtype, max_context=256)
+    target, drafter = load_pair(pair.target, pair.drafter, device, dtype)
+    batched = BatchEngine(target, drafter, 256, 4, prefill_chunk=4, padded=True)
+    assert batched.batch_buckets() == [1, 2, 4] and target.k_caches.shape[0] == 5  # + the scratch slot
+    batched.warmup(modes=["ddtree"], budgets=[6])
+    warmed = set(batched.tree_rounds)
+    assert {(n, b) for _, n, b, _ in warmed} == {(1, 6), (2, 6), (4, 6)}
+    reqs = [
+        {**r, "mode": "ddtree", "budget": 6, "max_new_tokens": 8 + 2 * r["max_new_tokens"]}
+        for r in requests(23, 5)
+    ]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
+        assert result.accepted_per_round == want.accepted_per_round
+    ran = set(batched.tree_rounds)
+    assert {k[:3] for k in ran} == {k[:3] for k in warmed}  # no other sequence count or budget
+    if batched.step_graphs is not None:  # CUDA: bounds are buckets too, and nothing was captured late
+        assert ran == warmed
+    else:  # the CPU builds the rounds at warm-up and runs them after: three sequences ran as four
+        assert any(r.hidden is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
 def test_on_cuda_graphed_tree_rounds_in_bf16_give_each_request_its_tokens_alone(
