@@ -56,6 +56,7 @@ from ddtree_runtime.budgets import BudgetPolicy, expected_gains
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.generation import GenerationResult, Output
 from ddtree_runtime.graphs import RoundGraphs, buckets, key_bound
+from ddtree_runtime.logprobs import TokenLogprob, as_entries, token_logprobs
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.target import Forest, Part, Steps, Target, TreeInputs
 from ddtree_runtime.rounds import Phase, Sampling, choose, nucleus
@@ -84,6 +85,7 @@ class Live:
     gains: list[float] | None = None  # with a budget policy: its last draft's expected tokens by budget
     accepted: list[int] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)  # ddtree: each round's budget
+    logprobs: int | None = None  # asked: each emitted token's logprob and this many top ones
     result: GenerationResult | None = None
 
     @property
@@ -230,12 +232,18 @@ class BatchEngine(Engine):
         decode: Callable[[list[int]], str] | None = None,
         on_tokens: Callable[[list[int]], None] | None = None,
         cancel: threading.Event | None = None,
+        logprobs: int | None = None,
+        on_logprobs: Callable[[list[TokenLogprob]], None] | None = None,
     ) -> Live:
         """Take a free slot for a request (arguments as `Engine.generate`; with a budget policy, a
-        ddtree `budget` is the most its rounds verify). Its prefill starts at the next `step`."""
+        ddtree `budget` is the most its rounds verify). Its prefill starts at the next `step`. A
+        request for `logprobs` runs its rounds eagerly (they keep the verify pass's logits)."""
         if not self.free:
             raise GenerationError(f"all {self.max_batch} slots are in use (fix: wait for a step to free one)")
         self._check(mode, prompt_ids, max_new_tokens, budget, self.block)
+        top = self.buffers.top_ids.shape[1]
+        if logprobs is not None and not 0 <= logprobs <= top:
+            raise GenerationError(f"logprobs {logprobs} is outside [0, {top}] (fix: ask for at most {top})")
         eos = set(self.target.config.eos_token_ids if eos_ids is None else eos_ids)
         live = Live(
             self.free.pop(self.free.index(min(self.free))),  # the lowest: slots in use stay 0 .. P-1
@@ -243,7 +251,8 @@ class BatchEngine(Engine):
             mode,
             budget if mode == "ddtree" else 0,
             self._sampling(temperature, top_p, seed),
-            Output(max_new_tokens, eos, stop, decode, on_tokens, cancel),
+            Output(max_new_tokens, eos, stop, decode, on_tokens, cancel, on_logprobs),
+            logprobs=logprobs,
         )
         self.live.append(live)
         return live
@@ -308,7 +317,7 @@ class BatchEngine(Engine):
         done = False
         if s.decoding:
             s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
-            done = s.out.emit([s.root])
+            done = s.out.emit([s.root], self._entries(s, logits[-1:], [s.root]))
         s.prefill_s += time.perf_counter() - t0
         return done
 
@@ -328,7 +337,7 @@ class BatchEngine(Engine):
         finished = []
         hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
         for t, r, h in zip(trees, rows, hiddens, strict=True):
-            if t.live.out.emit(self._walk(t, r, h, walks.get(id(t)))):
+            if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
                 finished.append(t.live)
         return finished
 
@@ -356,7 +365,7 @@ class BatchEngine(Engine):
                 t.live.budgets.append(t.tokens.shape[0] - 1)
             if t.tokens.shape[0] > 1:  # one node: the root alone, an `ar` row
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
-        if self.step_graphs is not None and all(s.mode == "ar" for s in batch):
+        if self.step_graphs is not None and all(s.mode == "ar" and s.logprobs is None for s in batch):
             logits, hidden = self._replay_steps(batch), None
         else:
             greedy = all(s.sampling.greedy for s in batch)
@@ -384,7 +393,9 @@ class BatchEngine(Engine):
         budget): that budget, or with a policy between probes its best one budget for all from the
         slots' last curves; None for any other round (and for a policy's 0: no drafting)."""
         caps = {s.budget for s in batch}
-        if len(caps) != 1 or any(s.mode != "ddtree" or not s.sampling.greedy for s in batch):
+        if len(caps) != 1 or any(
+            s.mode != "ddtree" or not s.sampling.greedy or s.logprobs is not None for s in batch
+        ):
             return None
         if self.policy is None:
             return caps.pop()
@@ -629,9 +640,12 @@ class BatchEngine(Engine):
             )
         return any(picked)
 
-    def _walk(self, t: _Tree, logits: Tensor | None, hidden: Tensor | None, walked: Walk | None) -> list[int]:
+    def _walk(
+        self, t: _Tree, logits: Tensor | None, hidden: Tensor | None, walked: Walk | None
+    ) -> tuple[list[int], list[TokenLogprob] | None]:
         """A slot's walk (unless `walked` already: then `logits` may be None) and commit after the
-        verify pass: its new tokens (accepted drafts, then the target's own next token)."""
+        verify pass: its new tokens (accepted drafts, then the target's own next token) and, if
+        asked, their logprobs (each at its parent's row)."""
         s, sampling = t.live, t.live.sampling
         if t.tree is None:  # the root alone: the pass already committed the row
             assert logits is not None
@@ -641,12 +655,12 @@ class BatchEngine(Engine):
             s.root = int(choose(logits[0], sampling))
             s.ctx += 1
             s.accepted.append(0)
-            return [s.root]
+            return [s.root], self._entries(s, logits[:1], [s.root])
         if walked is None:
             assert logits is not None
-            logits = nucleus(logits, sampling.temperature, sampling.top_p)
+            nucleus_logits = nucleus(logits, sampling.temperature, sampling.top_p)
             walked = self.backend.tree_walk(
-                t.tokens, t.parents, logits, sampling.temperature, sampling.generator
+                t.tokens, t.parents, nucleus_logits, sampling.temperature, sampling.generator
             )
         path, path_len, bonus = walked
         self.target.commit(s.ctx, t.tree, path, path_len, self.backend, s.slot)
@@ -657,7 +671,17 @@ class BatchEngine(Engine):
         s.root = int(bonus)
         s.ctx += n
         s.accepted.append(n - 1)
-        return [*t.tokens[keep[1:]].tolist(), s.root]
+        tokens = [*t.tokens[keep[1:]].tolist(), s.root]
+        return tokens, self._entries(s, logits[keep] if logits is not None else None, tokens)
+
+    def _entries(self, s: Live, rows: Tensor | None, tokens: list[int]) -> list[TokenLogprob] | None:
+        """The logprobs `s` asked for of `tokens`, each chosen at its row of the raw logits `rows`."""
+        if s.logprobs is None:
+            return None
+        assert rows is not None, "a request for logprobs runs rounds that keep their logits"
+        ids = torch.tensor(tokens, dtype=torch.int64, device=rows.device)
+        values, top_ids = token_logprobs(rows, ids, self.buffers.top_ids.shape[1])
+        return as_entries(tokens, values.tolist(), top_ids.tolist(), s.logprobs)
 
     def _finish(self, s: Live) -> None:
         """The sequence's result; its slot back to the free list."""
@@ -670,6 +694,7 @@ class BatchEngine(Engine):
             phase_s={"prefill": s.prefill_s},
             total_s=time.perf_counter() - s.added,
             text=s.out.text(),
+            logprobs=s.out.logprobs if s.logprobs is not None else None,
         )
         self.live.remove(s)
         self.free.append(s.slot)

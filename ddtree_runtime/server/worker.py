@@ -305,15 +305,16 @@ class BatchWorker(Worker):
             self.complete(job, left)
             return
         req = job.request
-        if req.logprobs is not None or req.prompt_top is not None:
-            field = "logprobs" if req.logprobs is not None else "prompt_logprobs"
-            message = (
-                f"{field} is not recorded by batched rounds yet (fix: drop it, or serve with --max-batch 1)"
-            )
+        if req.prompt_top is not None:  # a prompt prefilled in chunks keeps no row's logits
+            message = "prompt_logprobs is not recorded by batched rounds yet (fix: drop it, or serve with --max-batch 1)"
             self.complete(job, ("error", APIError(400, message)))
             return
         try:
-            live = self.batch.add(**self.arguments(job))
+            live = self.batch.add(
+                **self.arguments(job),
+                logprobs=req.logprobs,
+                on_logprobs=(lambda es: job.put(("logprobs", es))) if req.stream else None,
+            )
         except GenerationError as e:  # validation should have caught it; still the client's request
             self.complete(job, ("error", APIError(400, str(e))))
             return

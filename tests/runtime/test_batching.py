@@ -315,6 +315,29 @@ def test_ddtree_requests_of_one_budget_run_as_tree_rounds_and_keep_their_tokens(
 
 
 @pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
+def test_requests_for_logprobs_get_them_in_a_batch_as_alone(
+    request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
+) -> None:
+    """Requests asking for logprobs (every mode, beside requests that do not) get each emitted
+    token's logprob and top ones as `Engine.generate` gives them alone; the others get none."""
+    pair = request.getfixturevalue(pair_name)
+    alone = engine_for(pair, device, dtype, max_context=256)
+    batched = batch_engine(pair, device, dtype, 3, chunk=4)
+    reqs = [{**r, "logprobs": 3} if i % 2 == 0 else r for i, r in enumerate(requests(29, 7))]
+    for req, result in zip(reqs, batched.run(reqs), strict=True):
+        want = alone.generate(**req)
+        assert result.output_ids == want.output_ids
+        if "logprobs" not in req:
+            assert result.logprobs is None
+            continue
+        assert result.logprobs is not None and want.logprobs is not None
+        assert [e.token for e in result.logprobs] == result.output_ids
+        for got, exp in zip(result.logprobs, want.logprobs, strict=True):
+            assert got.logprob == pytest.approx(exp.logprob, abs=1e-4)
+            assert [t for t, _ in got.top] == [t for t, _ in exp.top]
+
+
+@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
 def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
     request: pytest.FixtureRequest, pair_name: str, device: torch.device, dtype: torch.dtype
 ) -> None:

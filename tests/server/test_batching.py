@@ -206,13 +206,49 @@ def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
         server.terminate()
 
 
-def test_logprobs_are_refused_by_batched_rounds_with_the_fix(server: Server) -> None:
-    for body, field in (
-        ({"model": MODEL, "prompt": "the city of", "max_tokens": 4, "logprobs": 2}, "logprobs"),
-        ({"model": MODEL, "prompt": "the city of", "max_tokens": 4, "prompt_logprobs": 1}, "prompt_logprobs"),
-    ):
-        status, data = server.post("/v1/completions", body)
-        message = data["error"]["message"]
-        assert status == 400 and message.startswith(field) and "--max-batch 1" in message
-    plain = {"model": MODEL, "prompt": "the city of", "max_tokens": 4}
-    assert server.post("/v1/completions", plain)[0] == 200
+def test_batched_rounds_give_each_request_its_logprobs_and_refuse_prompt_logprobs(
+    server: Server, alone: tuple[Engine, Tokenizer]
+) -> None:
+    """Concurrent requests for logprobs (every mode, streamed and not) get from the batched rounds
+    the logprobs each gets alone; `prompt_logprobs` (a prompt prefilled in chunks keeps no row's
+    logits) is still a 400 naming the fix."""
+    engine, tokenizer = alone
+    modes = [("ddtree", 16), ("ar", None), ("dflash", None), ("ddtree", 8)]
+    bodies = [
+        {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 2,
+         "mode": mode, "stream": i % 2 == 1, **({} if budget is None else {"budget": budget})}
+        for i, (prompt, (mode, budget)) in enumerate(zip(PROMPTS, modes, strict=True))
+    ]  # fmt: skip
+    got: list[list[float] | bytes | None] = [None] * len(bodies)
+
+    def client(i: int) -> None:
+        status, _, data = server.request("POST", "/v1/completions", bodies[i])
+        if status != 200:
+            got[i] = data
+        elif bodies[i]["stream"]:
+            events = [e for e in sse_events(data) if isinstance(e, dict) and e["choices"]]
+            events = [e for e in events if e["choices"][0].get("logprobs")]
+            got[i] = [v for e in events for v in e["choices"][0]["logprobs"]["token_logprobs"]]
+        else:
+            got[i] = json.loads(data)["choices"][0]["logprobs"]["token_logprobs"]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for body, values in zip(bodies, got, strict=True):
+        want = engine.generate(
+            tokenizer.encode(body["prompt"]),
+            mode=body["mode"],
+            budget=body.get("budget", 8),
+            max_new_tokens=12,
+            eos_ids=(),
+            logprobs=2,
+        )
+        assert want.logprobs is not None and isinstance(values, list), values
+        assert values == pytest.approx([e.logprob for e in want.logprobs], abs=1e-5)
+    body = {"model": MODEL, "prompt": "the city of", "max_tokens": 4, "prompt_logprobs": 1}
+    status, data = server.post("/v1/completions", body)
+    message = data["error"]["message"]
+    assert status == 400 and message.startswith("prompt_logprobs") and "--max-batch 1" in message
