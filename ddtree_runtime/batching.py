@@ -154,7 +154,9 @@ class BatchEngine(Engine):
             )
         self.padded = graphs if padded is None else padded
         # padded: one more slot, the scratch slot that padding sequences write (and nobody reads)
-        super().__init__(target, drafter, max_context, backend, graphs=False, slots=max_batch + self.padded)
+        super().__init__(
+            target, drafter, max_context, backend, graphs=False, slots=max_batch + (1 if self.padded else 0)
+        )
         self.max_batch = max_batch
         self.scratch = max_batch  # the padding sequences' slot (with `padded`)
         self.prefill_chunk = prefill_chunk or max_context
