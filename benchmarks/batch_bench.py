@@ -231,13 +231,9 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.cost_table:
-        # between its probes a load policy's rounds at a budget for all replay tree rounds, and at
-        # budget 0 (roots alone, with their features for the drafter) run eagerly: with graphs, the
-        # eager `ar` round is the table's budget-0 point
-        eager = [r for r in rows if r["config"] != "ar"] if graphs is not None else rows
-        write_cost_table(
-            Path(args.cost_table), [{**r, "config": "ar"} if r["config"] == "ar eager" else r for r in eager]
-        )
+        # a load policy's rounds between probes replay graphs as these rows do (tree rounds, and at
+        # budget 0 the step of every root): the eager `ar` round is no point of the table
+        write_cost_table(Path(args.cost_table), [r for r in rows if r["config"] != "ar eager"])
 
 
 def write_cost_table(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -27,8 +27,9 @@ Every slot does what `Engine.generate` does for it alone, so each request gets i
 (`Forest`: each sequence's rows, slot and length, no host value), so that on CUDA a graph captures
 them at their first use and replays them with their buffers (`Steps`) refilled (a launch per
 kernel cost a 27B round ~4x its GPU work):
-    - a round of `ar` sequences only: the target's step of P sequences (one graph per (P, key
-      bound));
+    - a round where every sequence verifies its root alone (`ar` requests, and ddtree ones a
+      budget policy took off speculation, whose rows' features it also returns for the drafter):
+      the target's step of P sequences (one graph per (P, key bound), each kind);
     - a tree round: every sequence a greedy ddtree one of one budget (the served default), or with
       a budget policy between probes its best one budget for all: draft, every tree and its plan,
       the verify pass over the forest and every walk (one graph per (P, budget, key bound)); each
@@ -63,7 +64,7 @@ from ddtree_runtime.rounds import Phase, Sampling, choose, nucleus
 from specops_contract import SERVE_OPTIONS, verify_rows
 
 Walk = tuple[Tensor, Tensor, Tensor]  # a tree walk: path, path_len, bonus (`Backend.tree_walk`)
-StepKey = tuple[str, int, int, int]  # a batched round's graph: (mode, sequences, budget, key bound)
+StepKey = tuple[str, int, int, int]  # a batched round's graph: (kind, sequences, budget, key bound)
 
 
 @dataclass
@@ -170,7 +171,7 @@ class BatchEngine(Engine):
         self.probe_gap = 0  # with a policy: rounds from the last probe to the next
         self.probe_at = 0  # the round of the next probe (every ddtree slot drafts)
         self.step_graphs = RoundGraphs(self.device) if graphs else None  # by `StepKey`
-        self.step_buffers: dict[StepKey, tuple[Steps, list[Tensor]]] = {}  # each `ar` graph's inputs, output
+        self.step_buffers: dict[StepKey, tuple[Steps, list[Tensor | None]]] = {}  # each step graph's in, out
         self.tree_rounds: dict[StepKey, _TreeRound] = {}  # graphed on CUDA
 
     def batch_buckets(self) -> list[int]:
@@ -200,7 +201,8 @@ class BatchEngine(Engine):
     def warmup(self, modes: Sequence[str], budgets: Sequence[int], max_prompt: int | None = None) -> None:
         """`Engine.warmup` (every mode's kernels and the prefill's), then, padded, every batched
         round shape serving can hit, so that no request pays a capture: per batch bucket and
-        context bucket, the `ar` step (graphs only) and the tree round of every budget a round can
+        context bucket, the `ar` step (graphs only; with a budget policy also the step of roots with
+        their features, every slot off speculation) and the tree round of every budget a round can
         verify (with a budget policy, its budgets too), on CUDA captured on the scratch slot alone."""
         super().warmup(modes, budgets, max_prompt)
         if not self.padded:
@@ -211,6 +213,8 @@ class BatchEngine(Engine):
             for bound in buckets(self.max_context):
                 if "ar" in modes and self.step_graphs is not None:
                     self._step_graph(("ar", n, 0, bound), values)
+                if self.policy is not None and self.step_graphs is not None:  # every slot off speculation
+                    self._step_graph(("roots", n, 0, bound), values)
                 for budget in levels if "ddtree" in modes and self.drafter is not None else ():
                     if verify_rows("ddtree", self.block, budget) < bound:
                         self._tree_graph(("ddtree", n, budget, bound), values)
@@ -367,8 +371,10 @@ class BatchEngine(Engine):
                 t.live.budgets.append(t.tokens.shape[0] - 1)
             if t.tokens.shape[0] > 1:  # one node: the root alone, an `ar` row
                 t.tree = self.target.plan(t.parents, t.depth, self.backend, t.live.mode != "ddtree")
-        if self.step_graphs is not None and all(s.mode == "ar" and s.logprobs is None for s in batch):
-            logits, hidden = self._replay_steps(batch), None
+        if self.step_graphs is not None and all(t.tree is None and t.live.logprobs is None for t in trees):
+            # every slot verifies its root alone: `ar` requests, and ddtree ones off speculation,
+            # whose rows' features the step also returns for the drafter
+            logits, hidden = self._replay_steps(batch, features=any(s.mode != "ar" for s in batch))
         else:
             greedy = all(s.sampling.greedy for s in batch)
             parts = [
@@ -483,36 +489,38 @@ class BatchEngine(Engine):
         r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk)]
         return r
 
-    def _replay_steps(self, batch: list[Live]) -> Tensor:
-        """Every sequence's `ar` token through the graph of a step of this many sequences (padded:
-        its batch bucket's) under this key bound (captured at its first use, from the states as
-        they are), its buffers refilled: fp32 logits [P, V], valid until the next replay."""
+    def _replay_steps(self, batch: list[Live], features: bool) -> tuple[Tensor, Tensor | None]:
+        """Every sequence's root (committed) through the graph of a step of this many sequences
+        (padded: its batch bucket's) under this key bound, with the rows' features for the drafter
+        when asked (captured at its first use, from the states as they are), its buffers refilled:
+        fp32 logits [P, V] and the features, valid until the next replay."""
         n, values = self._values(batch)
-        key: StepKey = ("ar", n, 0, max(self._bound(s) for s in batch))
+        key: StepKey = ("roots" if features else "ar", n, 0, max(self._bound(s) for s in batch))
         steps, out = self._step_graph(key, values)
         steps.fill(*values)
         assert self.step_graphs is not None
         self.step_graphs.replay(key)
-        return out[0][: len(batch)]
+        logits, hidden = out
+        return logits[: len(batch)], hidden[: len(batch)] if hidden is not None else None
 
     def _step_graph(
         self, key: StepKey, values: tuple[list[int], list[int], list[int]]
-    ) -> tuple[Steps, list[Tensor]]:
-        """The `ar` step graph of `key` and its buffers, captured at its first use from these values
-        (their sequences' states as they are)."""
+    ) -> tuple[Steps, list[Tensor | None]]:
+        """The step graph of `key` (mode "ar", or "roots": with the rows' features) and its
+        buffers, captured at its first use from these values (their sequences' states as they are)."""
         assert self.step_graphs is not None
         if key not in self.step_graphs:
             steps, out = Steps.empty(key[1], key[3], self.device), []
 
-            def step() -> None:  # the capture's output tensor is the one its replays write
-                out[:] = [self.target.forward_parts(steps.forest(), self.backend, capture=False)[0]]
+            def step() -> None:  # the capture's output tensors are the ones its replays write
+                out[:] = self.target.forward_parts(steps.forest(), self.backend, capture=key[0] == "roots")
 
             self.step_buffers[key] = steps, out
             # the warm-up run before the capture steps these sequences for real: their states are
             # put back (K/V rows rewrite)
             steps.fill(*values)
             restore = self.target.snapshot(sorted(set(values[1])))
-            self.step_graphs.capture(key, [("ar steps", step)], restore)
+            self.step_graphs.capture(key, [("steps", step)], restore)
         return self.step_buffers[key]
 
     def _greedy_walks(self, trees: list[_Tree], rows: Sequence[Tensor]) -> dict[int, Walk]:
