@@ -54,7 +54,7 @@ from torch import Tensor
 
 from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.budgets import BudgetPolicy, expected_gains
-from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.engine import Engine, GenerationError, graphs_allowed
 from ddtree_runtime.generation import GenerationResult, Output
 from ddtree_runtime.graphs import RoundGraphs, buckets, key_bound
 from ddtree_runtime.logprobs import TokenLogprob, as_entries, token_logprobs
@@ -149,10 +149,8 @@ class BatchEngine(Engine):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise GenerationError(f"prefill_chunk is {prefill_chunk} (fix: at least 1, or none)")
         backend = backend or select_backend(target.embed_tokens.weight.device)
-        if graphs is None:  # as `Engine`: the target and the backend must allow it
-            graphs = (
-                target.embed_tokens.weight.device.type == "cuda" and target.graphable and backend.capturable
-            )
+        if graphs is None:
+            graphs = graphs_allowed(target, backend)
         self.padded = graphs if padded is None else padded
         # padded: one more slot, the scratch slot that padding sequences write (and nobody reads)
         super().__init__(

@@ -45,6 +45,12 @@ class GenerationError(ValueError):
     """A request the engine cannot serve as given; the message says what to change."""
 
 
+def graphs_allowed(target: Target, backend: Backend[Any, Any, Any]) -> bool:
+    """Whether rounds may be CUDA graphs by default: on CUDA, when the target and the backend both
+    allow it (no host work in the target's pass or the backend's seams)."""
+    return target.embed_tokens.weight.device.type == "cuda" and target.graphable and backend.capturable
+
+
 def tree_capacity(vocab: int, depth: int, cap: int = 1 << 30) -> int:
     """Distinct prefixes of length 1..depth over `vocab` tokens (the most nodes a tree can have),
     counted up to `cap`."""
@@ -88,8 +94,8 @@ class Engine:
         self.buffers = RoundBuffers.allocate(
             block, features, self.device, target.embed_tokens.weight.dtype, min(MAX_LOGPROBS, cfg.vocab_size)
         )
-        if graphs is None:  # both must allow it: no host work in the target's pass or the backend's seams
-            graphs = self.device.type == "cuda" and target.graphable and self.backend.capturable
+        if graphs is None:
+            graphs = graphs_allowed(target, self.backend)
         self.graphs = RoundGraphs(self.device) if graphs else None
         self.warmed: set[GraphKey] | None = None  # after warmup: the only rounds served
 
