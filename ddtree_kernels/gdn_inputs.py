@@ -222,7 +222,8 @@ def gdn_inputs(
     heads = (Hk, Hv, Dk, Dv). ``windows`` [T, K] (int) are the tree's rows of cat(conv_state, proj);
     None is the chain. ``update_conv`` (T = 1 chains only) moves the conv state by the token.
     ``k_out`` [T, Hk, Dk] receives k (a verify pass stages it there); ``x_out`` [T, C] receives the
-    raw mixed rows. With ``slots`` [T] (distinct cache slots, on the device) the T tokens are one
+    raw mixed rows. With ``slots`` [T] (cache slots on the device, distinct but for a scratch slot
+    that padding rows may repeat, whose rows and state then come out undefined) the T tokens are one
     token each of T sequences: conv_state holds every slot's [S, K-1, C], token t reads (and with
     ``update_conv`` moves) ``conv_state[slots[t]]``.
 

@@ -118,7 +118,8 @@ def gdn_step(
     """One token: q, k [1, Hk, Dk]; v [1, Hv, Dv]; g, beta [1, Hv] (fp32); state [Hv, Dk, Dv] fp32,
     advanced in place; z = proj[0, z_col : z_col + Hv Dv]. Returns the normed output [1, Hv Dv].
 
-    With ``slots`` [P] (distinct cache slots, on the device): one token of each of P sequences, the
+    With ``slots`` [P] (cache slots on the device, distinct but for a scratch slot that padding
+    rows may repeat, whose rows and state then come out undefined): one token of each of P sequences, the
     inputs [P, ...] and the states of every slot [S, Hv, Dk, Dv] (each slot's contiguous); row p
     advances ``state[slots[p]]``. Returns [P, Hv Dv].
 

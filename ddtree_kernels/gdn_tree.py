@@ -505,7 +505,8 @@ def gdn_forest(
     """P trees of one size, each ``gdn_tree`` from its own cache slot's state, in one launch pair.
 
     q, k: [P, N, Hk, Dk]; v: [P, N, Hv, Dv]; g, beta: [P, N, Hv] fp32; states: [S, Hv, Dk, Dv] fp32
-    (each slot's contiguous); slots: [P] distinct cache slots, on the device; plan: the trees' plans
+    (each slot's contiguous); slots: [P] cache slots on the device, distinct but for a scratch slot
+    that padding trees may repeat (their outputs and its staging then undefined); plan: the trees' plans
     stacked (``ForestPlan.of``). Tree p starts from ``states[slots[p]]`` and writes its d and G into
     ``d_out`` [S, Hv, N, Dv] and ``gsum_out`` [S, Hv, N] (a verify pass's staging of every slot, each
     slot's contiguous) at ``slots[p]``; the other slots' rows are left alone. Returns o [P, N, Hv, Dv].

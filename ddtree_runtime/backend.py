@@ -459,8 +459,8 @@ class TorchBackend:
     ) -> Tensor | QuantizedRows:
         """One token of each of P sequences (a batched pass's `ar` rows), each a `gdn_chain` of one
         in its own cache slot: proj [P, ...], conv_states [S, K-1, C] and states [S, Hv, Dk, Dv]
-        (one layer's, every slot), slots [P] (distinct). Returns [P, Hv Dv] (quantized by `group`
-        columns when it is set)."""
+        (one layer's, every slot), slots [P] (distinct but for a repeated scratch slot, whose rows
+        come out undefined). Returns [P, Hv Dv] (quantized by `group` columns when it is set)."""
         steps = [
             self.gdn_chain(proj[p : p + 1], spec, conv_states[slot], states[slot])
             for p, slot in enumerate(slots.tolist())
