@@ -43,6 +43,24 @@ def requests(seed: int, count: int) -> list[dict[str, Any]]:
     return out
 
 
+def ddtree_requests(seed: int, count: int, budget: int) -> list[dict[str, Any]]:
+    """`requests`, all greedy ddtree ones of one budget, long enough for several rounds together."""
+    return [
+        {**r, "mode": "ddtree", "budget": budget, "max_new_tokens": 8 + 2 * r["max_new_tokens"]}
+        for r in requests(seed, count)
+    ]
+
+
+def assert_each_alone(
+    alone: Engine, reqs: list[dict[str, Any]], results: list[Any], dtype: torch.dtype
+) -> None:
+    """Each request's tokens and acceptances are those it gets alone."""
+    for req, result in zip(reqs, results, strict=True):
+        want = alone.generate(**req)
+        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
+        assert result.accepted_per_round == want.accepted_per_round
+
+
 def batch_engine(
     pair: TinyPair, device: torch.device, dtype: torch.dtype, max_batch: int, chunk: int | None = None
 ) -> BatchEngine:
@@ -301,14 +319,8 @@ def test_ddtree_requests_of_one_budget_run_as_tree_rounds_and_keep_their_tokens(
     pair = request.getfixturevalue(pair_name)
     alone = engine_for(pair, device, dtype, max_context=256)
     batched = batch_engine(pair, device, dtype, 3, chunk=4)
-    reqs = [
-        {**r, "mode": "ddtree", "budget": 6, "max_new_tokens": 8 + 2 * r["max_new_tokens"]}
-        for r in requests(17, 6)
-    ]
-    for req, result in zip(reqs, batched.run(reqs), strict=True):
-        want = alone.generate(**req)
-        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
-        assert result.accepted_per_round == want.accepted_per_round
+    reqs = ddtree_requests(17, 6, budget=6)
+    assert_each_alone(alone, reqs, batched.run(reqs), dtype)
     assert {sequences for _, sequences, _, _ in batched.tree_rounds} >= {1, 2, 3}
     if batched.step_graphs is not None:
         assert set(batched.tree_rounds) <= set(batched.step_graphs.graphs)
@@ -353,14 +365,8 @@ def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
     batched.warmup(modes=["ddtree"], budgets=[6])
     warmed = set(batched.tree_rounds)
     assert {(n, b) for _, n, b, _ in warmed} == {(1, 6), (2, 6), (4, 6)}
-    reqs = [
-        {**r, "mode": "ddtree", "budget": 6, "max_new_tokens": 8 + 2 * r["max_new_tokens"]}
-        for r in requests(23, 5)
-    ]
-    for req, result in zip(reqs, batched.run(reqs), strict=True):
-        want = alone.generate(**req)
-        assert_same_tokens(alone, req["prompt_ids"], want.output_ids, result.output_ids, dtype)
-        assert result.accepted_per_round == want.accepted_per_round
+    reqs = ddtree_requests(23, 3, budget=6)  # three requests in four slots: a round of 4 is padded
+    assert_each_alone(alone, reqs, batched.run(reqs), dtype)
     ran = set(batched.tree_rounds)
     assert {k[:3] for k in ran} == {k[:3] for k in warmed}  # no other sequence count or budget
     if batched.step_graphs is not None:  # CUDA: bounds are buckets too, and nothing was captured late
