@@ -208,18 +208,9 @@ class BudgetPolicy:
         asked = (gains, caps, fixed_rows, fixed_tokens, drafting)
         if self.last is not None and self.last[0] == asked:
             return list(self.last[1])
-        options = [[0, *sorted({b for b in self.budgets if b < cap} | {cap})] for cap in caps]
+        options = self._options(caps)
         slots, fixed_widest = len(fixed_rows) + len(caps), max(fixed_rows, default=1)
-
-        def rate(pick: list[int]) -> float:
-            tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
-            rows = slots * max([fixed_widest] + [b + 1 for b in pick])
-            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
-
-        # start from the best one budget for all (each slot's largest option up to it): with rows
-        # padded to the widest, one slot's move alone rarely pays, so uniform levels come first
-        levels = sorted({0, *self.budgets, *caps})
-        pick = max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
+        pick = self._uniform(gains, caps, options, fixed_rows, fixed_tokens, drafting)
         # then coordinate ascent, the batch's totals kept up to date: each candidate costs O(budgets)
         tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
         drafts = drafting + sum(b > 0 for b in pick)
@@ -237,18 +228,40 @@ class BudgetPolicy:
                 )
                 counts[b] += 1
                 tokens, drafts = tokens + gain(g, b), drafts + (b > 0)
-        best = (rate(pick), pick)
-        self.last = (asked, best[1])
-        return list(best[1])
+        self.last = (asked, pick)
+        return list(pick)
+
+    def _options(self, caps: list[int]) -> list[list[int]]:
+        """Each slot's budgets to pick from: 0, the served ones under its cap, and its cap."""
+        return [[0, *sorted({b for b in self.budgets if b < cap} | {cap})] for cap in caps]
+
+    def _uniform(
+        self,
+        gains: list[list[float]],
+        caps: list[int],
+        options: list[list[int]],
+        fixed_rows: list[int],
+        fixed_tokens: float,
+        drafting: int,
+    ) -> list[int]:
+        """The best one budget for all (each slot's largest of its `options` up to it), as `choose`
+        asks it: with rows padded to the widest, one slot's move alone rarely pays, so uniform
+        levels come first."""
+        slots, fixed_widest = len(fixed_rows) + len(caps), max(fixed_rows, default=1)
+
+        def rate(pick: list[int]) -> float:
+            tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
+            rows = slots * max([fixed_widest] + [b + 1 for b in pick])
+            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
+
+        levels = sorted({0, *self.budgets, *caps})
+        return max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
 
     def shared(self, gains: list[list[float]], cap: int) -> int:
         """The best one budget for slots with curves `gains`, each capped at `cap` and none beside
         them: what a round of one budget for all (`BatchEngine`'s tree round) verifies."""
-        levels = sorted({0, *(b for b in self.budgets if b < cap), cap})
-        n = len(gains)
-        return max(
-            levels, key=lambda b: sum(gain(g, b) for g in gains) / self.costs(n * (b + 1), n * (b > 0))
-        )
+        caps = [cap] * len(gains)
+        return self._uniform(gains, caps, self._options(caps), [], 0.0, 0)[0]
 
     def next_gap(self, gap: int, speculating: bool) -> int:
         """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a
