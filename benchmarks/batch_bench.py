@@ -55,6 +55,7 @@ from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
+from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import verify_rows
@@ -175,6 +176,8 @@ def main() -> None:
     p.add_argument("--per-slot", action="store_true", help="without the batched attention and walk seams")
     args = p.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu":  # as the server and the CLI run on the CPU
+        keep_freed_memory()
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     batches = [int(b) for b in args.batches.split(",")]
     budgets = [int(b) for b in args.budgets.split(",")]

@@ -18,6 +18,7 @@ import torch
 from ddtree_runtime import server
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, default_dtype, load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
@@ -101,6 +102,8 @@ def _engine(
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
+    if device.type == "cpu":
+        keep_freed_memory()
     needs_drafter = any(m != "ar" for m in modes)
     if needs_drafter and not args.drafter:
         raise GenerationError("modes dflash and ddtree need --drafter DIR (fix: add it, or use --mode ar)")

@@ -35,6 +35,7 @@ from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.server.app import build_app
 from ddtree_runtime.server.connections import (
@@ -87,8 +88,10 @@ def load(st: State) -> Engine:
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SettingsError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
-    if device.type == "cpu" and s.threads:
-        torch.set_num_threads(s.threads)
+    if device.type == "cpu":
+        keep_freed_memory()
+        if s.threads:
+            torch.set_num_threads(s.threads)
     dtype = getattr(torch, str(s.dtype))
     policy = None
     if s.budget_policy == "load":  # a bad cost table fails before the pair loads
