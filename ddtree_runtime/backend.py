@@ -110,6 +110,10 @@ class Backend(Protocol[Vis, Plan, Staging]):
         self, draft_logits: Tensor, budget: int, root_token: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]: ...
 
+    def build_trees(
+        self, draft_logits: Tensor, budget: int, roots: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]: ...
+
     def tree_walk(
         self,
         tokens: Tensor,
@@ -300,10 +304,29 @@ class TorchBackend:
     ) -> Tensor:
         """The masks of several sequences' rows (as `attention` builds each), padded to the most rows
         N and to `keys` keys: bool [P, N, keys]. A padding row sees nothing (its output is dropped)."""
-        mask = torch.zeros(len(rows), max(rows), keys, dtype=torch.bool, device=device)
-        for p, (n, ctx, vis) in enumerate(zip(rows, context_lens, visibilities, strict=True)):
-            mask[p, :n] = attention_mask(n, ctx, keys, vis, all_visible, window, device)
-        return mask
+        n = max(rows)
+        ctx = torch.as_tensor(context_lens, device=device)
+        lens = torch.tensor(rows, device=device)
+        rel = torch.arange(keys, device=device) - ctx[:, None]  # [P, K] each key's new-row index
+        if all_visible:
+            tree = torch.ones(len(rows), n, n, dtype=torch.bool, device=device)
+        elif all(v is None for v in visibilities):
+            tree = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(len(rows), n, n)
+        elif len(set(rows)) == 1 and all(v is not None for v in visibilities):
+            tree = torch.stack(visibilities)  # a forest: trees of one size
+        else:
+            tree = torch.ones(n, n, dtype=torch.bool, device=device).tril().repeat(len(rows), 1, 1)
+            for p, (m, vis) in enumerate(zip(rows, visibilities, strict=True)):
+                if vis is not None:
+                    tree[p, :m, :m] = vis
+        seen = tree.gather(2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [P, N, K]
+        mask = (rel < 0)[:, None] | (seen & (rel < lens[:, None])[:, None])
+        if window is not None:
+            dist = rel[:, None, :] - torch.arange(n, device=device)[None, :, None]  # key pos - query pos
+            mask &= dist > -window
+            if all_visible:
+                mask &= dist < window
+        return mask & (torch.arange(n, device=device) < lens[:, None])[:, :, None]  # padding rows: nothing
 
     @staticmethod
     def attention_parts(
@@ -336,7 +359,14 @@ class TorchBackend:
         fall along both moves, so nodes pop in descending score order, every prefix pops before
         its extensions (prefix-closed) and a parent always gets a smaller index than its children.
         """
-        depth_max, vocab = draft_logits.shape
+        tokens, parents, depth = self.build_trees(draft_logits[None], budget, root_token.reshape(1))
+        return tokens[0], parents[0], depth[0]
+
+    @staticmethod
+    def build_trees(draft_logits: Tensor, budget: int, roots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`build_tree` of P drafts at once (draft_logits [P, D, V], roots [P]) -> [P, budget + 1]
+        each: one top-k and one host read for all, then each tree's heap."""
+        depth_max, vocab = draft_logits.shape[1:]
         capacity = sum(vocab**d for d in range(1, depth_max + 1))
         if not 1 <= budget <= capacity:
             raise ValueError(
@@ -345,26 +375,14 @@ class TorchBackend:
             )
         k = min(budget, vocab)
         top_scores, top_tokens = torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
-        scores, ranked = top_scores.tolist(), top_tokens.tolist()
-
-        tokens, parents, depths = [int(root_token)], [-1], [0]
-        heap = [(-scores[0][0], 0, 0, 0, 0.0)]  # (-score, depth index, rank, parent node, parent score)
-        while len(tokens) <= budget:
-            neg, d, r, parent, parent_score = heapq.heappop(heap)
-            node = len(tokens)
-            tokens.append(ranked[d][r])
-            parents.append(parent)
-            depths.append(d + 1)
-            if d + 1 < depth_max:
-                heapq.heappush(heap, (neg - scores[d + 1][0], d + 1, 0, node, -neg))
-            if r + 1 < k:
-                heapq.heappush(heap, (-(parent_score + scores[d][r + 1]), d, r + 1, parent, parent_score))
-        device = draft_logits.device
-        return (
-            torch.tensor(tokens, dtype=torch.int64, device=device),
-            torch.tensor(parents, dtype=torch.int64, device=device),
-            torch.tensor(depths, dtype=torch.int64, device=device),
-        )
+        trees = [
+            _best_prefixes(scores, ranked, budget, root)
+            for scores, ranked, root in zip(
+                top_scores.tolist(), top_tokens.tolist(), roots.tolist(), strict=True
+            )
+        ]
+        tokens, parents, depth = torch.tensor(trees, dtype=torch.int64, device=draft_logits.device).unbind(1)
+        return tokens, parents, depth
 
     def tree_walk(
         self,
@@ -388,7 +406,7 @@ class TorchBackend:
             probs = torch.softmax(logits.float() / temperature, dim=-1)
             choice = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # [N]
         else:
-            choice = logits.argmax(dim=-1)  # [..., N]
+            choice = logits.float().argmax(dim=-1)  # [..., N]; the CPU's bf16 argmax is 3x slower
         chosen = tokens == choice.gather(-1, parents.clamp(min=0))
         chosen[..., 0] = True
         vis = ancestors(parents)  # ancestor-or-self [..., N, N]
@@ -536,10 +554,36 @@ class TorchBackend:
             conv.copy_(hist[rows])
 
 
+def _best_prefixes(
+    scores: list[list[float]], ranked: list[list[int]], budget: int, root: int
+) -> tuple[list[int], list[int], list[int]]:
+    """`build_tree`'s heap over one draft's top-k log-probabilities and tokens [D][k]: the tree's
+    tokens, parents and depths, root first."""
+    depth_max, k = len(scores), len(scores[0])
+    tokens, parents, depths = [root], [-1], [0]
+    heap = [(-scores[0][0], 0, 0, 0, 0.0)]  # (-score, depth index, rank, parent node, parent score)
+    while len(tokens) <= budget:
+        neg, d, r, parent, parent_score = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(ranked[d][r])
+        parents.append(parent)
+        depths.append(d + 1)
+        if d + 1 < depth_max:
+            heapq.heappush(heap, (neg - scores[d + 1][0], d + 1, 0, node, -neg))
+        if r + 1 < k:
+            heapq.heappush(heap, (-(parent_score + scores[d][r + 1]), d, r + 1, parent, parent_score))
+    return tokens, parents, depths
+
+
 def _slot_rows(caches: Tensor, slots: Tensor | slice, keys: int) -> Tensor:
-    """The first `keys` rows of each of `slots`' caches [S, H, S_max, D]: a view for a slice; for a
-    tensor, `index_select` of the narrowed caches (on the CPU 7x faster than advanced indexing,
-    which gathers the strided rows element by element)."""
+    """The first `keys` rows of each of `slots`' caches [S, H, S_max, D]: a view for a slice, or
+    for consecutive slots in host memory (a CPU round's forest: reading them costs nothing there);
+    else `index_select` of the narrowed caches (on the CPU 7x faster than advanced indexing, which
+    gathers the strided rows element by element)."""
+    if isinstance(slots, Tensor) and slots.device.type == "cpu":
+        first = int(slots[0])
+        if slots.tolist() == list(range(first, first + slots.shape[0])):
+            slots = slice(first, first + slots.shape[0])
     if isinstance(slots, slice):
         return caches[slots, :, :keys]
     return caches[:, :, :keys].index_select(0, slots)

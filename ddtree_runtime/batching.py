@@ -456,6 +456,7 @@ class BatchEngine(Engine):
         r = _TreeRound(Steps.empty(sequences, bound, self.device))
         masks = torch.full((sequences, block - 1), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         offsets = torch.arange(block, device=self.device).expand(sequences, block)
+        depth = min(block - 1, budget)  # no node of a budget-B tree lies deeper than B: no logits past it
         logits: list[Tensor] = []  # the phase's output the next reads (then dropped)
 
         def draft() -> None:
@@ -464,13 +465,12 @@ class BatchEngine(Engine):
             noise = target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
             blocks = Forest(tokens, offsets, steps.slots, steps.context_lens, bound)
             hidden = drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
-            flat = hidden[:, 1:].reshape(sequences * (block - 1), -1)
-            logits[:] = [drafter.logits(flat, target.lm_head).view(sequences, block - 1, -1)]
+            flat = hidden[:, 1 : depth + 1].reshape(sequences * depth, -1)
+            logits[:] = [drafter.logits(flat, target.lm_head).view(sequences, depth, -1)]
 
         def tree() -> None:
             (draft_logits,) = logits
-            built = [backend.build_tree(draft_logits[i], budget, r.steps.tokens[i]) for i in range(sequences)]
-            r.tokens, r.parents, r.depth = (torch.stack(x) for x in zip(*built, strict=True))
+            r.tokens, r.parents, r.depth = backend.build_trees(draft_logits, budget, r.steps.tokens)
             r.plans = [target.plan(r.parents[i], r.depth[i], backend, False) for i in range(sequences)]
             logits.clear()
 

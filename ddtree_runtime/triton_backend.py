@@ -219,6 +219,15 @@ class TritonBackend:
             self._pairs[key] = candidate_pairs(*key)
         return build_tree(draft_logits, budget, root_token, self._pairs[key])
 
+    def build_trees(self, draft_logits: Tensor, budget: int, roots: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`build_tree` of P drafts [P, D, V] (roots [P]) -> [P, budget + 1] each; a launch per draft
+        (a tree round's graph holds them)."""
+        built = [
+            self.build_tree(logits, budget, root) for logits, root in zip(draft_logits, roots, strict=True)
+        ]
+        tokens, parents, depth = (torch.stack(x) for x in zip(*built, strict=True))
+        return tokens, parents, depth
+
     def tree_walk(
         self,
         tokens: Tensor,

@@ -58,6 +58,16 @@ def test_build_tree_is_the_top_b_prefixes(vocab: int, depth_max: int) -> None:
         assert sorted(scores[1:], reverse=True) == pytest.approx(every[:budget], abs=1e-5)
 
 
+def test_build_trees_is_each_drafts_build_tree() -> None:
+    gen = torch.Generator().manual_seed(3)
+    drafts, roots = torch.randn(4, 3, 11, generator=gen), torch.tensor([5, 0, 9, 2])
+    tokens, parents, depth = B.build_trees(drafts, 6, roots)
+    for i in range(4):
+        want = B.build_tree(drafts[i], 6, roots[i])
+        for got, w in zip((tokens[i], parents[i], depth[i]), want, strict=True):
+            assert got.tolist() == w.tolist()
+
+
 def test_build_tree_refuses_a_budget_larger_than_the_tree() -> None:
     with pytest.raises(ValueError, match=r"outside 1\.\.6"):
         B.build_tree(torch.zeros(2, 2), 7, torch.tensor(0))
@@ -187,10 +197,14 @@ def test_attention_sees_context_and_ancestors(hq: int, hkv: int, context_len: in
     assert math.isfinite(float(tree.sum()))
 
 
-@pytest.mark.parametrize("slots", [[2, 0, 3], [1, 2, 3]])  # scattered slots (a gather), consecutive (a view)
+@pytest.mark.parametrize(
+    ("slots", "as_slice"),
+    [([2, 0, 3], False), ([1, 2, 3], True), ([1, 2, 3], False)],  # a gather; a view; a CPU forest's view
+)
 @pytest.mark.parametrize(("all_visible", "window"), [(False, None), (True, 4)])
+@pytest.mark.parametrize("forest", [False, True])  # trees of one size, device context lengths
 def test_attention_parts_is_each_sequences_attention(
-    slots: list[int], all_visible: bool, window: int | None
+    slots: list[int], as_slice: bool, all_visible: bool, window: int | None, forest: bool
 ) -> None:
     """One padded call over several sequences gives each its own `attention`: other slots' rows,
     stale rows past its keys and the padding rows change nothing."""
@@ -198,18 +212,19 @@ def test_attention_parts_is_each_sequences_attention(
     hq, hkv, d = 4, 2, 8
     k_caches = torch.randn(5, hkv, 40, d, generator=gen)  # every row finite, most of them stale
     v_caches = torch.randn(5, hkv, 40, d, generator=gen)
-    rows, ctxs = [5, 1, 3], [7, 12, 0]
+    rows, ctxs = ([4, 4, 4], [7, 12, 0]) if forest else ([5, 1, 3], [7, 12, 0])
     vis = [
-        B.tree_visibility(*random_tree(5, gen)),
-        None,
-        None if all_visible else B.tree_visibility(*random_tree(3, gen)),
+        B.tree_visibility(*random_tree(rows[0], gen)),
+        B.tree_visibility(*random_tree(rows[1], gen)) if forest else None,
+        None if all_visible and not forest else B.tree_visibility(*random_tree(rows[2], gen)),
     ]
     bounds = [
         c + r + extra for c, r, extra in zip(ctxs, rows, [0, 2, 5], strict=True)
     ]  # some keys past the rows
     q = torch.randn(len(slots), hq, max(rows), d, generator=gen)
-    mask = B.parts_mask(rows, ctxs, max(bounds), vis, all_visible, window, q.device)
-    index = torch.tensor(slots) if slots != [1, 2, 3] else slice(1, 4)
+    lens = torch.tensor(ctxs) if forest else ctxs
+    mask = B.parts_mask(rows, lens, max(bounds), vis, all_visible, window, q.device)
+    index = slice(slots[0], slots[-1] + 1) if as_slice else torch.tensor(slots)
     got = B.attention_parts(q, k_caches, v_caches, index, mask, d**-0.5)
     for p, slot in enumerate(slots):
         n = rows[p]
