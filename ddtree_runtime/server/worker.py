@@ -3,11 +3,12 @@
 The engine owns static caches sized once, on the worker thread: with `--max-batch 1` one
 generation runs at a time (`Worker`, `Engine.generate`, CUDA-graphed rounds); with more, up to
 `max_batch` jobs hold a cache slot each and decode together (`BatchWorker`, `BatchEngine`), joining
-after their prefill and leaving at round boundaries, in order of arrival. Request handlers (on the HTTP event loop) validate a request, wrap it in a `Job` and await
-the job's events; the worker feeds them through the loop's thread-safe call: each round's tokens
-(streamed requests only: a non-streamed one needs no wake-up per round) and the final result. A
-client that leaves frees its place at once: a waiting job is taken out of the queue, and a running
-one is cancelled before the engine's next phase or step (the job's `cancelled` event).
+after their prefill and leaving at round boundaries, in order of arrival. Request handlers (on the
+HTTP event loop) validate a request, wrap it in a `Job` and await the job's events; the worker
+feeds them through the loop's `Mailbox` (one thread-safe call for a round's events): each round's
+tokens (streamed requests only: a non-streamed one needs no wake-up per round) and the final
+result. A client that leaves frees its place at once: a waiting job is taken out of the queue, and
+a running one is cancelled before the engine's next phase or step (the job's `cancelled` event).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,46 @@ from ddtree_runtime.server.events import EventLog
 from ddtree_runtime.server.metrics import Metrics
 from ddtree_runtime.server.protocol.errors import APIError
 from ddtree_runtime.server.protocol.validation import Request
+
+
+class Mailbox:
+    """Events from the engine thread to the handlers on one event loop, handed over in batches: the
+    tokens a round streams to every running job wake the loop once (a write to its self-pipe, a
+    system call), not once per job, which on a 2-core CPU server cost the engine thread 5% of its
+    time at 16 streams."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.pending: list[tuple[asyncio.Queue[tuple[str, Any]], tuple[str, Any]]] = []
+
+    def post(self, queue: asyncio.Queue[tuple[str, Any]], event: tuple[str, Any]) -> None:
+        """From any thread: `event` into `queue` on the loop, in order of posting."""
+        with self.lock:
+            self.pending.append((queue, event))
+            if len(self.pending) > 1:  # a delivery is on its way already and takes this one too
+                return
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+            self.loop.call_soon_threadsafe(self.deliver)
+
+    def deliver(self) -> None:
+        with self.lock:
+            batch, self.pending = self.pending, []
+        for queue, event in batch:
+            queue.put_nowait(event)
+
+
+_mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+_mailboxes_lock = threading.Lock()
+
+
+def mailbox_of(loop: asyncio.AbstractEventLoop) -> Mailbox:
+    """The loop's one mailbox (every job on it shares it, so a round's events batch together)."""
+    with _mailboxes_lock:
+        box = _mailboxes.get(loop)
+        if box is None:
+            box = _mailboxes[loop] = Mailbox(loop)
+        return box
 
 
 @dataclass
@@ -48,10 +90,14 @@ class Job:
     tokens: int = 0  # generated so far (the engine thread counts them)
     cancelled_at: float | None = None  # when its client was found gone (or the drain ran out)
 
+    mailbox: Mailbox = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.mailbox = mailbox_of(self.loop)
+
     def put(self, event: tuple[str, Any]) -> None:
         """From any thread: hand an event to the handler on the event loop."""
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        self.mailbox.post(self.events, event)
 
 
 class QueueFull(Exception):
