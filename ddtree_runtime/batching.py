@@ -425,12 +425,13 @@ class BatchEngine(Engine):
                 run()
         assert r.outcome is not None and r.feats is not None
         outcomes = r.outcome[: len(batch)].tolist()  # the round's one host read
+        # out of the graph's memory, in one copy: another graph's replay (a step of roots, while a
+        # slot is off speculation) may write there before the drafter reads them
+        feats = r.feats[: len(batch)].clone()
         finished = []
         for i, (s, (accepted, bonus, *drafts)) in enumerate(zip(batch, outcomes, strict=True)):
             s.budgets.append(budget)
-            # the features are a view of the round's output: the drafter reads them (`_ingest`)
-            # before the next replay rewrites it
-            if s.out.emit(self._advance(s, r.feats[i, :accepted], drafts[: accepted - 1], bonus)):
+            if s.out.emit(self._advance(s, feats[i, :accepted], drafts[: accepted - 1], bonus)):
                 finished.append(s)
         return finished
 
