@@ -241,18 +241,7 @@ class TritonBackend:
         """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
         compact(k_cache, v_cache, context_len, path, path_len)
 
-    @staticmethod
-    def compact_forest(
-        k_caches: Tensor,
-        v_caches: Tensor,
-        slots: Tensor,
-        context_lens: Tensor,
-        paths: Tensor,
-        path_lens: Tensor,
-    ) -> None:
-        """P sequences' accepted rows into place in their slots of [S, L, Hkv, S_max, D] caches
-        (context_lens, path_lens [P], paths [P, N] on the device): one launch whatever P."""
-        compact_forest(k_caches, v_caches, slots, context_lens, paths, path_lens)
+    compact_forest = staticmethod(compact_forest)  # every sequence's rows in its slot: one launch
 
     def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreePlan:
         """The tree's ancestor structure and conv windows, once for every DeltaNet layer of a pass."""
@@ -391,7 +380,8 @@ class TritonBackend:
         path_lens: Tensor,
     ) -> None:
         """P sequences' DeltaNet states along their paths [P, N], each in its slot of every slot's
-        states and staging, along its own tree's conv windows: two launches whatever P."""
+        states and staging, along its own tree's conv windows: two launches (and the windows' stack)
+        whatever P."""
         windows = torch.stack([plan.windows for plan in plans])  # [P, N, K]
         k, d, gsum, x = stagings.k, stagings.d, stagings.gsum, stagings.x
         gdn_commit(states, conv_states, k, d, gsum, x, windows, paths, path_lens, slots=slots)
