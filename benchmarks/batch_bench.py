@@ -3,7 +3,7 @@
 Random weights in the shapes of `benchmarks/roofline.py` (no downloads). For each batch size N and
 each config (`ar`, `ddtree` at each budget) it fills N slots with prompts of `--context` tokens,
 prefills them, then times `--reps` rounds of all N together (wall time per `step`, a round of
-every slot: drafting, the one verify pass over all slots' trees, per-slot walk and commit). On
+every slot: drafting, the one verify pass over all slots' trees, the walks and the commits). On
 CUDA the `ar` rounds replay the engine's captured step (`ar`), and the same engine's eager `ar`
 round is timed too (`ar eager`); the ddtree rounds (one budget for all) replay its captured tree
 rounds. Rows: ms per round, ms per round

@@ -495,27 +495,35 @@ def walk_specs(cc: int) -> list[Spec]:
     return specs
 
 
-def compact_spec(cc: int) -> Spec:
-    cache = _empty(LAYERS * HKV, CONTEXT + BUDGET + 1, HEAD_DIM, dtype=torch.bfloat16)
-    path = _empty(BUDGET + 1, dtype=torch.int64)
-    args = dict(
-        K=cache,
-        V=cache,
-        PATH=path,
-        PATH_LEN=_empty((), dtype=torch.int64),
-        CTX=_empty((), dtype=torch.int64),
-        **_strides("stride_h stride_s stride_d", cache),
-        n_path=BUDGET + 1,
-    )
-    return Spec(
-        "kv_compact",
-        f"{LAYERS} layers",
-        cc,
-        kv_compact._compact_kernel,
-        args,
-        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16),
-        4,
-    )
+def compact_specs(cc: int) -> list[Spec]:
+    """One sequence's compaction, and a batched round's of 16 sequences in their slots (ddtree/16)."""
+    found = []
+    for parts, n, slots in ((0, BUDGET + 1, 1), (GDN_BATCH, 17, GDN_BATCH + 1)):
+        cache = _empty(slots, LAYERS * HKV, CONTEXT + n, HEAD_DIM, dtype=torch.bfloat16)
+        path = _empty(max(1, parts), n, dtype=torch.int64)
+        lengths = _empty(parts, dtype=torch.int64) if parts else _empty((), dtype=torch.int64)
+        args = dict(
+            K=cache,
+            V=cache,
+            SLOTS=lengths if parts else path,
+            PATH=path,
+            PATH_LEN=lengths,
+            CTX=lengths,
+            **_strides("stride_slot stride_h stride_s stride_d", cache),
+            n_path=n,
+        )
+        found.append(
+            Spec(
+                "kv_compact",
+                f"{f'forest P={parts} N={n} ' if parts else ''}{LAYERS} layers",
+                cc,
+                kv_compact._compact_kernel,
+                args,
+                dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_P=16, BATCHED=parts > 0),
+                4,
+            )
+        )
+    return found
 
 
 # --- the decoder layer's fused steps ----------------------------------------------------------------
@@ -831,45 +839,77 @@ def gdn_specs(cc: int) -> list[Spec]:
         )
     )
     found.append(_gated_rms_norm(cc, None))
-    path = _empty(257, dtype=i64)
-    found.append(
-        Spec(
-            "gdn_commit.state",
-            f"x{GDN_LAYERS} N=257",
-            cc,
-            gdn_commit._commit_state_kernel,
-            dict(
-                STATES=_empty(GDN_LAYERS, GDN_HV, GDN_D, GDN_D),
-                K=_empty(GDN_LAYERS, 257, GDN_HK, GDN_D, dtype=bf16),
-                D=_empty(GDN_LAYERS, GDN_HV, 257, GDN_D),
-                GSUM=_empty(GDN_LAYERS, GDN_HV, 257),
-                PATH=path,
-                PATH_LEN=_empty((), dtype=i64),
-                n_nodes=257,
-            ),
-            dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, DK_PAD=GDN_D, BLOCK_V=32, BLOCK_P=16, PRECISION=0),
-            4,
+    # the commit of one sequence's tree at budget 256, and of a batched round's 16 at budget 16
+    for parts, n in ((0, 257), (GDN_BATCH, 17)):
+        p, slots = max(1, parts), GDN_BATCH + 1 if parts else 1
+        path = _empty(p, n, dtype=i64)
+        lengths = _empty(parts, dtype=i64) if parts else _empty((), dtype=i64)
+        states = _empty(slots, GDN_LAYERS, GDN_HV, GDN_D, GDN_D)
+        k = _empty(slots, GDN_LAYERS, n, GDN_HK, GDN_D, dtype=bf16)
+        d = _empty(slots, GDN_LAYERS, GDN_HV, n, GDN_D)
+        gsum = _empty(slots, GDN_LAYERS, GDN_HV, n)
+        conv = _empty(slots, GDN_LAYERS, CONV - 1, GDN_C, dtype=bf16)
+        x = _empty(slots, GDN_LAYERS, n, GDN_C, dtype=bf16)
+        case = f"{f'forest P={parts} ' if parts else ''}x{GDN_LAYERS} N={n}"
+        stride = {
+            name: t.stride(0) if parts else 0 for name, t in dict(states=states, k=k, d=d, g=gsum).items()
+        }
+        found.append(
+            Spec(
+                "gdn_commit.state",
+                case,
+                cc,
+                gdn_commit._commit_state_kernel,
+                dict(
+                    STATES=states,
+                    K=k,
+                    D=d,
+                    GSUM=gsum,
+                    PATH=path,
+                    PATH_LEN=lengths,
+                    SLOTS=lengths if parts else path,
+                    n_nodes=n,
+                    stride_state=stride["states"],
+                    stride_k=stride["k"],
+                    stride_d=stride["d"],
+                    stride_g=stride["g"],
+                ),
+                dict(
+                    HK=GDN_HK,
+                    HV=GDN_HV,
+                    DK=GDN_D,
+                    DV=GDN_D,
+                    DK_PAD=GDN_D,
+                    BLOCK_V=32,
+                    BLOCK_P=16,
+                    PRECISION=0,
+                    BATCHED=parts > 0,
+                ),
+                4,
+            )
         )
-    )
-    found.append(
-        Spec(
-            "gdn_commit.conv",
-            f"x{GDN_LAYERS} N=257",
-            cc,
-            gdn_commit._commit_conv_kernel,
-            dict(
-                CONV=_empty(GDN_LAYERS, CONV - 1, GDN_C, dtype=bf16),
-                X=_empty(GDN_LAYERS, 257, GDN_C, dtype=bf16),
-                WINDOWS=_empty(257, CONV, dtype=torch.int32),
-                PATH=path,
-                PATH_LEN=_empty((), dtype=i64),
-                n_nodes=257,
-                channels=GDN_C,
-            ),
-            dict(KERNEL=CONV, BLOCK=1024),
-            4,
+        found.append(
+            Spec(
+                "gdn_commit.conv",
+                case,
+                cc,
+                gdn_commit._commit_conv_kernel,
+                dict(
+                    CONV=conv,
+                    X=x,
+                    WINDOWS=_empty(p, n, CONV, dtype=torch.int32),
+                    PATH=path,
+                    PATH_LEN=lengths,
+                    SLOTS=lengths if parts else path,
+                    n_nodes=n,
+                    channels=GDN_C,
+                    stride_conv=conv.stride(0) if parts else 0,
+                    stride_x=x.stride(0) if parts else 0,
+                ),
+                dict(KERNEL=CONV, BLOCK=1024, BATCHED=parts > 0),
+                4,
+            )
         )
-    )
     return found
 
 
@@ -1178,7 +1218,7 @@ def specs() -> dict[str, Spec]:
             *topk_specs(cc),
             tree_spec(cc),
             *walk_specs(cc),
-            compact_spec(cc),
+            *compact_specs(cc),
             *layer_specs(cc),
             *gdn_specs(cc),
             *hybrid_layer_specs(cc),

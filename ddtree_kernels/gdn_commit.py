@@ -11,6 +11,11 @@ inputs along the path, which are the rows of the last node's conv window after i
 (``TreePlan.windows``), read from cat(conv_state, x). The path lives on the device (padded with -1,
 its length a 0-d tensor), so a captured graph serves every outcome. All layers' staging buffers are
 stacked ``[L, ...]``, so each update is one launch for the whole model.
+
+A batched round (continuous batching) commits P sequences at once, each in its own cache slot
+(``slots``: its states and the staging its verify pass wrote, ``gdn_forest``): the same programs
+per sequence, its slot, path, path length and conv windows read on the device, so the round's
+commit is still two launches whatever P.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ def _commit_state_kernel(
     GSUM,
     PATH,
     PATH_LEN,
+    SLOTS,
     n_nodes,
+    stride_state,
+    stride_k,
+    stride_d,
+    stride_g,
     HK: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -42,7 +52,17 @@ def _commit_state_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_P: tl.constexpr,
     PRECISION: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
+    seq = tl.program_id(2)  # a batched round's sequence (0 alone)
+    if BATCHED:  # its cache slot's states and staging
+        cache_slot = tl.load(SLOTS + seq).to(tl.int64)
+        STATES += cache_slot * stride_state
+        K += cache_slot * stride_k
+        D += cache_slot * stride_d
+        GSUM += cache_slot * stride_g
+    PATH += seq * n_nodes
+    PATH_LEN += seq
     layer = tl.program_id(0) // HV
     h = tl.program_id(0) % HV
     hk = h // (HV // HK)
@@ -78,11 +98,23 @@ def _commit_conv_kernel(
     WINDOWS,
     PATH,
     PATH_LEN,
+    SLOTS,
     n_nodes,
     channels,
+    stride_conv,
+    stride_x,
     KERNEL: tl.constexpr,
     BLOCK: tl.constexpr,
+    BATCHED: tl.constexpr,
 ):
+    seq = tl.program_id(2)  # a batched round's sequence (0 alone)
+    if BATCHED:  # its cache slot's conv states and staged inputs
+        cache_slot = tl.load(SLOTS + seq).to(tl.int64)
+        CONV += cache_slot * stride_conv
+        X += cache_slot * stride_x
+    PATH += seq * n_nodes
+    PATH_LEN += seq
+    WINDOWS += seq * n_nodes * KERNEL
     layer = tl.program_id(0)
     chans = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = chans < channels
@@ -109,17 +141,29 @@ def gdn_commit(
     windows: Tensor,
     path: Tensor,
     path_len: Tensor,
+    slots: Tensor | None = None,
 ) -> None:
     """Move every layer's states along the accepted path, in place.
 
     states [L, Hv, Dk, Dv] fp32; conv_states [L, K-1, C]; the staging of the verify pass: k
     [L, N, Hk, Dk], d [L, Hv, N, Dv] and gsum [L, Hv, N] (fp32), x [L, N, C]; the plan's windows
     [N, K]; path [N] (node indices, padded with -1) and path_len (0-d, the root counted).
+
+    With ``slots`` [P] (cache slots on the device, distinct but for a scratch slot that padding
+    sequences may repeat, whose states then come out undefined): P sequences, sequence p in slot
+    ``slots[p]`` of every slot's states and staging (each of the tensors above with a leading slot
+    axis [S, ...]), along its tree's windows ``windows[p]`` [P, N, K] and its path ``path[p]``
+    [P, N] of length ``path_len[p]`` [P].
     """
-    layers, hv, dk, dv = states.shape
-    _, n, hk, _ = k.shape
-    channels = conv_states.shape[2]
-    kernel = windows.shape[1]
+    seqs = 1 if slots is None else slots.shape[0]
+
+    def one(t: Tensor) -> Tensor:  # a slot's own
+        return t if slots is None else t[0]
+
+    layers, hv, dk, dv = one(states).shape
+    _, n, hk, _ = one(k).shape
+    channels = one(conv_states).shape[2]
+    kernel = windows.shape[-1]
     want = {
         "k": (k, (layers, n, hk, dk)),
         "d": (d, (layers, hv, n, dv)),
@@ -128,19 +172,38 @@ def gdn_commit(
         "conv_states": (conv_states, (layers, kernel - 1, channels)),
     }
     for name, (tensor, shape) in want.items():
-        if tuple(tensor.shape) != shape or not tensor.is_contiguous():
-            raise RuntimeError(f"gdn_commit wants {name} {list(shape)} contiguous, got {tuple(tensor.shape)}")
-    if not states.is_contiguous() or states.dtype != torch.float32 or path.shape != (n,):
-        raise RuntimeError(f"gdn_commit wants a contiguous fp32 states tensor and a path of {n} entries")
+        if tuple(one(tensor).shape) != shape or not one(tensor).is_contiguous():
+            raise RuntimeError(
+                f"gdn_commit wants {name} {list(shape)} contiguous (per slot), got {tuple(tensor.shape)}"
+            )
+    paths = (n,) if slots is None else (seqs, n)
+    if not one(states).is_contiguous() or states.dtype != torch.float32 or path.shape != paths:
+        raise RuntimeError(
+            f"gdn_commit wants a contiguous fp32 states tensor (per slot) and paths {list(paths)}, got "
+            f"{tuple(states.shape)} {states.dtype} and {tuple(path.shape)}"
+        )
+    if not path.is_contiguous():
+        raise RuntimeError("gdn_commit wants contiguous paths")
+    if windows.shape != (*paths, kernel) or not windows.is_contiguous() or path_len.numel() != seqs:
+        raise RuntimeError(
+            f"gdn_commit wants windows {[*paths, kernel]} and {seqs} path length(s), got windows "
+            f"{tuple(windows.shape)} and path_len {tuple(path_len.shape)}"
+        )
+
+    def slot_stride(t: Tensor) -> int:
+        return 0 if slots is None else t.stride(0)
+
     block_v = max(16, min(32, next_pow2(dv)))
-    _commit_state_kernel[(layers * hv, cdiv(dv, block_v))](
+    _commit_state_kernel[(layers * hv, cdiv(dv, block_v), seqs)](
         states,
         k,
         d,
         gsum,
         path,
         path_len,
+        path if slots is None else slots,
         n,
+        *(slot_stride(t) for t in (states, k, d, gsum)),
         HK=hk,
         HV=hv,
         DK=dk,
@@ -149,9 +212,23 @@ def gdn_commit(
         BLOCK_V=block_v,
         BLOCK_P=16,
         PRECISION=dot_precision(k.dtype),
+        BATCHED=slots is not None,
         num_warps=4,
     )
     block = 1024
-    _commit_conv_kernel[(layers, cdiv(channels, block))](
-        conv_states, x, windows, path, path_len, n, channels, KERNEL=kernel, BLOCK=block, num_warps=4
+    _commit_conv_kernel[(layers, cdiv(channels, block), seqs)](
+        conv_states,
+        x,
+        windows,
+        path,
+        path_len,
+        path if slots is None else slots,
+        n,
+        channels,
+        slot_stride(conv_states),
+        slot_stride(x),
+        KERNEL=kernel,
+        BLOCK=block,
+        BATCHED=slots is not None,
+        num_warps=4,
     )

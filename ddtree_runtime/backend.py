@@ -127,6 +127,16 @@ class Backend(Protocol[Vis, Plan, Staging]):
         self, k_cache: Tensor, v_cache: Tensor, context_len: int | Tensor, path: Tensor, path_len: Tensor
     ) -> None: ...
 
+    def compact_forest(
+        self,
+        k_caches: Tensor,
+        v_caches: Tensor,
+        slots: Tensor,
+        context_lens: Tensor,
+        paths: Tensor,
+        path_lens: Tensor,
+    ) -> None: ...
+
     def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> Plan: ...
 
     def gdn_staging(
@@ -157,6 +167,17 @@ class Backend(Protocol[Vis, Plan, Staging]):
         plan: Plan,
         path: Tensor,
         path_len: Tensor,
+    ) -> None: ...
+
+    def gdn_commit_forest(
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        stagings: Sequence[Staging],
+        plans: Sequence[Plan],
+        slots: Tensor,
+        paths: Tensor,
+        path_lens: Tensor,
     ) -> None: ...
 
 
@@ -442,6 +463,26 @@ class TorchBackend:
         for cache in (k_cache, v_cache):
             cache[:, :, dst] = cache[:, :, src]
 
+    @staticmethod
+    def compact_forest(
+        k_caches: Tensor,
+        v_caches: Tensor,
+        slots: Tensor,
+        context_lens: Tensor,
+        paths: Tensor,
+        path_lens: Tensor,
+    ) -> None:
+        """`compact` of P sequences at once (a tree round's commit), sequence p in cache slot
+        slots[p] of every slot's caches [S, L, Hkv, S_max, D]: context_lens, path_lens [P], paths
+        [P, N]. Slots are distinct but for a scratch slot that padding sequences may repeat (its rows
+        come out undefined)."""
+        a = torch.arange(paths.shape[1], device=paths.device)
+        src = context_lens[:, None] + torch.where(a < path_lens[:, None], paths, a)  # [P, N]
+        dst = context_lens[:, None] + a
+        rows = slots[:, None].expand_as(dst)
+        for cache in (k_caches, v_caches):
+            cache[rows, :, :, dst] = cache[rows, :, :, src]  # [P, N, L, Hkv, D] gathered, then scattered
+
     def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreeAncestry:
         """The tree's ancestor-or-self matrix and conv windows, once per verify pass."""
         return TreeAncestry(ancestors(parents), gated_delta.conv_windows(parents, kernel))
@@ -552,6 +593,23 @@ class TorchBackend:
             hist = torch.cat([conv, staged.x.to(conv.dtype)])
             state.copy_(gated_delta.advance_state(state, staged.k, staged.d, staged.big_g, path, path_len))
             conv.copy_(hist[rows])
+
+    def gdn_commit_forest(
+        self,
+        conv_states: Tensor,
+        states: Tensor,
+        stagings: list[list[Staged | None]],
+        plans: Sequence[TreeAncestry],
+        slots: Tensor,
+        paths: Tensor,
+        path_lens: Tensor,
+    ) -> None:
+        """P sequences' `gdn_commit`s (a tree round's), sequence p in cache slot slots[p] of every
+        slot's conv_states [S, L, K-1, C] and states [S, L, Hv, Dk, Dv], along paths[p] [P, N] of
+        length path_lens[p], from its verify pass's staging stagings[slots[p]] and its tree's plan
+        plans[p]: one after the other (the reference)."""
+        for p, slot in enumerate(slots.tolist()):
+            self.gdn_commit(conv_states[slot], states[slot], stagings[slot], plans[p], paths[p], path_lens[p])
 
 
 def _best_prefixes(

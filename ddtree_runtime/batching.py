@@ -20,7 +20,8 @@ every decoding sequence:
              (`gdn_forest`: at a fixed budget, every ddtree slot's), any other on its own
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
              one call (`tree_walk_parts`)
-    commit   per slot, accepted K/V rows and DeltaNet states into place
+    commit   accepted K/V rows and DeltaNet states into place: in a tree round every slot's in one
+             call each (`Target.commit_forest`), else per slot
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
 (T = 0) whatever else is in the batch. Two kinds of round are described by device tensors alone
@@ -32,8 +33,9 @@ kernel cost a 27B round ~4x its GPU work):
       the target's step of P sequences (one graph per (P, key bound), each kind);
     - a tree round: every sequence a greedy ddtree one of one budget (the served default), or with
       a budget policy between probes its best one budget for all: draft, every tree and its plan,
-      the verify pass over the forest and every walk (one graph per (P, budget, key bound)); each
-      slot then commits its own on the host's slot index. Elsewhere its phases run as they are.
+      the verify pass over the forest, every walk and every commit (one graph per (P, budget, key
+      bound)); after it the host reads every slot's outcome (accepted count, bonus and tokens) in
+      one transfer. Elsewhere its phases run as they are.
 Other rounds (mixed modes or budgets, sampling, the policy's probes) run eagerly, with host-side
 lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path. With graphs the
 graphed rounds are padded to batch buckets (powers of two, then `max_batch`): the padding sequences
@@ -102,7 +104,7 @@ class _Tree:
     tokens: Tensor
     parents: Tensor
     depth: Tensor
-    draft_logits: Tensor | None  # None: not drafted, or not kept (a tree round's)
+    draft_logits: Tensor | None  # None: not drafted
     tree: TreeInputs | None = None  # None: `ar`, a committed one-token chain
 
 
@@ -110,19 +112,18 @@ class _Tree:
 class _TreeRound:
     """A round of P greedy ddtree sequences of one budget from device tensors alone (`steps`: their
     roots, slots and lengths): every drafter block in one pass, each sequence's tree and plan, one
-    verify pass over the forest, every walk in one call. A CUDA graph captures its phases (one per
-    (P, budget, key bound)); elsewhere they run as they are. It keeps only what the slots' commits
-    read, valid until the next round: a graph's outputs stay allocated as long as the graph, and the
-    logits ([P N, V], and the drafter's) would hold GBs per round shape of a large vocabulary."""
+    verify pass over the forest, every walk in one call, every commit in one call each. A CUDA
+    graph captures its phases (one per (P, budget, key bound)); elsewhere they run as they are. It
+    keeps only what the host reads after it (`outcome`, `feats`), valid until the next round: a
+    graph's outputs stay allocated as long as the graph, and the logits ([P N, V], and the
+    drafter's) would hold GBs per round shape of a large vocabulary."""
 
     steps: Steps
     phases: list[Phase] = field(default_factory=list)
-    tokens: Tensor | None = None  # [P, N]: each tree's root, then its nodes
-    parents: Tensor | None = None  # [P, N]
-    depth: Tensor | None = None  # [P, N]
-    plans: list[TreeInputs] = field(default_factory=list)
-    hidden: Tensor | None = None  # [P N, features]
-    walk: Walk | None = None  # path [P, N], path_len [P], bonus [P]
+    # [P, 1 + M] (M = min(N, block), the longest a path can be): each sequence's accepted rows n
+    # (its root counted), its bonus token, then its n - 1 accepted drafts (the rest undefined)
+    outcome: Tensor | None = None
+    feats: Tensor | None = None  # [P, M, features]: each sequence's accepted rows' features, first n
 
 
 class BatchEngine(Engine):
@@ -329,15 +330,12 @@ class BatchEngine(Engine):
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
         self.rounds += 1
         budget = self._shared_budget(batch)
-        rows: Sequence[Tensor | None]
         if budget is not None:
-            trees, hidden, walks = self._tree_round(batch, budget)
-            rows = [None] * len(trees)  # walked already
-        else:
-            trees, logits, hidden = self._mixed_round(batch)
-            rows = logits.split([t.tokens.shape[0] for t in trees])
-            walks = self._greedy_walks(trees, rows)
+            return self._tree_round(batch, budget)
+        trees, logits, hidden = self._mixed_round(batch)
         sizes = [t.tokens.shape[0] for t in trees]
+        rows = logits.split(sizes)
+        walks = self._greedy_walks(trees, rows)
         finished = []
         hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
         for t, r, h in zip(trees, rows, hiddens, strict=True):
@@ -409,13 +407,11 @@ class BatchEngine(Engine):
             return None
         return self.policy.shared([s.gains or self.latest for s in batch], caps.pop()) or None
 
-    def _tree_round(
-        self, batch: list[Live], budget: int
-    ) -> tuple[list[_Tree], Tensor | None, dict[int, Walk]]:
+    def _tree_round(self, batch: list[Live], budget: int) -> list[Live]:
         """The round of `batch` (greedy ddtree sequences of one `budget`) as a `_TreeRound` per
         (sequences, padded: their batch bucket; budget; key bound): on CUDA a graph captured at its
-        first use and replayed (warmed: `warmup`), elsewhere its phases run as they are. Its trees,
-        features and walks (by `id` of the tree); each slot commits its own after it."""
+        first use and replayed (warmed: `warmup`), elsewhere its phases run as they are; every slot
+        committed inside it. Then one host read of every slot's outcome; returns those it finished."""
         self.drafts += 1
         self._ingest(batch)
         n, values = self._values(batch)
@@ -427,37 +423,44 @@ class BatchEngine(Engine):
         else:
             for _, run in r.phases:
                 run()
-        assert r.tokens is not None and r.parents is not None and r.depth is not None and r.walk is not None
-        trees, walks = [], {}
-        for i, s in enumerate(batch):
+        assert r.outcome is not None and r.feats is not None
+        outcomes = r.outcome[: len(batch)].tolist()  # the round's one host read
+        # out of the graph's memory, in one copy: another graph's replay (a step of roots, while a
+        # slot is off speculation) may write there before the drafter reads them
+        feats = r.feats[: len(batch)].clone()
+        finished = []
+        for i, (s, (accepted, bonus, *drafts)) in enumerate(zip(batch, outcomes, strict=True)):
             s.budgets.append(budget)
-            trees.append(_Tree(s, r.tokens[i], r.parents[i], r.depth[i], None, r.plans[i]))
-            walks[id(trees[-1])] = (r.walk[0][i], r.walk[1][i], r.walk[2][i])
-        hidden = r.hidden[: len(batch) * (budget + 1)] if r.hidden is not None else None
-        return trees, hidden, walks
+            if s.out.emit(self._advance(s, feats[i, :accepted], drafts[: accepted - 1], bonus)):
+                finished.append(s)
+        return finished
 
     def _tree_graph(self, key: StepKey, values: tuple[list[int], list[int], list[int]]) -> _TreeRound:
         """The tree round of `key`, made (and on CUDA captured, from these values) at its first use."""
         r = self.tree_rounds.get(key)
         if r is None:
             r = self.tree_rounds[key] = self._tree_phases(*key[1:])
-            if self.step_graphs is not None:  # its warm-up run writes only rows the round rewrites
+            if self.step_graphs is not None:
+                # the warm-up run before the capture commits these sequences for real: their states
+                # are put back (K/V rows past their contexts the round rewrites)
                 r.steps.fill(*values)
-                self.step_graphs.capture(key, r.phases, lambda: None)
+                self.step_graphs.capture(key, r.phases, self.target.snapshot(sorted(set(values[1]))))
         return r
 
     def _tree_phases(self, sequences: int, budget: int, bound: int) -> _TreeRound:
         """A `_TreeRound`'s buffers and phases: draft (every block in one drafter pass), tree (each
-        sequence's best-`budget` tree and its plan), verify (one target pass over the forest) and
-        walk (every tree's in one call). The logits pass between phases and are not kept."""
+        sequence's best-`budget` tree and its plan), verify (one target pass over the forest), walk
+        (every tree's in one call) and commit (every sequence's accepted rows and states into place,
+        one call each, and the outcome the host reads). What passes between phases is not kept."""
         assert self.drafter is not None
         cfg, block, backend, target = self.drafter.config, self.block, self.backend, self.target
         drafter = self.drafter
         r = _TreeRound(Steps.empty(sequences, bound, self.device))
         masks = torch.full((sequences, block - 1), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         offsets = torch.arange(block, device=self.device).expand(sequences, block)
-        depth = min(block - 1, budget)  # no node of a budget-B tree lies deeper than B: no logits past it
-        logits: list[Tensor] = []  # the phase's output the next reads (then dropped)
+        deepest = min(block - 1, budget)  # no node of a budget-B tree lies deeper than B: no logits past it
+        longest = min(budget + 1, block)  # a path's most rows: the root and a draft per depth
+        handed: list[Any] = []  # what a phase hands the next (then dropped)
 
         def draft() -> None:
             steps = r.steps
@@ -465,26 +468,36 @@ class BatchEngine(Engine):
             noise = target.embed_tokens(tokens.reshape(-1)) * cfg.input_embedding_scale
             blocks = Forest(tokens, offsets, steps.slots, steps.context_lens, bound)
             hidden = drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
-            flat = hidden[:, 1 : depth + 1].reshape(sequences * depth, -1)
-            logits[:] = [drafter.logits(flat, target.lm_head).view(sequences, depth, -1)]
+            flat = hidden[:, 1 : deepest + 1].reshape(sequences * deepest, -1)
+            handed[:] = [drafter.logits(flat, target.lm_head).view(sequences, deepest, -1)]
 
         def tree() -> None:
-            (draft_logits,) = logits
-            r.tokens, r.parents, r.depth = backend.build_trees(draft_logits, budget, r.steps.tokens)
-            r.plans = [target.plan(r.parents[i], r.depth[i], backend, False) for i in range(sequences)]
-            logits.clear()
+            (draft_logits,) = handed
+            tokens, parents, depth = backend.build_trees(draft_logits, budget, r.steps.tokens)  # [P, N] each
+            plans = [target.plan(parents[i], depth[i], backend, False) for i in range(sequences)]
+            forest = Forest(tokens, depth, r.steps.slots, r.steps.context_lens, bound, plans)
+            handed[:] = [forest, parents]
 
         def verify() -> None:
-            assert r.tokens is not None and r.depth is not None
-            forest = Forest(r.tokens, r.depth, r.steps.slots, r.steps.context_lens, bound, r.plans)
-            out, r.hidden = target.forward_parts(forest, backend, logits_dtype=None)
-            logits[:] = [out.view(sequences, budget + 1, -1)]
+            forest, parents = handed
+            logits, hidden = target.forward_parts(forest, backend, logits_dtype=None)
+            handed[:] = [forest, parents, logits.view(sequences, budget + 1, -1), hidden]
 
         def walk() -> None:
-            assert r.tokens is not None and r.parents is not None
-            r.walk = backend.tree_walk_parts(r.tokens, r.parents, logits.pop())
+            forest, parents, logits, hidden = handed
+            handed[:] = [forest, hidden, *backend.tree_walk_parts(forest.tokens, parents, logits)]
 
-        r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk)]
+        def commit() -> None:
+            forest, hidden, path, path_len, bonus = handed
+            handed.clear()
+            target.commit_forest(forest, path, path_len, backend)
+            keep = path[:, :longest].clamp(min=0)  # [P, M]: past a path's end, its root's row
+            drafts = forest.tokens.gather(1, keep[:, 1:])
+            r.outcome = torch.cat([path_len[:, None], bonus[:, None], drafts], dim=1)
+            rows = hidden.view(sequences, budget + 1, -1)
+            r.feats = rows.gather(1, keep[..., None].expand(-1, -1, rows.shape[-1]))
+
+        r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("commit", commit)]
         return r
 
     def _replay_steps(self, batch: list[Live], features: bool) -> tuple[Tensor, Tensor | None]:
@@ -649,14 +662,13 @@ class BatchEngine(Engine):
         return any(picked)
 
     def _walk(
-        self, t: _Tree, logits: Tensor | None, hidden: Tensor | None, walked: Walk | None
+        self, t: _Tree, logits: Tensor, hidden: Tensor | None, walked: Walk | None
     ) -> tuple[list[int], list[TokenLogprob] | None]:
-        """A slot's walk (unless `walked` already: then `logits` may be None) and commit after the
-        verify pass: its new tokens (accepted drafts, then the target's own next token) and, if
-        asked, their logprobs (each at its parent's row)."""
+        """A slot's walk (unless `walked` already) and commit after an eager verify pass: its new
+        tokens (accepted drafts, then the target's own next token) and, if asked, their logprobs
+        (each at its parent's row)."""
         s, sampling = t.live, t.live.sampling
         if t.tree is None:  # the root alone: the pass already committed the row
-            assert logits is not None
             if s.mode != "ar":  # off speculation: the drafter reads its features at its next draft
                 assert hidden is not None
                 s.feats = hidden[:1] if s.feats is None else torch.cat([s.feats, hidden[:1]])
@@ -665,22 +677,26 @@ class BatchEngine(Engine):
             s.accepted.append(0)
             return [s.root], self._entries(s, logits[:1], [s.root])
         if walked is None:
-            assert logits is not None
             nucleus_logits = nucleus(logits, sampling.temperature, sampling.top_p)
             walked = self.backend.tree_walk(
                 t.tokens, t.parents, nucleus_logits, sampling.temperature, sampling.generator
             )
         path, path_len, bonus = walked
         self.target.commit(s.ctx, t.tree, path, path_len, self.backend, s.slot)
-        n = int(path_len)
-        keep = path[:n]
+        keep = path[: int(path_len)]
         assert hidden is not None
-        s.feats = hidden[keep]
-        s.root = int(bonus)
-        s.ctx += n
-        s.accepted.append(n - 1)
-        tokens = [*t.tokens[keep[1:]].tolist(), s.root]
-        return tokens, self._entries(s, logits[keep] if logits is not None else None, tokens)
+        tokens = self._advance(s, hidden[keep], t.tokens[keep[1:]].tolist(), int(bonus))
+        return tokens, self._entries(s, logits[keep], tokens)
+
+    @staticmethod
+    def _advance(s: Live, feats: Tensor, drafts: list[int], bonus: int) -> list[int]:
+        """A slot past its commit of its root and accepted `drafts` (whose rows' features `feats`
+        the drafter reads next): `bonus` its next root. Its new tokens: the drafts, then the bonus."""
+        s.feats = feats
+        s.root = bonus
+        s.ctx += len(drafts) + 1
+        s.accepted.append(len(drafts))
+        return [*drafts, bonus]
 
     def _entries(self, s: Live, rows: Tensor | None, tokens: list[int]) -> list[TokenLogprob] | None:
         """The logprobs `s` asked for of `tokens`, each chosen at its row of the raw logits `rows`."""

@@ -30,7 +30,7 @@ from ddtree_kernels.gdn_inputs import gdn_inputs
 from ddtree_kernels.gdn_step import gdn_step, gdn_step_fits
 from ddtree_kernels.gdn_tree import ForestPlan, TreePlan, gdn_forest, gdn_tree, tree_plan
 from ddtree_kernels.host import QuantizedRows, fp8_tensor_cores
-from ddtree_kernels.kv_compact import compact
+from ddtree_kernels.kv_compact import compact, compact_forest
 from ddtree_kernels.qk_rope import qk_rope
 from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
@@ -250,6 +250,8 @@ class TritonBackend:
         """Accepted rows into place for every layer of [L, Hkv, S_max, D] caches, one launch."""
         compact(k_cache, v_cache, context_len, path, path_len)
 
+    compact_forest = staticmethod(compact_forest)  # every sequence's rows in its slot: one launch
+
     def gdn_plan(self, parents: Tensor, depth: Tensor, kernel: int) -> TreePlan:
         """The tree's ancestor structure and conv windows, once for every DeltaNet layer of a pass."""
         return tree_plan(parents, depth, kernel)
@@ -375,3 +377,20 @@ class TritonBackend:
         gdn_commit(
             states, conv_states, staging.k, staging.d, staging.gsum, staging.x, plan.windows, path, path_len
         )
+
+    @staticmethod
+    def gdn_commit_forest(
+        conv_states: Tensor,
+        states: Tensor,
+        stagings: GdnStagings,
+        plans: Sequence[TreePlan],
+        slots: Tensor,
+        paths: Tensor,
+        path_lens: Tensor,
+    ) -> None:
+        """P sequences' DeltaNet states along their paths [P, N], each in its slot of every slot's
+        states and staging, along its own tree's conv windows: two launches (and the windows' stack)
+        whatever P."""
+        windows = torch.stack([plan.windows for plan in plans])  # [P, N, K]
+        k, d, gsum, x = stagings.k, stagings.d, stagings.gsum, stagings.x
+        gdn_commit(states, conv_states, k, d, gsum, x, windows, paths, path_lens, slots=slots)

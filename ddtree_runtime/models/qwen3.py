@@ -409,3 +409,11 @@ class Qwen3(nn.Module):
         """After a verify pass: the accepted K/V rows of `slot` into place (a chain's already are)."""
         if not tree.chain:
             backend.compact(self.k_caches[slot], self.v_caches[slot], context_len, path, path_len)
+
+    def commit_forest(self, forest: Forest, paths: Tensor, path_lens: Tensor, backend: Backend) -> None:
+        """After a forest's verify pass: every sequence's accepted K/V rows into place in its slot,
+        in one call and from device tensors alone (paths [P, N] padded with -1, path_lens [P])."""
+        if not all(tree.chain for tree in forest.trees):
+            backend.compact_forest(
+                self.k_caches, self.v_caches, forest.slots, forest.context_lens, paths, path_lens
+            )

@@ -656,3 +656,20 @@ class Qwen3_5(nn.Module):
         backend.gdn_commit(conv_states, states, staging, tree.gdn, path, path_len)
         if not tree.chain:
             backend.compact(self.k_caches[slot], self.v_caches[slot], context_len, path, path_len)
+
+    def commit_forest(
+        self, forest: Forest, paths: Tensor, path_lens: Tensor, backend: Backend[Any, Any, Any]
+    ) -> None:
+        """After a forest's verify pass: every sequence's DeltaNet states along its accepted path,
+        then its accepted K/V rows into place, each in its slot, one call each for all sequences and
+        from device tensors alone (paths [P, N] padded with -1, path_lens [P])."""
+        assert forest.trees, "a forest without trees (`ar` steps) advanced its states in its pass"
+        stagings = self._staging(forest.shape[1], backend)  # where the forest's pass staged
+        plans = [tree.gdn for tree in forest.trees]
+        backend.gdn_commit_forest(
+            self.conv_states, self.rec_states, stagings, plans, forest.slots, paths, path_lens
+        )
+        if not all(tree.chain for tree in forest.trees):
+            backend.compact_forest(
+                self.k_caches, self.v_caches, forest.slots, forest.context_lens, paths, path_lens
+            )

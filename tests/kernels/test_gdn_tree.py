@@ -162,3 +162,55 @@ def test_sizes_out_of_range_are_refused() -> None:
     _, plan = plan_of([-1, 0, 1])
     with pytest.raises(RuntimeError, match="plan of 4 nodes"):
         gdn_tree(q, k, v, g, beta, state, plan)
+
+
+def test_a_forest_commit_is_each_slots_commit() -> None:
+    """P sequences' commits in one launch pair (slots out of order, each its own tree, windows,
+    staging and path, from the root alone to a path longer than one block of 16) give each slot the
+    states of its own commit, bit for bit; padding sequences repeating a scratch slot touch no
+    other slot."""
+    n, hk, hv, dk, dv, kernel, channels, layers = 40, 1, 2, 16, 16, 4, 24, 2
+    gen = torch.Generator().manual_seed(13)
+    slots, scratch, padding = [3, 0, 2], 4, 2
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(DEVICE)
+
+    states, convs = rand(5, layers, hv, dk, dv), rand(5, layers, kernel - 1, channels)  # every slot's
+    k, x = rand(5, layers, n, hk, dk), rand(5, layers, n, channels)  # every slot's staging
+    d, gsum = rand(5, layers, hv, n, dv), -rand(5, layers, hv, n).abs()
+    windows, paths, lens = [], [], []
+    for shape, leaf in (("deep", n - 1), ("bushy", None), ("chain", 0)):
+        parents = make_parents(shape, n, gen)
+        windows.append(plan_of(parents, kernel)[1].windows)
+        path = root_path(parents, int(torch.randint(0, n, (1,), generator=gen)) if leaf is None else leaf)
+        paths.append(path + [-1] * (n - len(path)))
+        lens.append(len(path))
+    assert lens[0] > 16 and lens[2] == 1
+    want_states, want_convs = states.clone(), convs.clone()
+    for slot, w, path, m in zip(slots, windows, paths, lens, strict=True):
+        staged = (k[slot], d[slot], gsum[slot], x[slot])
+        gdn_commit(
+            want_states[slot],
+            want_convs[slot],
+            *staged,
+            w,
+            torch.tensor(path, device=DEVICE),
+            torch.tensor(m, device=DEVICE),
+        )
+    before = states.clone()
+    gdn_commit(
+        states,
+        convs,
+        k,
+        d,
+        gsum,
+        x,
+        torch.stack([*windows, *[windows[0]] * padding]),
+        torch.tensor([*paths, *[paths[0]] * padding], device=DEVICE),
+        torch.tensor([*lens, *[lens[0]] * padding], device=DEVICE),
+        slots=torch.tensor([*slots, *[scratch] * padding], device=DEVICE),
+    )
+    assert torch.equal(states[:scratch], want_states[:scratch])
+    assert torch.equal(convs[:scratch], want_convs[:scratch])
+    assert not torch.equal(states[slots[0]], before[slots[0]]) and torch.equal(states[1], before[1])

@@ -272,40 +272,57 @@ def test_a_step_from_device_buffers_is_the_step_of_its_parts(
 def test_a_forest_from_device_tensors_verifies_and_commits_as_its_parts(
     request: pytest.FixtureRequest, pair_name: str, backend: Any, device: torch.device, dtype: torch.dtype
 ) -> None:
-    """A `Forest` (what a graphed ddtree round verifies: every sequence's tree from device tensors
-    alone) gives every sequence the logits and features of the same trees as parts, and after each
-    slot's commit the same K/V rows and DeltaNet states, on both backends."""
+    """A `Forest` (what a graphed ddtree round verifies and commits: every sequence's tree from
+    device tensors alone) gives every sequence the logits and features of the same trees as parts,
+    and after its one commit call (`commit_forest`, every slot's accepted path at once) each slot
+    the K/V rows and DeltaNet states of its own commit after the parts' pass, bit for bit, on both
+    backends. Each sequence has its own tree (conv windows) and path, the root alone among them;
+    padding sequences commit into the scratch slot and nowhere else (slot 1 stays free)."""
     pair = request.getfixturevalue(pair_name)
     target, _ = load_pair(pair.target, pair.drafter, device, dtype)
-    target.setup_caches(64, capture_layers=(0, 1), slots=4)
+    target.setup_caches(64, capture_layers=(0, 1), slots=5)
     prompts = {2: [5, 6, 7], 0: [8, 9, 10, 11, 12], 3: [13]}  # slots out of order, one left free
+    scratch, padding = 4, 2
     for slot, prompt in prompts.items():
         tokens = torch.tensor(prompt, device=device)
         target.forward_parts(
             [Part(slot, tokens, torch.arange(len(prompt), device=device), 0)], TorchBackend()
         )
-    slots, ctxs = list(prompts), [len(p) for p in prompts.values()]
-    parents = torch.tensor([-1, 0, 0, 1, 2], device=device)
-    depth = torch.tensor([0, 1, 1, 2, 2], device=device)
-    tokens = torch.tensor([[20, 21, 22, 23, 24], [25, 21, 26, 27, 28], [29, 30, 31, 32, 33]], device=device)
-    path, path_len = torch.tensor([0, 2, 4, -1, -1], device=device), torch.tensor(3, device=device)
-    plan = target.plan(parents, depth, backend, False)
+    slots = [*prompts, *[scratch] * padding]
+    ctxs = [len(p) for p in prompts.values()] + [0] * padding
+
+    def ints(rows: list[list[int]]) -> torch.Tensor:
+        return torch.tensor(rows, device=device)
+
+    # a bushy tree, a chain and a star of five nodes (then the padding's, the first again)
+    parents = ints([[-1, 0, 0, 1, 2], [-1, 0, 1, 2, 3], [-1, 0, 0, 0, 0], *[[-1, 0, 0, 1, 2]] * padding])
+    depth = ints([[0, 1, 1, 2, 2], [0, 1, 2, 3, 4], [0, 1, 1, 1, 1], *[[0, 1, 1, 2, 2]] * padding])
+    tokens = ints([[20, 21, 22, 23, 24], [25, 21, 26, 27, 28], [29, 30, 31, 32, 33], *[[0] * 5] * padding])
+    paths = ints([[0, 2, 4, -1, -1], [0, 1, 2, 3, -1], [0, -1, -1, -1, -1], *[[0, 2, 4, -1, -1]] * padding])
+    path_lens = torch.tensor([3, 4, 1, *[3] * padding], device=device)
+    plans = [target.plan(p, d, backend, False) for p, d in zip(parents, depth, strict=True)]
     keys = max(ctxs) + 5
-    restore = target.snapshot(slots)
+    restore = target.snapshot(sorted(set(slots)))
+    real = len(prompts)
 
-    def verify_and_commit(pass_: Any) -> list[torch.Tensor]:
-        logits, hidden = target.forward_parts(pass_, backend)
-        for slot, ctx in zip(slots, ctxs, strict=True):
-            target.commit(ctx, plan, path, path_len, backend, slot)
+    def state() -> list[torch.Tensor]:  # every slot's but the scratch one's
         names = ("k_caches", "v_caches", "conv_states", "rec_states")
-        return [logits, hidden, *(getattr(target, n).clone() for n in names if hasattr(target, n))]
+        return [getattr(target, n)[:scratch].clone() for n in names if hasattr(target, n)]
 
-    parts = [Part(s, t, c + depth, c, plan, keys) for s, t, c in zip(slots, tokens, ctxs, strict=True)]
-    want = verify_and_commit(parts)
+    parts = [
+        Part(s, t, c + d, c, plan, keys)
+        for s, t, c, d, plan in zip(slots, tokens, ctxs, depth, plans, strict=True)
+    ]
+    logits, hidden = target.forward_parts(parts, backend)
+    for i in range(real):
+        target.commit(ctxs[i], plans[i], paths[i], path_lens[i], backend, slots[i])
+    want = [logits[: real * 5], hidden[: real * 5], *state()]
     restore()
-    values = torch.tensor([slots, ctxs], device=device)
-    forest = Forest(tokens, depth.expand(3, 5), values[0], values[1], keys, [plan] * 3)
-    got = verify_and_commit(forest)
+    values = ints([slots, ctxs])
+    forest = Forest(tokens, depth, values[0], values[1], keys, plans)
+    logits, hidden = target.forward_parts(forest, backend)
+    target.commit_forest(forest, paths, path_lens, backend)
+    got = [logits[: real * 5], hidden[: real * 5], *state()]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
@@ -372,7 +389,7 @@ def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
     if batched.step_graphs is not None:  # CUDA: bounds are buckets too, and nothing was captured late
         assert ran == warmed
     else:  # the CPU builds the rounds at warm-up and runs them after: three sequences ran as four
-        assert any(r.hidden is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
+        assert any(r.feats is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
