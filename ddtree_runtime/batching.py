@@ -671,7 +671,8 @@ class BatchEngine(Engine):
         if t.tree is None:  # the root alone: the pass already committed the row
             if s.mode != "ar":  # off speculation: the drafter reads its features at its next draft
                 assert hidden is not None
-                s.feats = hidden[:1] if s.feats is None else torch.cat([s.feats, hidden[:1]])
+                # a copy: on CUDA `hidden` is a step graph's output, which its next replay rewrites
+                s.feats = hidden[:1].clone() if s.feats is None else torch.cat([s.feats, hidden[:1]])
             s.root = int(choose(logits[0], sampling))
             s.ctx += 1
             s.accepted.append(0)
