@@ -22,9 +22,8 @@ pair's rounds instead of the end-to-end rows below (e.g. the demo pair's table f
 
 The rounds batch attention, a hybrid's DeltaNet `ar` steps and verify trees of one size and the
 greedy walks over the slots (`attention_parts`, `gdn_steps`, `gdn_forest`, `tree_walk_parts`: one
-Triton launch (set) per layer on CUDA); `--per-slot` hides those seams, so that the same run
-measures the path without them (one attention launch, one DeltaNet step or tree per slot per layer,
-one walk per slot).
+Triton launch (set) per layer on CUDA). (The per-slot comparison, `--per-slot`, went when tree
+rounds came to need those seams: RESULTS.md keeps its rows.)
 
 `--pair DIR` (e.g. `demo_pair`) measures end to end on a real pair instead: N held-out prompts
 decoded together (`BatchEngine.run`, T = 0, EOS ignored) for `ar`, each ddtree budget and the load
@@ -61,21 +60,6 @@ from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import verify_rows
 
 TAUS = (3, 5, 7)
-BATCHED_SEAMS = ("parts_mask", "attention_parts", "tree_walk_parts", "gdn_steps", "gdn_forest")
-
-
-class PerSlot:
-    """A backend without its batched seams: the models and the engine fall back to one attention
-    launch and one DeltaNet step or tree per slot per layer and one walk per slot (`--per-slot`,
-    the comparison row)."""
-
-    def __init__(self, inner: object) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        if name in BATCHED_SEAMS:
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
 
 def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, reps: int) -> float:
@@ -173,7 +157,6 @@ def main() -> None:
     p.add_argument("--pair", help="a real pair directory (with held_out_prompts.jsonl): end-to-end rows")
     p.add_argument("--load-costs", help="with --pair: the cost table the ddtree/load row reads")
     p.add_argument("--max-new-tokens", type=int, default=96, help="with --pair")
-    p.add_argument("--per-slot", action="store_true", help="without the batched attention and walk seams")
     args = p.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":  # as the server and the CLI run on the CPU
@@ -199,15 +182,12 @@ def main() -> None:
         target, drafter = random_pair(args.shape, device, dtype, args.small)
     max_context = context + (args.reps + 4) * drafter.config.block_size + max(budgets) + 1
     backend = select_backend(device)
-    if args.per_slot:
-        backend = PerSlot(backend)
     engine = BatchEngine(target, drafter, max_context, max(batches), backend)
-    seams = "per-slot" if args.per_slot else "batched"
     models = args.pair or f"{args.shape}{' (small)' if args.small else ''}"
     print(
         f"{models} on {device}, {dtype}, context {context}, "
         f"{'graphed rounds' if engine.step_graphs else 'eager rounds'}, "
-        f"{backend.name} backend, {seams} attention, DeltaNet steps and trees, and walks"
+        f"{backend.name} backend, batched attention, DeltaNet steps and trees, and walks"
     )
     print(
         f"{'config':>12} {'N':>4} {'ms/round':>9} {'ms/seq':>8} {'x ar':>6}  "
