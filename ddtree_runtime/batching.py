@@ -2,9 +2,9 @@
 
 Each sequence owns a cache slot (its K/V rows in the target and the drafter and, for a hybrid
 target, its recurrent and conv states). A request joins once its prompt is prefilled and leaves at
-a round boundary; a long prompt is prefilled `prefill_chunk` tokens at a time between rounds, so
-the running sequences keep streaming. One `step` is at most one prefill chunk, then one round of
-every decoding sequence:
+a round boundary; prompts are prefilled at most `prefill_chunk` tokens a step between rounds (a
+long one in chunks; several short ones together), so the running sequences keep streaming. One
+`step` is one prefill pass, then one round of every decoding sequence:
 
     draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass (with a
              budget policy, only the ddtree slots it keeps on speculation; none: no pass)
@@ -264,14 +264,12 @@ class BatchEngine(Engine):
 
     @torch.inference_mode()
     def step(self) -> list[Live]:
-        """One prefill chunk (the prefilling sequence nearest its end: a short prompt is never stuck
-        behind a long one), then one round of every decoding sequence; returns those that finished."""
+        """One prefill pass (`_prefill_pass`), then one round of every decoding sequence; returns those
+        that finished."""
         finished = [s for s in self.live if s.out.cancelled()]
         prefilling = [s for s in self.live if not s.decoding and s not in finished]
         if prefilling:
-            s = min(prefilling, key=lambda s: len(s.prompt) - s.prefilled)
-            if self._prefill_chunk(s):
-                finished.append(s)
+            finished += self._prefill_pass(prefilling)
         # in slot order, lowest first: with the slots 0 .. P-1 in use the caches read as a view
         decoding = sorted((s for s in self.live if s.decoding and s not in finished), key=lambda s: s.slot)
         if decoding:
@@ -303,28 +301,47 @@ class BatchEngine(Engine):
         self.free.extend(s.slot for s in dropped)
         return dropped
 
-    def _prefill_chunk(self, s: Live) -> bool:
-        """The next chunk of `s`'s prompt through the target (its features into the drafter); after
-        the last one, its first token. True when that token ends the sequence."""
+    def _prefill_pass(self, prefilling: list[Live]) -> list[Live]:
+        """One pass over the next prompt chunks, up to `prefill_chunk` tokens in all, the prompts
+        nearest their end first (a short prompt is never stuck behind a long one): the linears run
+        over all of them at once, as a round's do, instead of a pass per prompt. Features go to the
+        drafter; a prompt that ends gets its first token. Returns the sequences that token ends."""
         t0 = time.perf_counter()
-        lo, hi = s.prefilled, min(len(s.prompt), s.prefilled + self.prefill_chunk)
-        tokens = torch.tensor(s.prompt[lo:hi], dtype=torch.int64, device=self.device)
-        positions = torch.arange(lo, hi, device=self.device)
-        part = Part(s.slot, tokens, positions, lo)
-        logits, hidden = self.target.forward_parts(
-            [part], self.backend, capture=s.mode != "ar", last_logits_only=True
-        )
-        if s.mode != "ar":
+        chunks, room = [], self.prefill_chunk
+        for s in sorted(prefilling, key=lambda s: len(s.prompt) - s.prefilled):
+            if room == 0:
+                break
+            hi = min(len(s.prompt), s.prefilled + room)
+            chunks.append((s, s.prefilled, hi))
+            room -= hi - s.prefilled
+        parts = []
+        for s, lo, hi in chunks:
+            tokens = torch.tensor(s.prompt[lo:hi], dtype=torch.int64, device=self.device)
+            parts.append(Part(s.slot, tokens, torch.arange(lo, hi, device=self.device), lo))
+        spec = [s.mode != "ar" for s, _, _ in chunks]
+        normed, hidden = self.target.forward_parts(parts, self.backend, capture=any(spec), final_hidden=True)
+        if any(spec):
             assert self.drafter is not None and hidden is not None
-            self.drafter.ingest(hidden, lo, self.backend, s.slot)
-        s.prefilled = hi
+            rows = hidden.split([p.rows for p in parts])
+            self.drafter.ingest_parts(
+                torch.cat([r for r, keep in zip(rows, spec, strict=True) if keep]),
+                [p for p, keep in zip(parts, spec, strict=True) if keep],
+                self.backend,
+            )
         self.chunks += 1
-        done = False
-        if s.decoding:
-            s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
-            done = s.out.emit([s.root], self._entries(s, logits[-1:], [s.root]))
-        s.prefill_s += time.perf_counter() - t0
-        return done
+        finished, last = [], -1
+        for s, lo, hi in chunks:
+            last += hi - lo
+            s.prefilled = hi
+            if s.decoding:  # its prompt is in: its first token, from its last row (as alone)
+                logits = self.target.lm_head(normed[last : last + 1]).float()
+                s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
+                if s.out.emit([s.root], self._entries(s, logits, [s.root])):
+                    finished.append(s)
+        share = (time.perf_counter() - t0) / len(chunks)
+        for s, _, _ in chunks:
+            s.prefill_s += share
+        return finished
 
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
