@@ -112,18 +112,18 @@ class _Tree:
 class _TreeRound:
     """A round of P greedy ddtree sequences of one budget from device tensors alone (`steps`: their
     roots, slots and lengths): every drafter block in one pass, each sequence's tree and plan, one
-    verify pass over the forest, every walk in one call, every commit in one call each. A CUDA
-    graph captures its phases (one per (P, budget, key bound)); elsewhere they run as they are. It
-    keeps only what the host reads after it (`outcome`, `feats`), valid until the next round: a
-    graph's outputs stay allocated as long as the graph, and the logits ([P N, V], and the
-    drafter's) would hold GBs per round shape of a large vocabulary."""
+    verify pass over the forest, every walk in one call, every commit in one call each, and the
+    accepted rows' features into the drafter's cache. A CUDA graph captures its phases (one per (P,
+    budget, key bound)); elsewhere they run as they are. It keeps only what the host reads after it
+    (`outcome`), valid until the next round: a graph's outputs stay allocated as long as the graph,
+    and the logits ([P N, V], and the drafter's) would hold GBs per round shape of a large
+    vocabulary."""
 
     steps: Steps
     phases: list[Phase] = field(default_factory=list)
     # [P, 1 + M] (M = min(N, block), the longest a path can be): each sequence's accepted rows n
     # (its root counted), its bonus token, then its n - 1 accepted drafts (the rest undefined)
     outcome: Tensor | None = None
-    feats: Tensor | None = None  # [P, M, features]: each sequence's accepted rows' features, first n
 
 
 class BatchEngine(Engine):
@@ -440,15 +440,12 @@ class BatchEngine(Engine):
         else:
             for _, run in r.phases:
                 run()
-        assert r.outcome is not None and r.feats is not None
+        assert r.outcome is not None
         outcomes = r.outcome[: len(batch)].tolist()  # the round's one host read
-        # out of the graph's memory, in one copy: another graph's replay (a step of roots, while a
-        # slot is off speculation) may write there before the drafter reads them
-        feats = r.feats[: len(batch)].clone()
         finished = []
-        for i, (s, (accepted, bonus, *drafts)) in enumerate(zip(batch, outcomes, strict=True)):
+        for s, (accepted, bonus, *drafts) in zip(batch, outcomes, strict=True):
             s.budgets.append(budget)
-            if s.out.emit(self._advance(s, feats[i, :accepted], drafts[: accepted - 1], bonus)):
+            if s.out.emit(self._advance(s, None, drafts[: accepted - 1], bonus)):
                 finished.append(s)
         return finished
 
@@ -512,7 +509,11 @@ class BatchEngine(Engine):
             drafts = forest.tokens.gather(1, keep[:, 1:])
             r.outcome = torch.cat([path_len[:, None], bonus[:, None], drafts], dim=1)
             rows = hidden.view(sequences, budget + 1, -1)
-            r.feats = rows.gather(1, keep[..., None].expand(-1, -1, rows.shape[-1]))
+            feats = rows.gather(1, keep[..., None].expand(-1, -1, rows.shape[-1]))  # [P, M, features]
+            # every sequence's M rows from its old length: past its n accepted ones, rows the next
+            # drafter block overwrites before it reads them (M <= block)
+            kept = Forest(keep, offsets[:, :longest], r.steps.slots, r.steps.context_lens, bound)
+            drafter.ingest_parts(feats.reshape(sequences * longest, -1), kept, backend)
 
         r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("commit", commit)]
         return r
@@ -707,9 +708,10 @@ class BatchEngine(Engine):
         return tokens, self._entries(s, logits[keep], tokens)
 
     @staticmethod
-    def _advance(s: Live, feats: Tensor, drafts: list[int], bonus: int) -> list[int]:
+    def _advance(s: Live, feats: Tensor | None, drafts: list[int], bonus: int) -> list[int]:
         """A slot past its commit of its root and accepted `drafts` (whose rows' features `feats`
-        the drafter reads next): `bonus` its next root. Its new tokens: the drafts, then the bonus."""
+        the drafter reads next; None: it has read them): `bonus` its next root. Its new tokens: the
+        drafts, then the bonus."""
         s.feats = feats
         s.root = bonus
         s.ctx += len(drafts) + 1

@@ -406,7 +406,7 @@ def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
     if batched.step_graphs is not None:  # CUDA: bounds are buckets too, and nothing was captured late
         assert ran == warmed
     else:  # the CPU builds the rounds at warm-up and runs them after: three sequences ran as four
-        assert any(r.feats is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
+        assert any(r.outcome is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
