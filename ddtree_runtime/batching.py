@@ -21,7 +21,9 @@ long one in chunks; several short ones together), so the running sequences keep 
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
              one call (`tree_walk_parts`)
     commit   accepted K/V rows and DeltaNet states into place: in a tree round every slot's in one
-             call each (`Target.commit_forest`), else per slot
+             call each (`Target.commit_forest`), and the accepted rows' features into the
+             drafter's cache (its next round would read them); else per slot, the features at
+             the slot's next draft
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
 (T = 0) whatever else is in the batch. Two kinds of round are described by device tensors alone
@@ -33,8 +35,8 @@ kernel cost a 27B round ~4x its GPU work):
       the target's step of P sequences (one graph per (P, key bound), each kind);
     - a tree round: every sequence a greedy ddtree one of one budget (the served default), or with
       a budget policy between probes its best one budget for all: draft, every tree and its plan,
-      the verify pass over the forest, every walk and every commit (one graph per (P, budget, key
-      bound)); after it the host reads every slot's outcome (accepted count, bonus and tokens) in
+      the verify pass over the forest, every walk, every commit and the drafter's ingest (one
+      graph per (P, budget, key bound)); after it the host reads every slot's outcome (accepted count, bonus and tokens) in
       one transfer. Elsewhere its phases run as they are.
 Other rounds (mixed modes or budgets, sampling, the policy's probes) run eagerly, with host-side
 lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path. With graphs the
