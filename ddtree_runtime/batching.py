@@ -2,9 +2,9 @@
 
 Each sequence owns a cache slot (its K/V rows in the target and the drafter and, for a hybrid
 target, its recurrent and conv states). A request joins once its prompt is prefilled and leaves at
-a round boundary; a long prompt is prefilled `prefill_chunk` tokens at a time between rounds, so
-the running sequences keep streaming. One `step` is at most one prefill chunk, then one round of
-every decoding sequence:
+a round boundary; prompts are prefilled at most `prefill_chunk` tokens a step between rounds (a
+long one in chunks; several short ones together), so the running sequences keep streaming. One
+`step` is one prefill pass, then one round of every decoding sequence:
 
     draft    every speculative slot's block [root, MASK x (B - 1)] in one drafter pass (with a
              budget policy, only the ddtree slots it keeps on speculation; none: no pass)
@@ -21,7 +21,9 @@ every decoding sequence:
     walk     per slot, the target's own choice down its tree (as `rounds.py`); the greedy slots in
              one call (`tree_walk_parts`)
     commit   accepted K/V rows and DeltaNet states into place: in a tree round every slot's in one
-             call each (`Target.commit_forest`), else per slot
+             call each (`Target.commit_forest`), and the accepted rows' features into the
+             drafter's cache (its next round would read them); else per slot, the features at
+             the slot's next draft
 
 Every slot does what `Engine.generate` does for it alone, so each request gets its own tokens
 (T = 0) whatever else is in the batch. Two kinds of round are described by device tensors alone
@@ -33,8 +35,8 @@ kernel cost a 27B round ~4x its GPU work):
       the target's step of P sequences (one graph per (P, key bound), each kind);
     - a tree round: every sequence a greedy ddtree one of one budget (the served default), or with
       a budget policy between probes its best one budget for all: draft, every tree and its plan,
-      the verify pass over the forest, every walk and every commit (one graph per (P, budget, key
-      bound)); after it the host reads every slot's outcome (accepted count, bonus and tokens) in
+      the verify pass over the forest, every walk, every commit and the drafter's ingest (one
+      graph per (P, budget, key bound)); after it the host reads every slot's outcome (accepted count, bonus and tokens) in
       one transfer. Elsewhere its phases run as they are.
 Other rounds (mixed modes or budgets, sampling, the policy's probes) run eagerly, with host-side
 lengths; `Engine.generate` (slot 0, graphed on CUDA) stays the batch-1 path. With graphs the
@@ -112,18 +114,18 @@ class _Tree:
 class _TreeRound:
     """A round of P greedy ddtree sequences of one budget from device tensors alone (`steps`: their
     roots, slots and lengths): every drafter block in one pass, each sequence's tree and plan, one
-    verify pass over the forest, every walk in one call, every commit in one call each. A CUDA
-    graph captures its phases (one per (P, budget, key bound)); elsewhere they run as they are. It
-    keeps only what the host reads after it (`outcome`, `feats`), valid until the next round: a
-    graph's outputs stay allocated as long as the graph, and the logits ([P N, V], and the
-    drafter's) would hold GBs per round shape of a large vocabulary."""
+    verify pass over the forest, every walk in one call, every commit in one call each, and the
+    accepted rows' features into the drafter's cache. A CUDA graph captures its phases (one per (P,
+    budget, key bound)); elsewhere they run as they are. It keeps only what the host reads after it
+    (`outcome`), valid until the next round: a graph's outputs stay allocated as long as the graph,
+    and the logits ([P N, V], and the drafter's) would hold GBs per round shape of a large
+    vocabulary."""
 
     steps: Steps
     phases: list[Phase] = field(default_factory=list)
     # [P, 1 + M] (M = min(N, block), the longest a path can be): each sequence's accepted rows n
     # (its root counted), its bonus token, then its n - 1 accepted drafts (the rest undefined)
     outcome: Tensor | None = None
-    feats: Tensor | None = None  # [P, M, features]: each sequence's accepted rows' features, first n
 
 
 class BatchEngine(Engine):
@@ -264,14 +266,12 @@ class BatchEngine(Engine):
 
     @torch.inference_mode()
     def step(self) -> list[Live]:
-        """One prefill chunk (the prefilling sequence nearest its end: a short prompt is never stuck
-        behind a long one), then one round of every decoding sequence; returns those that finished."""
+        """One prefill pass (`_prefill_pass`), then one round of every decoding sequence; returns those
+        that finished."""
         finished = [s for s in self.live if s.out.cancelled()]
         prefilling = [s for s in self.live if not s.decoding and s not in finished]
         if prefilling:
-            s = min(prefilling, key=lambda s: len(s.prompt) - s.prefilled)
-            if self._prefill_chunk(s):
-                finished.append(s)
+            finished += self._prefill_pass(prefilling)
         # in slot order, lowest first: with the slots 0 .. P-1 in use the caches read as a view
         decoding = sorted((s for s in self.live if s.decoding and s not in finished), key=lambda s: s.slot)
         if decoding:
@@ -303,28 +303,47 @@ class BatchEngine(Engine):
         self.free.extend(s.slot for s in dropped)
         return dropped
 
-    def _prefill_chunk(self, s: Live) -> bool:
-        """The next chunk of `s`'s prompt through the target (its features into the drafter); after
-        the last one, its first token. True when that token ends the sequence."""
+    def _prefill_pass(self, prefilling: list[Live]) -> list[Live]:
+        """One pass over the next prompt chunks, up to `prefill_chunk` tokens in all, the prompts
+        nearest their end first (a short prompt is never stuck behind a long one): the linears run
+        over all of them at once, as a round's do, instead of a pass per prompt. Features go to the
+        drafter; a prompt that ends gets its first token. Returns the sequences that token ends."""
         t0 = time.perf_counter()
-        lo, hi = s.prefilled, min(len(s.prompt), s.prefilled + self.prefill_chunk)
-        tokens = torch.tensor(s.prompt[lo:hi], dtype=torch.int64, device=self.device)
-        positions = torch.arange(lo, hi, device=self.device)
-        part = Part(s.slot, tokens, positions, lo)
-        logits, hidden = self.target.forward_parts(
-            [part], self.backend, capture=s.mode != "ar", last_logits_only=True
-        )
-        if s.mode != "ar":
+        chunks, room = [], self.prefill_chunk
+        for s in sorted(prefilling, key=lambda s: len(s.prompt) - s.prefilled):
+            if room == 0:
+                break
+            hi = min(len(s.prompt), s.prefilled + room)
+            chunks.append((s, s.prefilled, hi))
+            room -= hi - s.prefilled
+        parts = []
+        for s, lo, hi in chunks:
+            tokens = torch.tensor(s.prompt[lo:hi], dtype=torch.int64, device=self.device)
+            parts.append(Part(s.slot, tokens, torch.arange(lo, hi, device=self.device), lo))
+        spec = [s.mode != "ar" for s, _, _ in chunks]
+        normed, hidden = self.target.forward_parts(parts, self.backend, capture=any(spec), final_hidden=True)
+        if any(spec):
             assert self.drafter is not None and hidden is not None
-            self.drafter.ingest(hidden, lo, self.backend, s.slot)
-        s.prefilled = hi
+            rows = hidden.split([p.rows for p in parts])
+            self.drafter.ingest_parts(
+                torch.cat([r for r, keep in zip(rows, spec, strict=True) if keep]),
+                [p for p, keep in zip(parts, spec, strict=True) if keep],
+                self.backend,
+            )
         self.chunks += 1
-        done = False
-        if s.decoding:
-            s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
-            done = s.out.emit([s.root], self._entries(s, logits[-1:], [s.root]))
-        s.prefill_s += time.perf_counter() - t0
-        return done
+        finished, last = [], -1
+        for s, lo, hi in chunks:
+            last += hi - lo
+            s.prefilled = hi
+            if s.decoding:  # its prompt is in: its first token, from its last row (as alone)
+                logits = self.target.lm_head(normed[last : last + 1]).float()
+                s.root, s.ctx = int(choose(logits[-1], s.sampling)), hi
+                if s.out.emit([s.root], self._entries(s, logits, [s.root])):
+                    finished.append(s)
+        share = (time.perf_counter() - t0) / len(chunks)
+        for s, _, _ in chunks:
+            s.prefill_s += share
+        return finished
 
     def _round(self, batch: list[Live]) -> list[Live]:
         """One round of every sequence in `batch` (all prefilled); returns those it finished."""
@@ -423,15 +442,12 @@ class BatchEngine(Engine):
         else:
             for _, run in r.phases:
                 run()
-        assert r.outcome is not None and r.feats is not None
+        assert r.outcome is not None
         outcomes = r.outcome[: len(batch)].tolist()  # the round's one host read
-        # out of the graph's memory, in one copy: another graph's replay (a step of roots, while a
-        # slot is off speculation) may write there before the drafter reads them
-        feats = r.feats[: len(batch)].clone()
         finished = []
-        for i, (s, (accepted, bonus, *drafts)) in enumerate(zip(batch, outcomes, strict=True)):
+        for s, (accepted, bonus, *drafts) in zip(batch, outcomes, strict=True):
             s.budgets.append(budget)
-            if s.out.emit(self._advance(s, feats[i, :accepted], drafts[: accepted - 1], bonus)):
+            if s.out.emit(self._advance(s, None, drafts[: accepted - 1], bonus)):
                 finished.append(s)
         return finished
 
@@ -495,7 +511,11 @@ class BatchEngine(Engine):
             drafts = forest.tokens.gather(1, keep[:, 1:])
             r.outcome = torch.cat([path_len[:, None], bonus[:, None], drafts], dim=1)
             rows = hidden.view(sequences, budget + 1, -1)
-            r.feats = rows.gather(1, keep[..., None].expand(-1, -1, rows.shape[-1]))
+            feats = rows.gather(1, keep[..., None].expand(-1, -1, rows.shape[-1]))  # [P, M, features]
+            # every sequence's M rows from its old length: past its n accepted ones, rows the next
+            # drafter block overwrites before it reads them (M <= block)
+            kept = Forest(keep, offsets[:, :longest], r.steps.slots, r.steps.context_lens, bound)
+            drafter.ingest_parts(feats.reshape(sequences * longest, -1), kept, backend)
 
         r.phases = [("draft", draft), ("tree", tree), ("verify", verify), ("walk", walk), ("commit", commit)]
         return r
@@ -690,9 +710,10 @@ class BatchEngine(Engine):
         return tokens, self._entries(s, logits[keep], tokens)
 
     @staticmethod
-    def _advance(s: Live, feats: Tensor, drafts: list[int], bonus: int) -> list[int]:
+    def _advance(s: Live, feats: Tensor | None, drafts: list[int], bonus: int) -> list[int]:
         """A slot past its commit of its root and accepted `drafts` (whose rows' features `feats`
-        the drafter reads next): `bonus` its next root. Its new tokens: the drafts, then the bonus."""
+        the drafter reads next; None: it has read them): `bonus` its next root. Its new tokens: the
+        drafts, then the bonus."""
         s.feats = feats
         s.root = bonus
         s.ctx += len(drafts) + 1

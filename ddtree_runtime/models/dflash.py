@@ -78,18 +78,25 @@ class DFlashDrafter(nn.Module):
         positions = start + torch.arange(features.shape[0], device=features.device)
         self.ingest_parts(features, [Part(slot, positions, positions, start)], backend)
 
-    def ingest_parts(self, features: Tensor, parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> None:
+    def ingest_parts(
+        self, features: Tensor, parts: Sequence[Part] | Forest, backend: Backend[Any, Any, Any]
+    ) -> None:
         """`ingest` for several slots at once: features [sum of the parts' rows, n_ids * hidden], each
         part's rows at `input_pos` from `context_len` in its slot (its `tokens` only count its rows).
         `fc` and the projections run over every part's rows at once, and so do q/k norm + RoPE and
-        the cache write on a backend with `attention_parts` (the CPU's batched path)."""
+        the cache write on a backend with `attention_parts` (the CPU's batched path). A `Forest`
+        (without trees) in place of the parts: N rows of each of P slots from device tensors
+        alone, which a graph can capture (a tree round's accepted rows)."""
         assert self.k_cache is not None and self.v_cache is not None
         lc = self.config.layers
         ctx, _ = backend.rms_norm(
             linear(self.fc, features, backend), self.hidden_norm.weight, lc.rms_norm_eps
         )  # [C, hidden]
+        if isinstance(parts, Forest):
+            batch, parts = SlotRows.of_forest(parts), []
+        else:
+            batch = slot_rows(parts, backend)
         sizes = [p.rows for p in parts]
-        batch = slot_rows(parts, backend)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             if batch is not None:  # every part's K/V in one step and one scatter

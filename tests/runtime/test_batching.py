@@ -210,6 +210,23 @@ def test_a_short_prompt_behind_a_long_one_starts_within_a_chunk_and_two_rounds(
     assert not long.decoding  # the long prompt is still being prefilled
 
 
+def test_waiting_prompts_prefill_together_up_to_the_chunk(
+    tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """One pass takes the prompts nearest their end until `prefill_chunk` tokens: two short ones
+    whole and the start of the third, which ends in the next pass; each then decodes its tokens
+    alone (the other tests compare them)."""
+    engine = batch_engine(tiny_pair, device, dtype, 4, 8)
+    a, b = (
+        engine.add([5 + i, 6, 7], mode="ddtree", budget=8, max_new_tokens=6, eos_ids=()) for i in range(2)
+    )
+    c = engine.add([9, 10, 11, 12, 13], mode="ar", max_new_tokens=6, eos_ids=())
+    engine.step()
+    assert engine.chunks == 1 and a.decoding and b.decoding and not c.decoding and c.prefilled == 2
+    engine.step()
+    assert engine.chunks == 2 and c.decoding
+
+
 def test_cancel_frees_the_slot_at_the_next_step(
     tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype
 ) -> None:
@@ -389,7 +406,7 @@ def test_padded_rounds_run_warmed_shapes_and_keep_each_requests_tokens(
     if batched.step_graphs is not None:  # CUDA: bounds are buckets too, and nothing was captured late
         assert ran == warmed
     else:  # the CPU builds the rounds at warm-up and runs them after: three sequences ran as four
-        assert any(r.feats is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
+        assert any(r.outcome is not None for key, r in batched.tree_rounds.items() if key[1] == 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

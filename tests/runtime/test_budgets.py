@@ -173,7 +173,7 @@ def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_comp
     engine = BatchEngine(target, drafter, 256, 4, policy=BudgetPolicy((8,), costs, probe_every=4))
     reqs: list[dict[str, Any]] = [
         {"prompt_ids": [7 + i, 20 + 3 * i, 11], "mode": mode, "budget": 8, "max_new_tokens": n, "eos_ids": ()}
-        for i, (mode, n) in enumerate([("ddtree", 48), ("ddtree", 14), ("ar", 16), ("ddtree", 14)])
+        for i, (mode, n) in enumerate([("ddtree", 48), ("ddtree", 18), ("ar", 20), ("ddtree", 18)])
     ]
     live = [engine.add(**req) for req in reqs]
     loaded: list[tuple[int, bool]] = []  # rounds with all four decoding: (round, drafter ran)
