@@ -98,7 +98,7 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     "cost_table": ServeOption(
         str,
         'budget-policy load: JSON {"rows", "seconds", "draft_slots", "draft_seconds"} of batched round cost '
-        "(`benchmarks/batch_bench.py --cost-table`)",
+        "(`python -m ddtree_runtime cost-table`)",
     ),
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),

@@ -11,7 +11,8 @@ per sequence, the ratio to the `ar` step at the same N (the issue's goal: <= 2x 
 load-chosen budget) and projected tokens/s in total at tau 3, 5 and 7 (random drafts are never
 accepted, so tau is projected, not measured).
 `--cost-table` writes these rows as the cost table `--budget-policy load` reads
-(`ddtree_runtime/budgets.py`, `write_cost_table` here): the rounds less their drafting share against
+(`ddtree_runtime/budgets.py`; `ddtree_runtime/cost_table.py`'s `table_of`, which `python -m
+ddtree_runtime cost-table` also runs on a host): the rounds less their drafting share against
 their total verify rows, and that share (the drafter's pass and the slots' trees, told from the
 rows' cost by two budgets or more) against the slots that draft; with `--pair` too, it measures that
 pair's rounds instead of the end-to-end rows below (e.g. the demo pair's table for a CPU server).
@@ -40,11 +41,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -54,33 +53,13 @@ from benchmarks.roofline import SHAPES, random_pair
 from ddtree_runtime.backend import select_backend
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
+from ddtree_runtime.cost_table import round_ms, table_of, write_table
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import verify_rows
 
 TAUS = (3, 5, 7)
-
-
-def round_ms(engine: BatchEngine, n: int, mode: str, budget: int, context: int, reps: int) -> float:
-    """Median wall ms of one batched round of `n` sequences in `mode`, after their prefills."""
-    vocab = engine.target.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(n):
-        prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
-        engine.add(prompt, mode=mode, budget=budget, max_new_tokens=(reps + 2) * engine.block, eos_ids=())
-    while any(not s.decoding for s in engine.live):
-        engine.step()
-    engine.step()  # one round untimed: on CUDA the first round of n sequences captures its graph
-    times = []
-    for _ in range(reps):
-        sync(engine.device)
-        t = time.perf_counter()
-        engine.step()
-        sync(engine.device)
-        times.append(time.perf_counter() - t)
-    engine.abort()  # the slots back for the next row
-    return 1e3 * sorted(times)[len(times) // 2]
 
 
 def pair_rows(
@@ -133,11 +112,6 @@ def pair_rows(
                 f"{rate / alone_rate:>7.2f}x {undrafted:>8.0%}",
                 flush=True,
             )
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def main() -> None:
@@ -216,39 +190,13 @@ def main() -> None:
     if args.cost_table:
         # a load policy's rounds between probes replay graphs as these rows do (tree rounds, and at
         # budget 0 the step of every root): the eager `ar` round is no point of the table
-        write_cost_table(Path(args.cost_table), [r for r in rows if r["config"] != "ar eager"])
-
-
-def write_cost_table(path: Path, rows: list[dict[str, Any]]) -> None:
-    """The rounds as a cost table (`CostTable.load`). At each N, the ddtree rounds, extended along
-    their least-squares line against verify rows to budget 0 (N rows), cost more than the `ar`
-    round of N rows by what drafting itself costs: the drafter's pass and each slot's tree (build,
-    plan, walk, commit); that share goes against N drafting slots, and the rest of each round at
-    the largest N against its verify rows (the table keys on rows alone, and a round of fewer
-    slots costs less at the same rows: the batch the policy has to narrow is the largest)."""
-    shares: dict[int, float] = {}  # N -> seconds
-    for n in sorted({r["batch"] for r in rows}):
-        ar = next(r["round_ms"] for r in rows if r["batch"] == n and r["config"] == "ar")
-        trees = [(n * (r["budget"] + 1), r["round_ms"]) for r in rows if r["batch"] == n and r["budget"]]
-        slope, intercept = statistics.linear_regression(*zip(*trees, strict=True))
-        shares[n] = max(intercept + slope * n - ar, 1e-3) / 1e3
-    n = max(shares)
-    table = sorted(
-        (n * (r["budget"] + 1), max(r["round_ms"] / 1e3 - (shares[n] if r["budget"] else 0.0), 1e-6))
-        for r in rows
-        if r["batch"] == n
-    )
-    doc = {
-        "rows": [r for r, _ in table],
-        "seconds": [s for _, s in table],
-        "draft_slots": sorted(shares),
-        "draft_seconds": [shares[n] for n in sorted(shares)],
-    }
-    path.write_text(json.dumps(doc))
-    print(
-        f"cost table written to {path}: "
-        + ", ".join(f"drafting {n} slots {1e3 * s:.2f} ms" for n, s in shares.items())
-    )
+        table = table_of([r for r in rows if r["config"] != "ar eager"])
+        write_table(args.cost_table, table)
+        shares = zip(table["draft_slots"], table["draft_seconds"], strict=True)
+        print(
+            f"cost table written to {args.cost_table}: "
+            + ", ".join(f"drafting {n} slots {1e3 * t:.2f} ms" for n, t in shares)
+        )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ Two inputs decide:
   descending score order, parents first), so one tree at the largest budget serves every choice.
 - the round cost (`CostTable`): the target's pass against the verify rows of the batch, plus
   drafting's share against the slots that draft; from a simple model by default, or measured
-  (`python benchmarks/batch_bench.py --cost-table` writes it; format in `CostTable.load`). The
+  (`python -m ddtree_runtime cost-table` writes it, `ddtree_runtime/cost_table.py`; format in
+  `CostTable.load`). The
   batched pass pads every slot's rows to the widest slot's for attention (`attention_parts`), so
   the rows asked of the table are slots x the widest slot's rows: one wide tree among roots costs
   nearly what a wide tree in every slot does (demo pair on the CPU, bf16: 4 ddtree/16 slots beside
@@ -68,7 +69,7 @@ DEFAULT_DRAFT_SHARE = 0.2
 DRAFT_BLOCK = 16
 PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
 PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
-FIX = "rewrite it with `python benchmarks/batch_bench.py --cost-table FILE`"
+FIX = "rewrite it with `python -m ddtree_runtime cost-table ... --out FILE`"
 
 
 class CostTableError(ValueError):

@@ -1,5 +1,6 @@
-"""`python -m ddtree_runtime generate|bench|serve|tiny`: one generation, an offline decode benchmark,
-the HTTP server (whose flags and loop live in `server/`), or the tiny demo pair's writer.
+"""`python -m ddtree_runtime generate|bench|cost-table|serve|tiny`: one generation, an offline decode
+benchmark, the batched rounds' cost table for `serve --budget-policy load` (`cost_table.py`), the
+HTTP server (whose flags and loop live in `server/`), or the tiny demo pair's writer.
 
 Both load the pair once (refusing a drafter that does not fit, with the lint's findings), size the
 caches for the request, and print the engine's statistics; `bench` prints one JSON object per run.
@@ -9,14 +10,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ddtree_runtime import server
+from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.config import ConfigError
+from ddtree_runtime.cost_table import batch_sizes, measure, table_of, write_table
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, default_dtype, load_pair
@@ -69,13 +74,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="the per-phase split of a round (on CUDA: each phase's GPU time, next to the round's hardware floor)",
     )
+    costs = sub.add_parser(
+        "cost-table", help="time batched rounds here: the table --budget-policy load reads"
+    )
+    costs.add_argument("--target", required=True, help="target checkpoint directory (HF Qwen3)")
+    costs.add_argument("--drafter", required=True, help="DFlash drafter checkpoint directory")
+    _serve_option(costs, "device", any_value=True)
+    _serve_option(costs, "dtype")
+    costs.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
+    costs.add_argument("--budgets", default="1,2,4,8,16", help="ddtree budgets to time, two or more")
+    costs.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence")
+    costs.add_argument("--reps", type=int, default=5, help="timed rounds per point (the median counts)")
+    costs.add_argument(
+        "--threads", type=int, help="torch CPU threads (default: the server's, all cores but one)"
+    )
+    costs.add_argument("--out", required=True, help="the JSON file to write (serve --cost-table FILE)")
     tiny = sub.add_parser("tiny", help="write the tiny fitted demo pair (no download) and print its paths")
     tiny.add_argument("--out", required=True, help="directory for target/ and drafter/ (kept if complete)")
     tiny.add_argument("--seed", type=int, default=0)
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (ddtree_runtime/server/)")
     server.add_arguments(serve)
     args = parser.parse_args(argv)
-    if args.command in ("generate", "bench"):
+    if args.command in ("generate", "bench", "cost-table"):
         args.device = args.device or default_device()
         args.dtype = args.dtype or default_dtype(args.device)
     return args
@@ -208,6 +228,47 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cost_table(args: argparse.Namespace) -> int:
+    """Time the batched rounds of the pair here and write the load policy's table."""
+    try:
+        budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
+    except ValueError:
+        raise GenerationError(f"--budgets {args.budgets!r} is not a comma-separated list of ints") from None
+    if len(budgets) < 2 or budgets[0] < 1:
+        raise GenerationError(
+            f"--budgets {args.budgets}: two budgets of 1 or more tell drafting's share from the rows' "
+            "(fix: e.g. --budgets 1,2,4,8,16)"
+        )
+    for name in ("max_batch", "context", "reps"):
+        if getattr(args, name) < 1:
+            raise GenerationError(f"--{name.replace('_', '-')} {getattr(args, name)}: at least 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
+    if device.type == "cpu":
+        keep_freed_memory()
+        torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) - 1))
+    target, drafter = load_pair(args.target, args.drafter, device, getattr(torch, args.dtype))
+    assert drafter is not None
+    block = drafter.config.block_size
+    batches = batch_sizes(args.max_batch)
+    max_context = args.context + (args.reps + 4) * block + budgets[-1] + 1
+    engine = BatchEngine(target, drafter, max_context, batches[-1])
+    print(
+        f"timing {len(batches) * (len(budgets) + 1)} round shapes on {device} ({args.dtype})", file=sys.stderr
+    )
+
+    def shown(row: dict[str, Any]) -> None:
+        print(
+            f"  {row['config']:>10} x {row['batch']:>3}: {row['round_ms']:8.2f} ms a round", file=sys.stderr
+        )
+
+    table = table_of(measure(engine, batches, budgets, args.context, args.reps, shown))
+    write_table(args.out, table)
+    print(json.dumps({"out": args.out, **table}))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "serve":
@@ -217,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"target": str(pair.target), "drafter": str(pair.drafter)}))
         return 0
     try:
+        if args.command == "cost-table":
+            return cost_table(args)
         return generate(args) if args.command == "generate" else bench(args)
     except (ConfigError, GenerationError) as e:
         print(f"error: {e}", file=sys.stderr)

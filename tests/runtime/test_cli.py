@@ -1,4 +1,4 @@
-"""`python -m ddtree_runtime generate|bench` through real subprocesses."""
+"""`python -m ddtree_runtime generate|bench|cost-table` through real subprocesses."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ddtree_runtime.budgets import CostTable
 from ddtree_runtime.tiny import TinyPair
 
 pytestmark = pytest.mark.slow  # each test starts the CLI in a new process (torch import, load)
@@ -121,3 +122,19 @@ def test_tiny_reuses_a_complete_pair(tiny_pair: TinyPair) -> None:
     proc = cli("tiny", "--out", str(tiny_pair.target.parent))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"target": str(tiny_pair.target), "drafter": str(tiny_pair.drafter)}
+
+
+def test_cost_table_times_the_batched_rounds_into_the_table_the_load_policy_reads(
+    pair_args: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "costs" / "table.json"
+    proc = cli("cost-table", *pair_args, "--max-batch", "3", "--budgets", "1,2", "--context", "8", "--reps", "1",
+               "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ddtree/2 x   3" in proc.stderr  # progress, one line a round shape (batches 1 and 3)
+    table = CostTable.load(out)  # what `serve --cost-table` loads
+    assert table.rows == (3, 6, 9) and table.draft_slots == (1, 3)
+    assert json.loads(proc.stdout)["out"] == str(out)
+    bad = cli("cost-table", *pair_args, "--budgets", "4", "--out", str(tmp_path / "x.json"))
+    assert bad.returncode == 2 and "fix: e.g. --budgets 1,2,4,8,16" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
