@@ -85,7 +85,9 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
         1,
     ),
     "prefill_chunk": ServeOption(
-        int, "with --max-batch > 1: prompt tokens prefilled per step between rounds (default: whole prompt)"
+        int,
+        "with --max-batch > 1: prompt tokens prefilled per step between rounds, in one pass over the "
+        "waiting prompts, nearest their end first (default: every waiting prompt whole)",
     ),
     "budget_policy": ServeOption(
         str,

@@ -157,7 +157,7 @@ def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
     )  # fmt: skip
     costs = tmp_path / "costs.json"
     # rows cost from 16 on, a drafting slot 1 (a weight read): drafting pays for one or two slots
-    # decoding, not for three or four
+    # decoding, not for three or four; prefilled 2 tokens a step, the prompts join one by one
     costs.write_text(
         json.dumps(
             {"rows": [1, 16, 256], "seconds": [1, 1, 16], "draft_slots": [1, 4], "draft_seconds": [1, 4]}
@@ -165,7 +165,8 @@ def test_budgets_that_follow_the_load_narrow_the_trees_and_keep_the_text(
     )
     server = Server.start(
         [*pair_args, "--dtype", "float32", "--mode", "ddtree", "--budgets", "4,16,64", "--budget", "64",
-         "--max-batch", "4", "--budget-policy", "load", "--cost-table", str(costs), "--max-context", "512"],
+         "--max-batch", "4", "--budget-policy", "load", "--cost-table", str(costs), "--max-context", "512",
+         "--prefill-chunk", "2"],
         tmp_path / "load.log",
     )  # fmt: skip
     _, stderr = refused.communicate(timeout=120)
