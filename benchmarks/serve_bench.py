@@ -42,7 +42,7 @@ import httpx
 import torch
 
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.loader import load_pair
+from ddtree_runtime.loader import default_threads, load_pair
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import MODES
@@ -125,7 +125,7 @@ def served(conn: http.client.HTTPConnection, mode: str, tokens: int, log: Path) 
 def compare(engine: Engine, ids: list[int], port: int, log: Path, runs: int) -> None:
     """Direct with torch's default threads (what `generate` uses) and with the server's count,
     against served, per mode (see `compare_mode`)."""
-    default, served_threads = torch.get_num_threads(), max(1, len(os.sched_getaffinity(0)) - 1)
+    default, served_threads = torch.get_num_threads(), default_threads()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     order = random.Random(0)
     print(f"{'mode':8} {f'direct {default} thr':>14} {f'direct {served_threads} thr':>14} "

@@ -35,7 +35,7 @@ import httpx
 import torch
 
 from benchmarks.serve_bench import free_port, metric, start_server, wait_ready
-from ddtree_runtime.loader import default_dtype
+from ddtree_runtime.loader import default_dtype, default_threads
 from ddtree_runtime.tokenizer import Tokenizer
 from ops.bench.client import Endpoint, Sample, Workload, measure, model_id, stream_completion, to_result
 from ops.bench.prompts import load_prompts
@@ -149,7 +149,7 @@ def main() -> None:
     p.add_argument("--short-tokens", type=int, default=16)
     p.add_argument("--trials", type=int, default=3, help="short-behind-long repeats")
     p.add_argument("--ar-batch", type=int, default=16, help="width of the batched ar baseline (0: skip it)")
-    p.add_argument("--threads", type=int, default=max(1, len(os.sched_getaffinity(0)) - 1))
+    p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=default_dtype("cpu"))
     p.add_argument("--serve-arg", action="append", default=[], help="one more serve argument (repeatable)")
     args = p.parse_args()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from ddtree_runtime.config import ConfigError
 from ddtree_runtime.cost_table import batch_sizes, measure, table_of, write_table
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
-from ddtree_runtime.loader import default_device, default_dtype, load_pair
+from ddtree_runtime.loader import default_device, default_dtype, default_threads, load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
@@ -247,7 +246,7 @@ def cost_table(args: argparse.Namespace) -> int:
         raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
     if device.type == "cpu":
         keep_freed_memory()
-        torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0)) - 1))
+        torch.set_num_threads(args.threads or default_threads())
     target, drafter = load_pair(args.target, args.drafter, device, getattr(torch, args.dtype))
     assert drafter is not None
     block = drafter.config.block_size

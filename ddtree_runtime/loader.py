@@ -9,6 +9,7 @@ than the config says, an index that is not one) is a ConfigError naming the file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,12 @@ from ddtree_runtime.quant import fp8_scheme, install_fp8, stored_dtype
 def default_device() -> str:
     """The device when none is asked for: CUDA when torch sees one, else the CPU."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_threads() -> int:
+    """Torch CPU threads when none are asked for: every core this process may run on but one, which
+    the HTTP loop keeps (the server's rule, which the CLI and the benchmarks follow)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 def default_dtype(device: str) -> str:

@@ -14,11 +14,10 @@ from it: errors name the file, the line and the key.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree_runtime.loader import default_device, default_dtype
+from ddtree_runtime.loader import default_device, default_dtype, default_threads
 from specops_contract import MODES, SERVE_OPTIONS
 
 ENV_PREFIX = "SPECOPS_SERVE_"
@@ -127,7 +126,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     # What the contract leaves to the start: these depend on the machine.
     v["device"] = v["device"] or default_device()
     v["dtype"] = v["dtype"] or default_dtype(v["device"])
-    v["threads"] = max(1, len(os.sched_getaffinity(0)) - 1) if v["threads"] is None else v["threads"]
+    v["threads"] = default_threads() if v["threads"] is None else v["threads"]
     listed = _budgets(v["budgets"])
     if "budget" not in given and listed and v["budget"] not in listed:
         v["budget"] = listed[0]  # the default budget is one of --budgets: the first listed
