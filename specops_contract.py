@@ -100,7 +100,8 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     "cost_table": ServeOption(
         str,
         'budget-policy load: JSON {"rows", "seconds", "draft_slots", "draft_seconds"} of batched round cost '
-        "(`python -m ddtree_runtime cost-table`)",
+        "(`python -m ddtree_runtime cost-table`; `fab tune` measures it on the host)",
+        inventory=True,
     ),
     # inside the usual 30 s TERM-to-KILL window of systemd and the supervisor
     "drain_timeout": ServeOption(float, "seconds SIGTERM waits for in-flight requests", 20.0),

@@ -79,6 +79,12 @@ class HostLayout:
         return f"{self.run}/{self.service}.tuned.json"
 
     @property
+    def cost_table(self) -> str:
+        """The batched rounds' cost on this host (``fab tune``'s ``cost_table`` step), which
+        ``tuned_settings`` hands the server as ``--cost-table``."""
+        return f"{self.run}/{self.service}.costs.json"
+
+    @property
     def hf_token(self) -> str:
         """The Hugging Face token alone (``hf`` reads it through ``HF_TOKEN_PATH``), mode 0600."""
         return f"{self.run}/hf.token"

@@ -29,7 +29,7 @@ from ops.bench.schema import BenchResult, Hardware, SchemaError
 from ops.bench.store import write_result
 from ops.layout import HostLayout
 from ops.service.acceptance import probe
-from ops.service.backends import Supervisor, Systemd, wait
+from ops.service.backends import Supervisor, stop_ours, wait
 from ops.service.command import TEMPLATE_DEFAULTS, render_argv
 from ops.service.facts import gather, parse_json_line, run_script
 from ops.service.plan import plan_service
@@ -166,11 +166,8 @@ class Session:
         )
 
     def _stop_ours(self, facts: dict[str, Any]) -> None:
-        svc = facts["service"]
-        if svc["systemd"]["process"]:
-            self._run(Systemd(self.layout, svc["systemd"]).stop().command, "stop our server (systemd)")
-        if svc["supervisor_process"]:
-            self._run(Supervisor(self.layout).stop().command, "stop our server")
+        for stop in stop_ours(self.layout, facts["service"]):
+            self._run(stop.command, "stop our server")
 
     def _foreign(self, system: str) -> Supervisor:
         return Supervisor(HostLayout(self.args["base"], f"specops-bench-{system}"))

@@ -221,6 +221,17 @@ class Systemd:
         return {"systemctl": scope, "unit": self.unit}
 
 
+def stop_ours(layout: HostLayout, svc: dict[str, Any], why: str = "") -> list[Run]:
+    """The commands that stop our server wherever the probe's facts ``svc`` found it running
+    (systemd, the supervisor); none when it is down."""
+    runs = []
+    if svc["systemd"]["process"]:
+        runs.append(Systemd(layout, svc["systemd"]).stop(why=why))
+    if svc["supervisor_process"]:
+        runs.append(Supervisor(layout).stop(why=why))
+    return runs
+
+
 def backends(
     layout: HostLayout, svc: dict[str, Any], wanted: str
 ) -> tuple[Supervisor | Systemd, Supervisor | Systemd]:

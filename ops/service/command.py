@@ -18,6 +18,7 @@ TEMPLATE_DEFAULTS: dict[str, Any] = {
     "tensor_parallel": None,
     "dtype": None,  # unset: each system picks for the hardware
     "max_context": None,
+    "cost_table": None,
     "extra_args": [],
 }
 

@@ -25,7 +25,11 @@ SERVE_KEYS = {
     "venv": str,
     "extra_args": list,
 }
-OURS_ONLY = {"budget": "num_speculative_tokens", "device": "tensor_parallel for several GPUs"}
+OURS_ONLY = {
+    "budget": "num_speculative_tokens",
+    "device": "tensor_parallel for several GPUs",
+    "cost_table": "none (it feeds our --budget-policy load)",
+}
 FOREIGN_ONLY = ("tensor_parallel", "served_name", "venv", "extra_args")
 BACKENDS = ("auto", "systemd", "supervisor")
 

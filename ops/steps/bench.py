@@ -9,8 +9,9 @@ still run; the step then fails naming them. The run directory is ``ctx.run_dir``
 sets it to the run it measures into), unless the ``run_dir`` argument names one.
 
 ``bench_tune`` sweeps the DDTree budget (``ops/bench/tune.py``) and writes the best to
-``<base>/run/specops-ddtree.tuned.json``, which ``tuned_settings`` reads back so the service step
-(``fab tune``, and ``fab deploy`` when its playbook includes it) serves the tuned settings.
+``<base>/run/specops-ddtree.tuned.json``, which ``tuned_settings`` reads back, with the cost table
+the ``cost_table`` step measured (``ops/steps/cost_table.py``), so the service step (``fab tune``,
+and ``fab deploy`` when its playbook includes it) serves the tuned settings.
 """
 
 from __future__ import annotations
@@ -301,6 +302,15 @@ def parse_tuned(result: CommandResult) -> dict[str, Any]:
     return {**record, "serve": serve}
 
 
+def tuned_serve_settings(record: dict[str, Any], cost_table: str | None) -> dict[str, Any]:
+    """The serve settings fab tune chose: the sweep's, plus the measured cost table for our server
+    (a vLLM/SGLang choice takes none)."""
+    serve = dict(record.get("serve", {}))
+    if cost_table and serve.get("system", "ddtree") == "ddtree":
+        serve["cost_table"] = cost_table
+    return serve
+
+
 @register
 class TunedSettings(Step):
     name = "tuned_settings"
@@ -308,13 +318,16 @@ class TunedSettings(Step):
     args = arguments(base=Arg(str, required=True, help="the host's base directory"))
 
     def probe(self, conn, args, ctx):
-        return tuned_fact(HostLayout(args["base"]).tuned).gather(conn)
+        layout = HostLayout(args["base"])
+        table = layout.cost_table if conn.stat(layout.cost_table) is not None else None
+        return {"tuned": tuned_fact(layout.tuned).gather(conn), "cost_table": table}
 
     def plan(self, facts, args, ctx):
-        if not facts:
+        record, serve = facts["tuned"], tuned_serve_settings(facts["tuned"], facts["cost_table"])
+        if not serve:
             return Plan.noop("never tuned: the inventory's serve settings apply", serve={})
         return Plan.noop(
-            f"tuned {facts.get('tuned_at', '?')}: {facts['serve']}",
-            serve=facts["serve"],
-            tuned_at=facts.get("tuned_at"),
+            f"tuned {record.get('tuned_at', 'batched round costs only')}: {serve}",
+            serve=serve,
+            tuned_at=record.get("tuned_at"),
         )

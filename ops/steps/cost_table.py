@@ -1,0 +1,183 @@
+"""The ``cost_table`` step: time our server's batched rounds on the host, for ``--budget-policy load``.
+
+The load policy picks each round's tree sizes from what a round costs at each batch and budget on
+this machine (``ddtree_runtime/budgets.py``); ``python -m ddtree_runtime cost-table`` measures that
+with the deployed release, checkpoints, device, dtype and ``--max-batch``. This step runs it when
+the server batches with the load policy (``SPECOPS_SERVE_MAX_BATCH`` above 1 and
+``SPECOPS_SERVE_BUDGET_POLICY=load`` in ``serve_env``) and writes the table, with what it was
+measured for, to ``<base>/run/specops-ddtree.costs.json``; ``tuned_settings`` then hands the server
+``--cost-table`` (``fab tune`` restarts it, later ``fab deploy`` runs keep it).
+
+- probe: the current release, the table's ``measured_for`` record, and where our server runs;
+- plan: nothing when the record matches (same command line, same release); else stop our server
+  (on a GPU the two would share its memory, on a CPU its cores) and measure; the service step
+  after it starts the server again;
+- apply: one foreground command (minutes on a GPU: every batch and budget captures a graph).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ops.api.args import Arg, arguments
+from ops.api.changes import Action, Applied, Plan, StepFailed
+from ops.layout import HostLayout
+from ops.service.backends import stop_ours
+from ops.service.command import serve_context
+from ops.service.facts import service_fact
+from ops.service.releases import layout_fact
+from ops.service.settings import backend_arg, serve_arg
+from ops.shell import join
+from ops.steps.base import Step, register
+from ops.steps.bench import int_list
+from ops.steps.command import tail
+from specops_contract import SERVE_OPTIONS, SERVICE
+
+if TYPE_CHECKING:
+    from ops.api.context import StepContext
+    from ops.connection import Connection
+
+ENV = "SPECOPS_SERVE_"
+
+
+def env_setting(serve_env: dict[str, Any], name: str) -> str | None:
+    """One of our server's settings as the environment file gives it (``SPECOPS_SERVE_<NAME>``)."""
+    value = serve_env.get(ENV + name.upper())
+    return None if value is None else str(value).strip()
+
+
+def max_batch(serve_env: dict[str, Any]) -> int:
+    raw = env_setting(serve_env, "max_batch") or str(SERVE_OPTIONS["max_batch"].default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise StepFailed(f"serve_env {ENV}MAX_BATCH: expected a whole number >= 1, got {raw!r}")
+    return int(raw)
+
+
+def measure_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
+    """The cost-table command line, with the server's device, dtype and threads (flags from the
+    inventory's ``serve`` win over ``serve_env``, as on the server's own command line)."""
+    context, env = serve_context(args, ctx), args["serve_env"]
+    argv = [
+        f"{context['venv']}/bin/python", "-m", "ddtree_runtime", "cost-table",
+        "--target", args["target"],
+        "--drafter", args["drafter"],
+        "--device", context["device"],
+        "--max-batch", str(max_batch(env)),
+        "--budgets", ",".join(map(str, args["budgets"])),
+        "--context", str(args["context"]),
+        "--reps", str(args["reps"]),
+        "--out", HostLayout(args["base"]).cost_table,
+    ]  # fmt: skip
+    dtype, threads = context["dtype"] or env_setting(env, "dtype"), env_setting(env, "threads")
+    argv += ["--dtype", dtype] if dtype else []
+    argv += ["--threads", threads] if threads else []
+    devices = env.get("CUDA_VISIBLE_DEVICES")
+    return ["env", f"CUDA_VISIBLE_DEVICES={devices}", *argv] if devices is not None else argv
+
+
+def parse_table(text: str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(text) if text.strip() else None
+    except json.JSONDecodeError:
+        return None  # a damaged table is measured again
+    return doc if isinstance(doc, dict) else None
+
+
+def _measure(
+    argv: list[str], record: dict[str, Any], args: dict[str, Any], ctx: StepContext, conn: Connection
+):
+    """Run the measurement, then add what it was measured for to the table it wrote."""
+    if ctx.progress is not None:
+        ctx.progress.note(ctx.host.name, "timing batched rounds for the cost table (minutes on a GPU)")
+    result = conn.run(join(argv), timeout=args["timeout"])
+    if not result.ok:
+        raise StepFailed(
+            f"the cost table's measurement exited {result.exit_code}",
+            command=result.command,
+            stderr=tail(result.stderr or result.stdout, 30),
+        )
+    path = HostLayout(args["base"]).cost_table
+    table = parse_table(conn.read_bytes(path).decode("utf-8", "replace"))
+    if table is None:
+        raise StepFailed(f"{path}: the measurement wrote no JSON table", command=result.command)
+    conn.write_bytes(path, (json.dumps({**table, "measured_for": record}, indent=1) + "\n").encode(), 0o644)
+    return table
+
+
+@register
+class CostTable(Step):
+    name = "cost_table"
+    summary = "time our server's batched rounds on the host: the cost table --budget-policy load reads"
+    args = arguments(
+        base=Arg(str, required=True, help="the host's base directory"),
+        venv=Arg(str, help="host venv (default <base>/venv)"),
+        target=Arg(str, required=True, help="target checkpoint directory on the host"),
+        drafter=Arg(str, required=True, help="drafter checkpoint directory on the host"),
+        env_file=Arg(str, required=True, help="the deployed server's 0600 environment file"),
+        serve=Arg(serve_arg, default={}, help="the inventory's serve vars (device, dtype)"),
+        serve_env=Arg(dict, default={}, help="the inventory's serve_env (SPECOPS_SERVE_MAX_BATCH, ...)"),
+        backend=Arg(backend_arg, default="auto", help="auto | systemd | supervisor (our server)"),
+        budgets=Arg(int_list, default=[1, 2, 4, 8, 16], help="ddtree budgets to time, two or more"),
+        context=Arg(int, default=512, help="prompt tokens of every timed sequence"),
+        reps=Arg(int, default=5, help="timed rounds per point (the median counts)"),
+        timeout=Arg(float, default=3600.0, help="seconds the measurement may take"),
+    )
+
+    def probe(self, conn, args, ctx):
+        layout = HostLayout(args["base"])
+        service = service_fact({**args, "name": SERVICE}).gather(conn, timeout=60)
+        table = parse_table(conn.run(f"cat -- {join([layout.cost_table])} 2>/dev/null; true").stdout)
+        return {
+            "release": layout_fact(args["base"]).gather(conn)["current"],
+            "measured_for": (table or {}).get("measured_for"),
+            "service": {k: service[k] for k in ("systemd", "supervisor_process")},
+        }
+
+    def plan(self, facts, args, ctx):
+        path = HostLayout(args["base"]).cost_table
+        system, env = args["serve"].get("system", "ddtree"), args["serve_env"]
+        if system != "ddtree":
+            return Plan.noop(f"serve.system is {system}: the cost table is our server's")
+        if max_batch(env) < 2:
+            return Plan.noop(f"{ENV}MAX_BATCH is 1: the server decodes one sequence at a time")
+        policy = env_setting(env, "budget_policy") or SERVE_OPTIONS["budget_policy"].default
+        if policy != "load":
+            return Plan.noop(
+                f"the budget policy is {policy}: only {ENV}BUDGET_POLICY=load reads a cost table"
+            )
+        if facts["release"] is None:
+            raise StepFailed(f"no release is deployed under {args['base']} (fix: run fab deploy first)")
+        if len(args["budgets"]) < 2:
+            raise StepFailed(
+                "cost_table budgets: two or more tell drafting's share from the rows' (fix: [1, 2, 4, 8, 16])"
+            )
+        argv = measure_argv(args, ctx)
+        record = {"argv": argv, "release": facts["release"]}
+        old = facts["measured_for"]
+        if old == record:
+            return Plan.noop(
+                f"{path} was measured for release {facts['release']} with these settings", path=path
+            )
+        if old is None:
+            why = "no cost table yet"
+        elif old.get("argv") == argv:
+            why = f"measured for release {old.get('release')}, release {facts['release']} runs now"
+        else:
+            why = "measured with other settings"
+        stops = stop_ours(
+            HostLayout(args["base"]), facts["service"], "the measurement needs the device alone"
+        )
+        measure = Action(partial(_measure, argv, record, args, ctx), f"run: {join(argv)}  # {why}")
+        return Plan.of([*stops, measure], f"{why}: time batched rounds into {path}", path=path, why=why)
+
+    def apply(self, conn, plan, ctx):
+        table = [change.apply(conn) for change in plan.changes][-1]
+        rows, slots = table["rows"], table.get("draft_slots") or [0]
+        return Applied(
+            True,
+            f"{plan.data['path']}: rounds of {rows[0]}-{rows[-1]} verify rows, drafting for up to "
+            f"{slots[-1]} slots ({plan.data['why']})",
+            {"path": plan.data["path"]},
+        )
