@@ -87,7 +87,7 @@ def parse_table(text: str) -> dict[str, Any] | None:
 
 def _measure(
     argv: list[str], record: dict[str, Any], args: dict[str, Any], ctx: StepContext, conn: Connection
-):
+) -> dict[str, Any]:
     """Run the measurement, then add what it was measured for to the table it wrote."""
     if ctx.progress is not None:
         ctx.progress.note(ctx.host.name, "timing batched rounds for the cost table (minutes on a GPU)")
