@@ -28,10 +28,9 @@ from ops.service.backends import stop_ours
 from ops.service.command import serve_context
 from ops.service.facts import service_fact
 from ops.service.releases import layout_fact
-from ops.service.settings import backend_arg, serve_arg
 from ops.shell import join
 from ops.steps.base import Step, register
-from ops.steps.bench import int_list
+from ops.steps.bench import COMMON_ARGS, int_list
 from ops.steps.command import tail
 from specops_contract import SERVE_OPTIONS, SERVICE
 
@@ -111,14 +110,8 @@ class CostTable(Step):
     name = "cost_table"
     summary = "time our server's batched rounds on the host: the cost table --budget-policy load reads"
     args = arguments(
-        base=Arg(str, required=True, help="the host's base directory"),
-        venv=Arg(str, help="host venv (default <base>/venv)"),
-        target=Arg(str, required=True, help="target checkpoint directory on the host"),
-        drafter=Arg(str, required=True, help="drafter checkpoint directory on the host"),
-        env_file=Arg(str, required=True, help="the deployed server's 0600 environment file"),
-        serve=Arg(serve_arg, default={}, help="the inventory's serve vars (device, dtype)"),
+        **{k: COMMON_ARGS[k] for k in ("base", "venv", "target", "drafter", "env_file", "serve")},
         serve_env=Arg(dict, default={}, help="the inventory's serve_env (SPECOPS_SERVE_MAX_BATCH, ...)"),
-        backend=Arg(backend_arg, default="auto", help="auto | systemd | supervisor (our server)"),
         budgets=Arg(int_list, default=[1, 2, 4, 8, 16], help="ddtree budgets to time, two or more"),
         context=Arg(int, default=512, help="prompt tokens of every timed sequence"),
         reps=Arg(int, default=5, help="timed rounds per point (the median counts)"),
