@@ -50,7 +50,8 @@ FIELDS = {  # the config fields most likely wrong when a mode accepts too little
 SYSTEM_FIELDS = {
     ("vllm", "dflash"): "; --attention-backend (the drafter needs non-causal attention) and, for a "
     "sliding-window drafter, VLLM_USE_V2_MODEL_RUNNER=1 in serve_env",
-    ("ddtree", "ddtree"): "; serve.budget",
+    ("ddtree", "ddtree"): "; serve.budget; with SPECOPS_SERVE_BUDGET_POLICY=load, the cost table (under "
+    "which a tree may not pay even for one request: the policy then verifies none)",
 }
 
 
