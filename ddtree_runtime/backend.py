@@ -255,8 +255,8 @@ class TorchBackend:
             return torch.cat([x[..., :rot] * c + torch.cat([-x2, x1], dim=-1) * s, x[..., rot:]], dim=-1)
 
         rows = context_len + torch.arange(t, device=qkv.device)
-        k_cache.index_copy_(1, rows, rope(norm(k, k_weight)).transpose(0, 1).to(k_cache.dtype))
-        v_cache.index_copy_(1, rows, v.transpose(0, 1).to(v_cache.dtype))
+        k_cache.index_copy_(1, rows, rope(norm(k, k_weight)).transpose(0, 1))
+        v_cache.index_copy_(1, rows, v.transpose(0, 1))
         return rope(norm(q, q_weight)).contiguous()
 
     @staticmethod

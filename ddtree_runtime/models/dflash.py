@@ -31,7 +31,6 @@ from ddtree_runtime.models.target import (
     SlotRows,
     as_device_length,
     attend_slots,
-    cache_dtype,
     per_part,
     slot_rows,
 )
@@ -59,8 +58,8 @@ class DFlashDrafter(nn.Module):
         tables, allocated once."""
         lc, w = self.config.layers, self.fc.weight
         shape = (slots, lc.num_hidden_layers, lc.num_key_value_heads, max_context, lc.head_dim)
-        self.k_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
-        self.v_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
         self.k_cache, self.v_cache = self.k_caches[0], self.v_caches[0]
         self.cos, self.sin = rope_tables(lc.head_dim, lc.rope_theta, max_context, w.device)
 

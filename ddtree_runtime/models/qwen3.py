@@ -24,7 +24,6 @@ from ddtree_runtime.models.target import (
     TreeInputs,
     as_device_length,
     attend_slots,
-    cache_dtype,
     per_part,
     slot_rows,
     write_slots,
@@ -280,8 +279,8 @@ class Qwen3(nn.Module):
         weights' device and dtype."""
         cfg, w = self.config, self.embed_tokens.weight
         shape = (slots, cfg.num_hidden_layers, cfg.num_key_value_heads, max_context, cfg.head_dim)
-        self.k_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
-        self.v_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
         self.k_cache, self.v_cache = self.k_caches[0], self.v_caches[0]
         self.cos, self.sin = rope_tables(cfg.head_dim, cfg.rope_theta, max_context, w.device)
         self.capture_layers = capture_layers

@@ -41,7 +41,6 @@ from ddtree_runtime.models.target import (
     TreeInputs,
     as_device_length,
     attend_slots,
-    cache_dtype,
     per_part,
     slot_rows,
     write_slots,
@@ -474,8 +473,8 @@ class Qwen3_5(nn.Module):
         DeltaNet layers (`k_cache`, `conv_state`, ... are slot 0's)."""
         cfg, w = self.config, self.embed_tokens.weight
         shape = (slots, len(cfg.full_layers), cfg.num_key_value_heads, max_context, cfg.head_dim)
-        self.k_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
-        self.v_caches = torch.zeros(shape, device=w.device, dtype=cache_dtype(w))
+        self.k_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
+        self.v_caches = torch.zeros(shape, device=w.device, dtype=w.dtype)
         n_lin = len(cfg.linear_layers)
         conv_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim
         conv_dim += cfg.linear_num_value_heads * cfg.linear_value_head_dim

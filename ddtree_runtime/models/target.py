@@ -223,19 +223,11 @@ def slot_rows(parts: Sequence[Part], backend: Backend[Any, Any, Any]) -> SlotRow
     return SlotRows.of(parts) if len(parts) > 1 and hasattr(backend, "attention_parts") else None
 
 
-def cache_dtype(weight: Tensor) -> torch.dtype:
-    """The K/V caches' dtype for a model with these weights: theirs, but fp32 on the CPU. The CPU's
-    attention runs in fp32 (`TorchBackend.attention`), so a bf16 cache was converted on every
-    read, a copy of every slot's keys and values per layer and round; an fp32 cache holds the same
-    bf16 values, so the tokens do not change."""
-    return torch.float32 if weight.device.type == "cpu" else weight.dtype
-
-
 def write_slots(batch: SlotRows, k_new: Tensor, v_new: Tensor, k_caches: Tensor, v_caches: Tensor) -> None:
     """Several parts' new K/V rows [Hkv, T, D] into their slots' rows of one layer's caches
     [S, Hkv, S_max, D], in one scatter each."""
-    k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1).to(k_caches.dtype)
-    v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1).to(v_caches.dtype)
+    k_caches[batch.row_slots, :, batch.cache_rows] = k_new.transpose(0, 1)
+    v_caches[batch.row_slots, :, batch.cache_rows] = v_new.transpose(0, 1)
 
 
 def attend_slots(

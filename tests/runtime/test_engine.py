@@ -211,23 +211,3 @@ def test_a_cancel_from_another_thread_cuts_a_round_and_leaves_no_trace(engine: E
         assert cut.stop_reason == "cancelled" and full.output_ids[: len(cut.output_ids)] == cut.output_ids
         again = engine.generate(prompt, mode=mode, budget=16, max_new_tokens=400, eos_ids=())
         assert again.output_ids == full.output_ids
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("pair_name", ["tiny_pair", "hybrid_pair"])
-def test_bf16_on_the_cpu_keeps_fp32_caches_with_the_tokens_of_bf16_caches(
-    request: pytest.FixtureRequest, pair_name: str
-) -> None:
-    """The CPU's attention reads its caches in fp32, so they are kept in fp32 (no conversion per
-    read); they hold the same bf16 values, so every token equals a bf16 cache's."""
-    pair = request.getfixturevalue(pair_name)
-    target, drafter = load_pair(pair.target, pair.drafter, torch.device("cpu"), torch.bfloat16)
-    engine = Engine(target, drafter, 256)
-    assert {m.k_caches.dtype for m in (target, drafter)} == {torch.float32}
-    runs = [dict(mode="ar"), dict(mode="ddtree", budget=8)]
-    fp32 = [engine.generate(p, max_new_tokens=16, **run).output_ids for p in prompts(5, 2) for run in runs]
-    for model in (target, drafter):  # the same engine on bf16 caches
-        model.k_caches, model.v_caches = model.k_caches.bfloat16(), model.v_caches.bfloat16()
-        model.k_cache, model.v_cache = model.k_caches[0], model.v_caches[0]
-    bf16 = [engine.generate(p, max_new_tokens=16, **run).output_ids for p in prompts(5, 2) for run in runs]
-    assert fp32 == bf16
