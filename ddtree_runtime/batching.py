@@ -346,20 +346,28 @@ class BatchEngine(Engine):
         return finished
 
     def _round(self, batch: list[Live]) -> list[Live]:
-        """One round of every sequence in `batch` (all prefilled); returns those it finished."""
+        """One round of every sequence in `batch` (all prefilled); returns those it finished. With a
+        budget policy, its wall time (streaming its tokens included) goes to the policy against
+        the table's cost of its rows (`BudgetPolicy.observe`)."""
         self.rounds += 1
+        start = time.perf_counter()
         budget = self._shared_budget(batch)
         if budget is not None:
-            return self._tree_round(batch, budget)
-        trees, logits, hidden = self._mixed_round(batch)
-        sizes = [t.tokens.shape[0] for t in trees]
-        rows = logits.split(sizes)
-        walks = self._greedy_walks(trees, rows)
-        finished = []
-        hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
-        for t, r, h in zip(trees, rows, hiddens, strict=True):
-            if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
-                finished.append(t.live)
+            finished = self._tree_round(batch, budget)
+            padded, drafting = len(batch) * (budget + 1), len(batch)
+        else:
+            trees, logits, hidden = self._mixed_round(batch)
+            sizes = [t.tokens.shape[0] for t in trees]
+            rows = logits.split(sizes)
+            walks = self._greedy_walks(trees, rows)
+            finished = []
+            hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
+            for t, r, h in zip(trees, rows, hiddens, strict=True):
+                if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
+                    finished.append(t.live)
+            padded, drafting = len(trees) * max(sizes), sum(t.draft_logits is not None for t in trees)
+        if self.policy is not None:
+            self.policy.observe(padded, drafting, time.perf_counter() - start)
         return finished
 
     def _mixed_round(self, batch: list[Live]) -> tuple[list[_Tree], Tensor, Tensor | None]:
@@ -369,7 +377,9 @@ class BatchEngine(Engine):
         policy = self.policy
         probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
         spec = [s for s in batch if s.mode != "ar"]
-        if policy is not None and not probe:
+        if policy is not None and probe:
+            policy.refresh()
+        elif policy is not None:
             spec = self._speculating(spec, batch, policy)
         drafts = {}
         if spec:

@@ -19,7 +19,12 @@ Two inputs decide:
   the rows asked of the table are slots x the widest slot's rows: one wide tree among roots costs
   nearly what a wide tree in every slot does (demo pair on the CPU, bf16: 4 ddtree/16 slots beside
   12 roots 30 ms a round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the
-  table's rounds are measured, padded and total rows agree.
+  table's rounds are measured, padded and total rows agree. A measured table is timed in a
+  process that only decodes; a server's rounds cost more by about the same time each, whatever
+  their rows (streaming, the HTTP thread's share of the interpreter), which makes speculation's
+  fewer rounds pay more: the engine reports every round's wall time (`observe`), and what rounds
+  cost beyond the table (a running mean, never below 0) is added to every round's cost from the
+  next probe on (`refresh`).
 
 The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
 {0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
@@ -69,6 +74,7 @@ DEFAULT_DRAFT_SHARE = 0.2
 DRAFT_BLOCK = 16
 PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
 PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
+EXCESS_WEIGHT = 0.1  # a served round's weight in the running mean of what rounds cost beyond the table
 FIX = "rewrite it with `python -m ddtree_runtime cost-table ... --out FILE`"
 
 
@@ -96,6 +102,9 @@ class CostTable:
     cost: tuple[float, ...]
     draft_slots: tuple[int, ...] = ()
     draft_cost: tuple[float, ...] = ()
+    # its costs are wall seconds (a measured table, `load`), which the rounds served can correct
+    # (`BudgetPolicy.observe`); the model's are weight reads
+    seconds: bool = False
 
     @classmethod
     def model(cls, knee: int = DEFAULT_KNEE, draft_share: float = DEFAULT_DRAFT_SHARE) -> CostTable:
@@ -136,7 +145,7 @@ class CostTable:
                 f"per row count (fix: {FIX})"
             )
         if (draft_slots, draft_seconds) == (None, None):
-            return cls(tuple(rows), tuple(float(s) for s in seconds))
+            return cls(tuple(rows), tuple(float(s) for s in seconds), seconds=True)
         if not curve(draft_slots, draft_seconds):
             raise CostTableError(
                 f"{path}: draft_slots must be increasing positive integers and draft_seconds positive "
@@ -147,6 +156,7 @@ class CostTable:
             tuple(float(s) for s in seconds),
             tuple(draft_slots),
             tuple(float(s) for s in draft_seconds),
+            seconds=True,
         )
 
     def __call__(self, rows: int, drafting: int = 0) -> float:
@@ -189,9 +199,31 @@ class BudgetPolicy:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
         self.probe_every = probe_every
+        self.excess = 0.0  # seconds a served round costs beyond the table: a running mean (`observe`)
+        self.overhead = 0.0  # ... as the choices count it, added to every round (`refresh`)
         # the last choice and what it was asked: slots off speculation keep their curves, so under
         # a steady load most rounds ask the same again
         self.last: tuple[tuple[object, ...], list[int]] | None = None
+
+    def observe(self, rows: int, drafting: int, seconds: float) -> None:
+        """A served round's wall time, its rows padded as the table counts them and `drafting` slots
+        drafting: what it cost beyond the table goes into the running mean `excess` (a table in
+        seconds only). The table is timed in a process that only decodes; a server's rounds also
+        stream every slot's tokens and share the interpreter with its HTTP thread, a cost per round
+        whatever its rows (demo pair on the CPU at 16 clients: ~4 ms on a 6 ms `ar` round), which
+        makes the fewer rounds of speculation pay more."""
+        if self.costs.seconds:
+            self.excess += EXCESS_WEIGHT * (seconds - self.costs(rows, drafting) - self.excess)
+
+    def refresh(self) -> None:
+        """The excess observed so far into the costs the choices count (at a probe: between probes
+        the choices stand on the probe's curves). Never below 0: a table slower than the rounds
+        served is one to measure again, and a cost at or below 0 would rank nothing."""
+        self.overhead = max(self.excess, 0.0)
+
+    def cost(self, rows: int, drafting: int) -> float:
+        """A round's cost as the choices count it: the table's and the observed overhead."""
+        return self.costs(rows, drafting) + self.overhead
 
     def choose(
         self,
@@ -206,7 +238,7 @@ class BudgetPolicy:
         per slot) and expected tokens in all are set (`ar`, `dflash`, slots off speculation),
         `drafting` of which draft. A slot verifies B + 1 rows and pays its share of drafting if
         B > 0; the round costs as if every slot had the widest slot's rows (see the module)."""
-        asked = (gains, caps, fixed_rows, fixed_tokens, drafting)
+        asked = (gains, caps, fixed_rows, fixed_tokens, drafting, self.overhead)
         if self.last is not None and self.last[0] == asked:
             return list(self.last[1])
         options = self._options(caps)
@@ -224,7 +256,7 @@ class BudgetPolicy:
                 pick[s] = b = max(
                     opts,
                     key=lambda b, g=g, w=widest, t=tokens, d=drafts: (
-                        (t + gain(g, b)) / self.costs(slots * max(w, b + 1), d + (b > 0))
+                        (t + gain(g, b)) / self.cost(slots * max(w, b + 1), d + (b > 0))
                     ),
                 )
                 counts[b] += 1
@@ -253,7 +285,7 @@ class BudgetPolicy:
         def rate(pick: list[int]) -> float:
             tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
             rows = slots * max([fixed_widest] + [b + 1 for b in pick])
-            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
+            return tokens / self.cost(rows, drafting + sum(b > 0 for b in pick))
 
         levels = sorted({0, *self.budgets, *caps})
         return max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
