@@ -377,9 +377,7 @@ class BatchEngine(Engine):
         policy = self.policy
         probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
         spec = [s for s in batch if s.mode != "ar"]
-        if policy is not None and probe:
-            policy.refresh()
-        elif policy is not None:
+        if policy is not None and not probe:
             spec = self._speculating(spec, batch, policy)
         drafts = {}
         if spec:

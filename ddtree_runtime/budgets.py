@@ -23,8 +23,7 @@ Two inputs decide:
   process that only decodes; a server's rounds cost more by about the same time each, whatever
   their rows (streaming, the HTTP thread's share of the interpreter), which makes speculation's
   fewer rounds pay more: the engine reports every round's wall time (`observe`), and what rounds
-  cost beyond the table (a running mean, never below 0) is added to every round's cost from the
-  next probe on (`refresh`).
+  cost beyond the table (a running mean, never below 0) is added to every round's cost.
 
 The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
 {0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
@@ -75,6 +74,9 @@ DRAFT_BLOCK = 16
 PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
 PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
 EXCESS_WEIGHT = 0.1  # a served round's weight in the running mean of what rounds cost beyond the table
+# ... which moves the overhead the choices count once it is this share of the table's cheapest
+# round away from it: under a steady load the choices stay cached (`BudgetPolicy.choose`)
+EXCESS_STEP = 0.1
 FIX = "rewrite it with `python -m ddtree_runtime cost-table ... --out FILE`"
 
 
@@ -199,8 +201,9 @@ class BudgetPolicy:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
         self.probe_every = probe_every
+        self.observed = 0  # rounds served (`observe`)
         self.excess = 0.0  # seconds a served round costs beyond the table: a running mean (`observe`)
-        self.overhead = 0.0  # ... as the choices count it, added to every round (`refresh`)
+        self.overhead = 0.0  # ... as the choices count it, added to every round (`observe`)
         # the last choice and what it was asked: slots off speculation keep their curves, so under
         # a steady load most rounds ask the same again
         self.last: tuple[tuple[object, ...], list[int]] | None = None
@@ -208,18 +211,20 @@ class BudgetPolicy:
     def observe(self, rows: int, drafting: int, seconds: float) -> None:
         """A served round's wall time, its rows padded as the table counts them and `drafting` slots
         drafting: what it cost beyond the table goes into the running mean `excess` (a table in
-        seconds only). The table is timed in a process that only decodes; a server's rounds also
-        stream every slot's tokens and share the interpreter with its HTTP thread, a cost per round
-        whatever its rows (demo pair on the CPU at 16 clients: ~4 ms on a 6 ms `ar` round), which
-        makes the fewer rounds of speculation pay more."""
-        if self.costs.seconds:
-            self.excess += EXCESS_WEIGHT * (seconds - self.costs(rows, drafting) - self.excess)
-
-    def refresh(self) -> None:
-        """The excess observed so far into the costs the choices count (at a probe: between probes
-        the choices stand on the probe's curves). Never below 0: a table slower than the rounds
-        served is one to measure again, and a cost at or below 0 would rank nothing."""
-        self.overhead = max(self.excess, 0.0)
+        seconds only), and that into the `overhead` the choices count once it has moved by
+        `EXCESS_STEP` of the cheapest round. The table is timed in a process that only decodes; a
+        server's rounds also stream every slot's tokens and share the interpreter with its HTTP
+        thread, a cost per round whatever its rows (demo pair on the CPU at 16 clients: ~4 ms on a
+        6 ms `ar` round), which makes the fewer rounds of speculation pay more. The overhead is
+        never below 0: a table slower than the rounds served is one to measure again, and a round
+        cost at or below 0 would rank nothing."""
+        if not self.costs.seconds:
+            return
+        self.observed += 1
+        weight = max(EXCESS_WEIGHT, 1 / self.observed)  # the plain mean of the first rounds
+        self.excess += weight * (seconds - self.costs(rows, drafting) - self.excess)
+        if abs(max(self.excess, 0.0) - self.overhead) > EXCESS_STEP * min(self.costs.cost):
+            self.overhead = max(self.excess, 0.0)
 
     def cost(self, rows: int, drafting: int) -> float:
         """A round's cost as the choices count it: the table's and the observed overhead."""
