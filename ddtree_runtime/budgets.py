@@ -210,8 +210,9 @@ class BudgetPolicy:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
         self.probe_every = probe_every
-        # by the round's slots: the seconds rounds served cost beyond the table (a running mean) and
-        # that as the choices count it, added to every round of as many slots (`observe`)
+        # by the round's slots: rounds served, the seconds they cost beyond the table (a running
+        # mean) and that as the choices count it, added to every round of as many slots (`observe`)
+        self.observed: Counter[int] = Counter()
         self.excess: dict[int, float] = {}
         self.overhead: dict[int, float] = {}
         self.credited = 0  # trees verified (`credit`)
@@ -236,25 +237,20 @@ class BudgetPolicy:
         0 would rank nothing."""
         if not self.costs.seconds:
             return
-        over = seconds - self.costs(rows, drafting)
-        # a count not served before starts from the nearest one's mean (the first round: its own)
-        excess = self.excess.get(slots, self._nearest(self.excess, slots, over))
-        self.excess[slots] = excess = excess + EXCESS_WEIGHT * (over - excess)
+        self.observed[slots] += 1
+        weight = max(EXCESS_WEIGHT, 1 / self.observed[slots])  # the plain mean of the first rounds
+        excess = self.excess.get(slots, 0.0)
+        self.excess[slots] = excess = excess + weight * (seconds - self.costs(rows, drafting) - excess)
         counted = self.overhead.get(slots)
         if counted is None or abs(max(excess, 0.0) - counted) > EXCESS_STEP * min(self.costs.cost):
             self.overhead[slots] = max(excess, 0.0)
 
     def overhead_at(self, slots: int) -> float:
         """The overhead the choices count for a round of `slots`: that of rounds of as many, else of
-        the nearest count served, else none."""
-        return self._nearest(self.overhead, slots, 0.0)
-
-    @staticmethod
-    def _nearest(by_slots: dict[int, float], slots: int, default: float) -> float:
-        """The value at `slots`, else at the nearest count (the larger at a tie), else `default`."""
-        if not by_slots:
-            return default
-        return by_slots[min(by_slots, key=lambda n: (abs(n - slots), -n))]
+        the nearest count served (the larger at a tie), else none."""
+        if not self.overhead:
+            return 0.0
+        return self.overhead[min(self.overhead, key=lambda n: (abs(n - slots), -n))]
 
     def credit(self, expected: float, got: int) -> None:
         """A verified tree's expected tokens (its slot's curve that its budget was chosen by, at
