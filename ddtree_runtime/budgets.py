@@ -75,10 +75,7 @@ DEFAULT_KNEE = 256
 # block of DRAFT_BLOCK rows per slot, so it turns compute-bound at knee / DRAFT_BLOCK slots
 DEFAULT_DRAFT_SHARE = 0.2
 DRAFT_BLOCK = 16
-# rounds from a probe to the next while drafting pays (module docstring): a probe is an eager round
-# at the largest budget (demo pair, 16 CPU clients: ~25% dearer a token than a tree round), and
-# with verified trees scaling the curves between probes (`credit`), 16 served ~2% more than 8
-PROBE_EVERY = 16
+PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
 PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
 EXCESS_WEIGHT = 0.1  # a served round's weight in the running mean of what rounds cost beyond the table
 # ... which moves the overhead the choices count once it is this share of the table's cheapest
