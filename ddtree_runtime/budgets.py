@@ -24,10 +24,10 @@ Two inputs decide:
   12 roots 30 ms a round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the
   table's rounds are measured, padded and total rows agree. A measured table is timed in a
   process that only decodes; a server's rounds of many slots cost more by about the same time
-  each, whatever their rows (streaming, the HTTP thread's share of the interpreter), which makes
-  speculation's fewer rounds pay more: the engine reports every round's wall time but a probe's
-  (`observe`), and what rounds of as many slots cost beyond the table (a running mean, never
-  below 0) is added to every round's cost.
+  each, whatever their rows (streaming, an HTTP thread in the process, clients on the cores),
+  which makes speculation's fewer rounds pay more: the engine reports every round's wall time
+  but a probe's (`observe`), and what rounds of as many slots cost beyond the table (a running
+  mean, never below 0) is added to every round's cost.
 
 The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
 {0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
@@ -229,9 +229,10 @@ class BudgetPolicy:
         running mean `excess` of rounds of as many slots (a table in seconds only; rounds of fewer
         slots than the table's cost less at the same rows), and that into the `overhead` the
         choices count once it has moved by `EXCESS_STEP` of the cheapest round. The table is
-        timed in a process that only decodes; a server's rounds also stream every slot's tokens and
-        share the interpreter with its HTTP thread, a cost per round whatever its rows that grows
-        with its slots (demo pair on the CPU: ~4-6 ms on a 6 ms `ar` round of 16 slots, none at 1),
+        timed in a process that only decodes; a server's rounds also stream every slot's tokens,
+        beside an HTTP thread in the process and clients on the cores, a cost per round whatever its
+        rows that grows with its slots (demo pair on the CPU: ~4-6 ms on a 6 ms `ar` round of 16
+        slots, none at 1),
         which makes the fewer rounds of speculation pay more. The overhead is never below 0: a
         table slower than the rounds served is one to measure again, and a round cost at or below
         0 would rank nothing."""
