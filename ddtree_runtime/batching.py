@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from ddtree_runtime.backend import Backend, select_backend
-from ddtree_runtime.budgets import BudgetPolicy, expected_gains
+from ddtree_runtime.budgets import BudgetPolicy, expected_gains, gain
 from ddtree_runtime.engine import Engine, GenerationError, graphs_allowed
 from ddtree_runtime.generation import GenerationResult, Output
 from ddtree_runtime.graphs import RoundGraphs, buckets, key_bound
@@ -346,28 +346,48 @@ class BatchEngine(Engine):
         return finished
 
     def _round(self, batch: list[Live]) -> list[Live]:
-        """One round of every sequence in `batch` (all prefilled); returns those it finished."""
+        """One round of every sequence in `batch` (all prefilled); returns those it finished. With a
+        budget policy, its wall time (streaming its tokens included) goes to the policy against
+        the table's cost of its rows (`BudgetPolicy.observe`), and so do its trees' tokens against
+        their curves (`_credit`)."""
         self.rounds += 1
+        start, probe = time.perf_counter(), self._probing()
         budget = self._shared_budget(batch)
         if budget is not None:
-            return self._tree_round(batch, budget)
-        trees, logits, hidden = self._mixed_round(batch)
-        sizes = [t.tokens.shape[0] for t in trees]
-        rows = logits.split(sizes)
-        walks = self._greedy_walks(trees, rows)
-        finished = []
-        hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
-        for t, r, h in zip(trees, rows, hiddens, strict=True):
-            if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
-                finished.append(t.live)
+            finished = self._tree_round(batch, budget)
+            padded, drafting = len(batch) * (budget + 1), len(batch)
+        else:
+            trees, logits, hidden = self._mixed_round(batch)
+            sizes = [t.tokens.shape[0] for t in trees]
+            rows = logits.split(sizes)
+            walks = self._greedy_walks(trees, rows)
+            finished = []
+            hiddens = hidden.split(sizes) if hidden is not None else [None] * len(trees)
+            for t, r, h in zip(trees, rows, hiddens, strict=True):
+                if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
+                    finished.append(t.live)
+            padded, drafting = len(trees) * max(sizes), sum(t.draft_logits is not None for t in trees)
+        if self.policy is not None and not probe:  # a probe's eager round is the policy's own cost
+            self.policy.observe(len(batch), padded, drafting, time.perf_counter() - start)
+        if self.policy is not None:
+            self._credit(batch, self.policy)
         return finished
+
+    def _credit(self, batch: list[Live], policy: BudgetPolicy) -> None:
+        """Every ddtree slot that verified a tree this round: the tokens it gave against those its
+        curve expected (the one its budget was picked by: this round's draft, or between probes its
+        last), for the policy's calibration (`BudgetPolicy.credit`)."""
+        for s in batch:
+            curve = s.gains or self.latest
+            if s.mode == "ddtree" and s.budgets[-1] > 0 and curve is not None:
+                policy.credit(gain(curve, s.budgets[-1]), s.accepted[-1] + 1)
 
     def _mixed_round(self, batch: list[Live]) -> tuple[list[_Tree], Tensor, Tensor | None]:
         """A round of any mix of modes, budgets and samplings (the budget policy's too): each slot's
         tree built on the host's description of it, the verify pass over host-side lengths (a
         round of `ar` sequences only: a replayed step on CUDA). Its trees, logits and features."""
         policy = self.policy
-        probe = policy is not None and (self.latest is None or self.rounds >= self.probe_at)
+        probe = self._probing()
         spec = [s for s in batch if s.mode != "ar"]
         if policy is not None and not probe:
             spec = self._speculating(spec, batch, policy)
@@ -411,6 +431,10 @@ class BatchEngine(Engine):
             )
         return trees, logits, hidden
 
+    def _probing(self) -> bool:
+        """Whether this round is a budget policy's probe: every ddtree slot drafts (module)."""
+        return self.policy is not None and (self.latest is None or self.rounds >= self.probe_at)
+
     def _shared_budget(self, batch: list[Live]) -> int | None:
         """The budget of a round that runs as a `_TreeRound` (every slot a greedy ddtree one of one
         budget): that budget, or with a policy between probes its best one budget for all from the
@@ -422,7 +446,7 @@ class BatchEngine(Engine):
             return None
         if self.policy is None:
             return caps.pop()
-        if self.latest is None or self.rounds >= self.probe_at:  # a probe: the policy's own round
+        if self._probing():  # the policy's own round
             return None
         return self.policy.shared([s.gains or self.latest for s in batch], caps.pop()) or None
 

@@ -11,6 +11,9 @@ Two inputs decide:
   is expected to yield 1 + (sum of their scores) tokens, the draft standing in for the target
   (B = 0: 1 token). The best-B tree is the first B nodes of the best-B_max tree (nodes come in
   descending score order, parents first), so one tree at the largest budget serves every choice.
+  The drafted tokens (past the root's 1) are scaled by what verified trees gave against what
+  their curves expected (`credit`, never below 1): at T = 0 the drafter's probabilities
+  understate acceptance, and between probes a slot's last curve is one draft's view.
 - the round cost (`CostTable`): the target's pass against the verify rows of the batch, plus
   drafting's share against the slots that draft; from a simple model by default, or measured
   (`python -m ddtree_runtime cost-table` writes it, `ddtree_runtime/cost_table.py`; format in
@@ -19,7 +22,12 @@ Two inputs decide:
   the rows asked of the table are slots x the widest slot's rows: one wide tree among roots costs
   nearly what a wide tree in every slot does (demo pair on the CPU, bf16: 4 ddtree/16 slots beside
   12 roots 30 ms a round, 16 ddtree/16 slots 43 ms, 16 roots 7 ms). At one budget for all, as the
-  table's rounds are measured, padded and total rows agree.
+  table's rounds are measured, padded and total rows agree. A measured table is timed in a
+  process that only decodes; a server's rounds of many slots cost more by about the same time
+  each, whatever their rows (streaming, an HTTP thread in the process, clients on the cores),
+  which makes speculation's fewer rounds pay more: the engine reports every round's wall time
+  but a probe's (`observe`), and what rounds of as many slots cost beyond the table (a running
+  mean, never below 0) is added to every round's cost.
 
 The choice maximises (sum of the slots' expected tokens) / cost(padded rows, drafting slots) over
 {0} and the served budgets, each slot capped by its request's budget: the best one budget for all,
@@ -69,6 +77,15 @@ DEFAULT_DRAFT_SHARE = 0.2
 DRAFT_BLOCK = 16
 PROBE_EVERY = 8  # rounds from a probe to the next while drafting pays (module docstring)
 PROBE_BACKOFF = 16  # ... and at most this many times that while it does not
+EXCESS_WEIGHT = 0.1  # a served round's weight in the running mean of what rounds cost beyond the table
+# ... which moves the overhead the choices count once it is this share of the table's cheapest
+# round away from it: under a steady load the choices stay cached (`BudgetPolicy.choose`)
+EXCESS_STEP = 0.1
+CREDIT_WEIGHT = 0.005  # a verified tree's weight in the running means of drafted tokens promised and got
+SCALE_STEP = 0.05  # ... whose ratio moves the curves' scale once it is this share of the scale away
+# the scale corrects the curves, it does not replace them; and it never lowers them: trees are what
+# it learns from, and a scale that kept every slot off speculation would never be corrected
+SCALE_BOUNDS = (1.0, 4.0)
 FIX = "rewrite it with `python -m ddtree_runtime cost-table ... --out FILE`"
 
 
@@ -96,6 +113,9 @@ class CostTable:
     cost: tuple[float, ...]
     draft_slots: tuple[int, ...] = ()
     draft_cost: tuple[float, ...] = ()
+    # its costs are wall seconds (a measured table, `load`), which the rounds served can correct
+    # (`BudgetPolicy.observe`); the model's are weight reads
+    seconds: bool = False
 
     @classmethod
     def model(cls, knee: int = DEFAULT_KNEE, draft_share: float = DEFAULT_DRAFT_SHARE) -> CostTable:
@@ -136,7 +156,7 @@ class CostTable:
                 f"per row count (fix: {FIX})"
             )
         if (draft_slots, draft_seconds) == (None, None):
-            return cls(tuple(rows), tuple(float(s) for s in seconds))
+            return cls(tuple(rows), tuple(float(s) for s in seconds), seconds=True)
         if not curve(draft_slots, draft_seconds):
             raise CostTableError(
                 f"{path}: draft_slots must be increasing positive integers and draft_seconds positive "
@@ -147,6 +167,7 @@ class CostTable:
             tuple(float(s) for s in seconds),
             tuple(draft_slots),
             tuple(float(s) for s in draft_seconds),
+            seconds=True,
         )
 
     def __call__(self, rows: int, drafting: int = 0) -> float:
@@ -189,9 +210,77 @@ class BudgetPolicy:
         self.budgets = tuple(sorted(set(budgets)))
         self.costs = costs or CostTable.model()
         self.probe_every = probe_every
+        # by the round's slots: rounds served, the seconds they cost beyond the table (a running
+        # mean) and that as the choices count it, added to every round of as many slots (`observe`)
+        self.observed: Counter[int] = Counter()
+        self.excess: dict[int, float] = {}
+        self.overhead: dict[int, float] = {}
+        self.credited = 0  # trees verified (`credit`)
+        self.promised = 0.0  # drafted tokens their curves expected of them: a running mean
+        self.verified = 0.0  # ... and drafted tokens they gave
+        self.scale = 1.0  # what the choices count of a curve's drafted tokens (`credit`)
         # the last choice and what it was asked: slots off speculation keep their curves, so under
         # a steady load most rounds ask the same again
         self.last: tuple[tuple[object, ...], list[int]] | None = None
+
+    def observe(self, slots: int, rows: int, drafting: int, seconds: float) -> None:
+        """A served round's wall time (not a probe's), its `slots`, its rows padded as the table
+        counts them and `drafting` slots drafting: what it cost beyond the table goes into the
+        running mean `excess` of rounds of as many slots (a table in seconds only; rounds of fewer
+        slots than the table's cost less at the same rows), and that into the `overhead` the
+        choices count once it has moved by `EXCESS_STEP` of the cheapest round. The table is
+        timed in a process that only decodes; a server's rounds also stream every slot's tokens,
+        beside an HTTP thread in the process and clients on the cores, a cost per round whatever its
+        rows that grows with its slots (demo pair on the CPU: ~4-6 ms on a 6 ms `ar` round of 16
+        slots, none at 1),
+        which makes the fewer rounds of speculation pay more. The overhead is never below 0: a
+        table slower than the rounds served is one to measure again, and a round cost at or below
+        0 would rank nothing."""
+        if not self.costs.seconds:
+            return
+        self.observed[slots] += 1
+        weight = max(EXCESS_WEIGHT, 1 / self.observed[slots])  # the plain mean of the first rounds
+        excess = self.excess.get(slots, 0.0)
+        self.excess[slots] = excess = excess + weight * (seconds - self.costs(rows, drafting) - excess)
+        counted = self.overhead.get(slots)
+        if counted is None or abs(max(excess, 0.0) - counted) > EXCESS_STEP * min(self.costs.cost):
+            self.overhead[slots] = max(excess, 0.0)
+
+    def overhead_at(self, slots: int) -> float:
+        """The overhead the choices count for a round of `slots`: that of rounds of as many, else of
+        the nearest count served (the larger at a tie), else none."""
+        if not self.overhead:
+            return 0.0
+        return self.overhead[min(self.overhead, key=lambda n: (abs(n - slots), -n))]
+
+    def credit(self, expected: float, got: int) -> None:
+        """A verified tree's expected tokens (its slot's curve that its budget was chosen by, at
+        that budget) and the tokens it gave. Their drafted tokens (the root's one aside) go into
+        running means, whose ratio scales every curve's drafted tokens once it has moved by
+        `SCALE_STEP` (within `SCALE_BOUNDS`). At T = 0 a draft is accepted when it is the target's
+        argmax, which the drafter's probability (a soft copy of the target's) understates, and a
+        slot's last curve (between probes the only one) is one draft's view: demo pair at 16
+        slots, trees picked from those curves expected 2.2 tokens at budget 4 and 3.0-3.3 at 8
+        and gave 2.8 and 3.9-4.2, so slots stayed off speculation and trees narrow where wider
+        ones paid."""
+        self.credited += 1
+        weight = max(CREDIT_WEIGHT, 1 / self.credited)  # the plain mean of the first trees
+        self.promised += weight * (expected - 1.0 - self.promised)
+        self.verified += weight * (got - 1 - self.verified)
+        if self.promised > 0:
+            ratio = min(max(self.verified / self.promised, SCALE_BOUNDS[0]), SCALE_BOUNDS[1])
+            if abs(ratio - self.scale) > SCALE_STEP * self.scale:
+                self.scale = ratio
+
+    def calibrated(self, gains: list[list[float]]) -> list[list[float]]:
+        """The curves with their drafted tokens scaled as verified trees say (`credit`)."""
+        if self.scale == 1.0:
+            return gains
+        return [[1.0 + self.scale * (x - 1.0) for x in g] for g in gains]
+
+    def cost(self, slots: int, rows: int, drafting: int) -> float:
+        """A round's cost as the choices count it: the table's and the observed overhead."""
+        return self.costs(rows, drafting) + self.overhead_at(slots)
 
     def choose(
         self,
@@ -206,11 +295,13 @@ class BudgetPolicy:
         per slot) and expected tokens in all are set (`ar`, `dflash`, slots off speculation),
         `drafting` of which draft. A slot verifies B + 1 rows and pays its share of drafting if
         B > 0; the round costs as if every slot had the widest slot's rows (see the module)."""
-        asked = (gains, caps, fixed_rows, fixed_tokens, drafting)
+        slots = len(fixed_rows) + len(caps)
+        asked = (gains, caps, fixed_rows, fixed_tokens, drafting, self.overhead_at(slots), self.scale)
         if self.last is not None and self.last[0] == asked:
             return list(self.last[1])
+        gains = self.calibrated(gains)
         options = self._options(caps)
-        slots, fixed_widest = len(fixed_rows) + len(caps), max(fixed_rows, default=1)
+        fixed_widest = max(fixed_rows, default=1)
         pick = self._uniform(gains, caps, options, fixed_rows, fixed_tokens, drafting)
         # then coordinate ascent, the batch's totals kept up to date: each candidate costs O(budgets)
         tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
@@ -224,7 +315,7 @@ class BudgetPolicy:
                 pick[s] = b = max(
                     opts,
                     key=lambda b, g=g, w=widest, t=tokens, d=drafts: (
-                        (t + gain(g, b)) / self.costs(slots * max(w, b + 1), d + (b > 0))
+                        (t + gain(g, b)) / self.cost(slots, slots * max(w, b + 1), d + (b > 0))
                     ),
                 )
                 counts[b] += 1
@@ -253,7 +344,7 @@ class BudgetPolicy:
         def rate(pick: list[int]) -> float:
             tokens = fixed_tokens + sum(gain(g, b) for g, b in zip(gains, pick, strict=True))
             rows = slots * max([fixed_widest] + [b + 1 for b in pick])
-            return tokens / self.costs(rows, drafting + sum(b > 0 for b in pick))
+            return tokens / self.cost(slots, rows, drafting + sum(b > 0 for b in pick))
 
         levels = sorted({0, *self.budgets, *caps})
         return max(([max(b for b in opts if b <= level) for opts in options] for level in levels), key=rate)
@@ -262,7 +353,7 @@ class BudgetPolicy:
         """The best one budget for slots with curves `gains`, each capped at `cap` and none beside
         them: what a round of one budget for all (`BatchEngine`'s tree round) verifies."""
         caps = [cap] * len(gains)
-        return self._uniform(gains, caps, self._options(caps), [], 0.0, 0)[0]
+        return self._uniform(self.calibrated(gains), caps, self._options(caps), [], 0.0, 0)[0]
 
     def next_gap(self, gap: int, speculating: bool) -> int:
         """Rounds to the next probe after one with `gap` before it: `probe_every` if a slot took a

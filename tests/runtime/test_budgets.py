@@ -105,6 +105,81 @@ def test_the_policy_turns_speculation_off_when_the_drafter_and_the_rows_cost_mor
     assert beside_drafters == [4]
 
 
+def test_rounds_served_dearer_than_the_table_make_speculation_pay(tmp_path: Path) -> None:
+    """The demo pair's table at 16 slots (seconds): drafts worth 3 tokens at budget 4 do not pay
+    (16 tokens in 6 ms against 48 in 21 ms). Served rounds of 16 slots that take 4 ms more than
+    the table says, whatever their rows, do: 16 in 10 ms against 48 in 25. The overhead is kept
+    by the rounds' slots (rounds of one slot cost less than the table's rows say), counted for
+    the nearest count served where none was, and moves in steps (a tenth of the cheapest round),
+    so a steady load keeps its cached choice; each count's mean starts plain (its first rounds
+    count whole). A model table (weight reads, not seconds) and rounds faster than the table
+    leave it at 0."""
+    path = tmp_path / "costs.json"
+    path.write_text(
+        json.dumps(
+            {
+                "rows": [16, 80],
+                "seconds": [0.006, 0.016],
+                "draft_slots": [1, 16],
+                "draft_seconds": [0.0025, 0.005],
+            }
+        )
+    )
+    table = CostTable.load(path)
+    assert table.seconds and not CostTable.model().seconds
+    gains = [[1.0, 2.0, 2.5, 2.8, 3.0]] * 16
+    policy, model = BudgetPolicy((4,), table), BudgetPolicy((4,), CostTable.model(knee=16))
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
+    policy.observe(16, 16, 0, 0.0065)  # 0.5 ms over
+    policy.observe(16, 16, 0, 0.0070)  # 1 ms over: the mean moves to 0.75 ms, under a step of 0.6
+    assert policy.excess == {16: pytest.approx(7.5e-4)} and policy.overhead == {16: pytest.approx(5e-4)}
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
+    for p in (policy, model):
+        for _ in range(50):
+            p.observe(16, 16, 0, 0.010)  # `ar` rounds, 4 ms over the table's 6
+            p.observe(16, 80, 16, 0.025)  # tree rounds, 4 ms over its 21
+            p.observe(1, 5, 1, 0.007)  # a slot alone: 1.5 ms under the table's 8.5
+    assert policy.excess[16] == pytest.approx(0.004, abs=1e-4) and policy.excess[1] < 0
+    assert model.excess == model.overhead == {}
+    assert policy.overhead[16] == pytest.approx(0.004, abs=6e-4) and policy.overhead[1] == 0.0
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [4] * 16
+    assert policy.shared(gains, 4) == 4
+    assert policy.overhead_at(12) == policy.overhead[16] and policy.overhead_at(3) == 0.0
+    fast = BudgetPolicy((4,), table)
+    fast.observe(16, 16, 0, 0.003)
+    assert fast.excess[16] < 0 and fast.overhead_at(16) == 0.0
+
+
+def test_verified_trees_scale_the_curves_they_were_picked_by() -> None:
+    """Curves that expect 1 drafted token at budget 4 where trees give 2 (a drafter that
+    understates acceptance at T = 0): with 16 slots and rows dear, such drafts do not pay; once
+    verified trees have shown it (the plain mean of the first, then a running one), every curve's
+    drafted tokens count twice and they do. Trees that give less than expected never scale the
+    curves down (that could keep every slot off speculation, with no tree left to correct it)."""
+    table = CostTable((16, 80), (1.0, 2.0), (1, 16), (0.1, 0.5))  # 16 tokens for 1; 32 or 48 for 2.5
+    gains = [[1.0, 1.5, 1.8, 1.9, 2.0]] * 16
+    policy = BudgetPolicy((4,), table)
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [0] * 16
+    policy.credit(2.0, 3)
+    policy.credit(2.0, 3)
+    assert (policy.promised, policy.verified, policy.scale) == (1.0, 2.0, 2.0)
+    assert policy.calibrated(gains)[0] == [1.0, 2.0, 2.6, 2.8, 3.0]
+    assert policy.choose(gains, [4] * 16, fixed_rows=[], fixed_tokens=0.0) == [4] * 16
+    assert policy.shared(gains, 4) == 4
+    policy.credit(2.0, 2)  # the mean drafted: 1 expected, 5/3 verified; the scale moves (5% steps)
+    assert policy.scale == pytest.approx(5 / 3)
+    policy.credit(2.0, 2)
+    assert policy.scale == pytest.approx(1.5)
+    policy.credit(2.6, 3)  # 1.12 expected, 1.6 verified: 1.43, within a step of 1.5
+    assert policy.verified / policy.promised == pytest.approx(1.6 / 1.12) and policy.scale == pytest.approx(
+        1.5
+    )
+    low = BudgetPolicy((4,), table)
+    for _ in range(10):
+        low.credit(3.0, 1)
+    assert low.verified == 0.0 and low.scale == 1.0
+
+
 def test_probes_grow_rare_while_speculation_does_not_pay() -> None:
     policy = BudgetPolicy((4,), probe_every=8)
     gaps = [0]
@@ -151,6 +226,10 @@ def test_budgets_narrow_under_load_and_tokens_stay_exact(
         return sum(budgets) / len(budgets)
 
     assert mean(batched) < mean(single)
+    # every tree verified went to the policy's calibration (the first 200: their plain mean)
+    drafted = [a for s in single + batched for a, b in zip(s.accepted, s.budgets, strict=True) if b > 0]
+    assert engine.policy is not None and engine.policy.credited == len(drafted) <= 200
+    assert engine.policy.verified == pytest.approx(sum(drafted) / len(drafted))
     # between probes the four ran tree rounds (graphed on CUDA) at the policy's one budget for all
     assert any(n == 4 and 0 < b < 64 for _, n, b, _ in engine.tree_rounds), engine.tree_rounds.keys()
 
@@ -209,3 +288,35 @@ def test_under_load_slots_stop_drafting_then_resume_with_the_drafters_cache_comp
     )
     assert resumed.output_ids == out[before - 1 :]
     assert resumed.accepted_per_round == long.accepted[switch:]
+
+
+def test_a_served_rounds_cost_beyond_a_table_in_seconds_turns_speculation_on(
+    tiny_pair: TinyPair, device: torch.device, dtype: torch.dtype
+) -> None:
+    """A table in seconds, a millionth of what rounds take here, on which drafting does not pay at
+    four slots (rows dear beyond 9): the first probe keeps every slot off speculation, and so does
+    the next round (a probe's cost is not observed); that round costs far more than the table
+    says, a cost per round that rows barely change, so from the next on (no probe yet) all four
+    draft at their budget. Tokens stay each request's own."""
+    alone: Engine = engine_for(tiny_pair, device, dtype, max_context=256)
+    target, drafter = load_pair(tiny_pair.target, tiny_pair.drafter, device, dtype)
+    costs = CostTable((1, 9, 40), (1e-6, 1e-6, 2e-5), (1, 4), (1e-8, 4e-8), seconds=True)
+    policy = BudgetPolicy((8,), costs)
+    engine = BatchEngine(target, drafter, 256, 4, policy=policy)
+    reqs: list[dict[str, Any]] = [
+        {
+            "prompt_ids": [7 + i, 20 + 3 * i, 11],
+            "mode": "ddtree",
+            "budget": 8,
+            "max_new_tokens": 32,
+            "eos_ids": (),
+        }
+        for i in range(4)
+    ]
+    live = decode_together(engine, reqs)
+    assert policy.overhead[4] > 1e-5  # the table's dearest round is 2e-5 s
+    for req, s in zip(reqs, live, strict=True):
+        assert s.result is not None and s.budgets[:2] == [0, 0] and set(s.budgets[2:]) == {8}, s.budgets
+        assert_same_tokens(
+            alone, req["prompt_ids"], alone.generate(**req).output_ids, s.result.output_ids, dtype
+        )
