@@ -12,7 +12,10 @@ measured for, to ``<base>/run/specops-ddtree.costs.json``; ``tuned_settings`` th
 - plan: nothing when the record matches (same command line, same release); else stop our server
   (on a GPU the two would share its memory, on a CPU its cores) and measure; the service step
   after it starts the server again;
-- apply: one foreground command (minutes on a GPU: every batch and budget captures a graph).
+- apply: one foreground command (minutes on a GPU: every batch and budget captures a graph),
+  which the host's ``timeout`` ends at the step's ``timeout``; a failed measurement keeps the
+  table there was (``fab tune`` ignores this step's failure, so its service step starts the
+  server again).
 """
 
 from __future__ import annotations
@@ -90,7 +93,17 @@ def _measure(
     """Run the measurement, then add what it was measured for to the table it wrote."""
     if ctx.progress is not None:
         ctx.progress.note(ctx.host.name, "timing batched rounds for the cost table (minutes on a GPU)")
-    result = conn.run(join(argv), timeout=args["timeout"])
+    limit = args["timeout"]
+    # the host ends it at the limit (a lost connection must not leave it holding the GPU)
+    bounded = ["timeout", "--kill-after=30", f"{limit:g}", *argv]
+    result = conn.run(join(bounded), timeout=limit + 60)
+    if result.exit_code in (124, 137):
+        raise StepFailed(
+            f"the cost table's measurement did not finish within {limit:g} s (fix: raise tune_cost_timeout, "
+            "or time fewer budgets or reps)",
+            command=result.command,
+            stderr=tail(result.stderr or result.stdout, 30),
+        )
     if not result.ok:
         raise StepFailed(
             f"the cost table's measurement exited {result.exit_code}",

@@ -1,10 +1,12 @@
 """`fab tune` on a host that batches with the load policy: the cost table is measured on the host
 (real sshd, the real server on the CPU with the tiny pair), the server restarts reading it, a
-later deploy keeps it, and the table is not measured again while release and settings hold."""
+later deploy keeps it, the table is not measured again while release and settings hold, and a
+measurement cut at its timeout leaves the old table served."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,19 @@ def test_tune_measures_the_cost_table_the_server_then_reads(
     redeploy = deploy(inventory, tmp_path / "redeploy")
     assert redeploy.ok and server_pid(base) == pid and cost_table_flag(base) == str(table_path)
     assert "cost_table" in str(step(redeploy, "h1", "tuned_settings").message)
+
+    # A measurement the host cuts at its timeout fails the step, not the tune: the old table stays,
+    # the server answers again with it, and nothing is left measuring.
+    cut, _ = run_bench_file(
+        REPO_ROOT / "playbooks" / "tune.yaml",
+        inventory=str(inventory),
+        results=str(tmp_path / "cut"),
+        extra_vars={"tune_cost_reps": 2, "tune_cost_timeout": 1},
+        live=False,
+    )
+    costs = step(cut, "h1", "cost_table")
+    assert costs.status == "failed" and costs.ignored and "did not finish within 1 s" in costs.message
+    assert json.loads(table_path.read_text()) == table
+    assert cut.ok and cost_table_flag(base) == str(table_path) and complete(port)["choices"]
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert not [p for p in processes.splitlines() if "cost-table" in p and str(base) in p]
