@@ -367,9 +367,9 @@ class BatchEngine(Engine):
                 if t.live.out.emit(*self._walk(t, r, h, walks.get(id(t)))):
                     finished.append(t.live)
             padded, drafting = len(trees) * max(sizes), sum(t.draft_logits is not None for t in trees)
-        if self.policy is not None and not probe:  # a probe's eager round is the policy's own cost
-            self.policy.observe(len(batch), padded, drafting, time.perf_counter() - start)
         if self.policy is not None:
+            if not probe:  # a probe's eager round is the policy's own cost
+                self.policy.observe(len(batch), padded, drafting, time.perf_counter() - start)
             self._credit(batch, self.policy)
         return finished
 
@@ -744,11 +744,10 @@ class BatchEngine(Engine):
         s.accepted.append(len(drafts))
         return [*drafts, bonus]
 
-    def _entries(self, s: Live, rows: Tensor | None, tokens: list[int]) -> list[TokenLogprob] | None:
+    def _entries(self, s: Live, rows: Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
         """The logprobs `s` asked for of `tokens`, each chosen at its row of the raw logits `rows`."""
         if s.logprobs is None:
             return None
-        assert rows is not None, "a request for logprobs runs rounds that keep their logits"
         ids = torch.tensor(tokens, dtype=torch.int64, device=rows.device)
         values, top_ids = token_logprobs(rows, ids, self.buffers.top_ids.shape[1])
         return as_entries(tokens, values.tolist(), top_ids.tolist(), s.logprobs)
