@@ -115,14 +115,21 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Tokenizer | None) -> list[i
     return tokenizer.prompt_ids(args.prompt)
 
 
-def _engine(
-    args: argparse.Namespace, modes: Sequence[str], budgets: Sequence[int], prompt_len: int
-) -> Engine:
-    device = torch.device(args.device)
+def _device(name: str) -> torch.device:
+    """The device asked for, refused when torch cannot see it; on the CPU, freed memory kept for
+    the next round (`host_memory`)."""
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
     if device.type == "cpu":
         keep_freed_memory()
+    return device
+
+
+def _engine(
+    args: argparse.Namespace, modes: Sequence[str], budgets: Sequence[int], prompt_len: int
+) -> Engine:
+    device = _device(args.device)
     needs_drafter = any(m != "ar" for m in modes)
     if needs_drafter and not args.drafter:
         raise GenerationError("modes dflash and ddtree need --drafter DIR (fix: add it, or use --mode ar)")
@@ -241,11 +248,8 @@ def cost_table(args: argparse.Namespace) -> int:
     for name in ("max_batch", "context", "reps"):
         if getattr(args, name) < 1:
             raise GenerationError(f"--{name.replace('_', '-')} {getattr(args, name)}: at least 1")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GenerationError("--device cuda, but torch sees no CUDA device (fix: --device cpu)")
+    device = _device(args.device)
     if device.type == "cpu":
-        keep_freed_memory()
         torch.set_num_threads(args.threads or default_threads())
     target, drafter = load_pair(args.target, args.drafter, device, getattr(torch, args.dtype))
     assert drafter is not None
