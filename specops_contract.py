@@ -128,6 +128,8 @@ SERVE_DEFAULTS: dict[str, Any] = {
     name: o.default for name, o in SERVE_OPTIONS.items() if o.inventory and o.default is not None
 }
 SERVICE = "specops-ddtree"  # the service (systemd unit) name and the stem of its files under <base>
+# The environment file's keys the server reads as settings: SPECOPS_SERVE_<FLAG> (e.g. ..._MAX_BATCH).
+SERVE_ENV_PREFIX = "SPECOPS_SERVE_"
 
 # ---------------------------------------------------------------- /metrics names (vLLM's)
 # Prometheus text; counters carry a `_total` suffix on the sample line, not on `# TYPE`.

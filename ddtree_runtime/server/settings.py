@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddtree_runtime.loader import default_device, default_dtype, default_threads
-from specops_contract import MODES, SERVE_OPTIONS
-
-ENV_PREFIX = "SPECOPS_SERVE_"
+from specops_contract import MODES, SERVE_ENV_PREFIX, SERVE_OPTIONS
 
 
 class SettingsError(ValueError):
@@ -65,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
     parser.add_argument(
         "--env-file",
-        help=f"KEY=VALUE file (mode 0600) with {ENV_PREFIX}<FLAG> settings; other keys (secrets) are ignored",
+        help=f"KEY=VALUE file (mode 0600) with {SERVE_ENV_PREFIX}<FLAG> settings; other keys (secrets) are ignored",
     )
 
 
@@ -93,11 +91,11 @@ def read_env_file(path: str) -> dict[str, str]:
         key = key.strip()
         if not sep:
             raise SettingsError(f"{path}:{number}: not a KEY=VALUE line (fix: correct or delete that line)")
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(SERVE_ENV_PREFIX):
             continue
-        name = key.removeprefix(ENV_PREFIX).lower()
+        name = key.removeprefix(SERVE_ENV_PREFIX).lower()
         if name not in known:
-            choices = ", ".join(ENV_PREFIX + k.upper() for k in sorted(known))
+            choices = ", ".join(SERVE_ENV_PREFIX + k.upper() for k in sorted(known))
             raise SettingsError(f"{path}:{number}: unknown key {key} (fix: one of {choices})")
         value = value.strip()
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -118,10 +116,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
             given[name] = kind(raw)
         except ValueError:
             raise SettingsError(
-                f"{args.env_file}: {ENV_PREFIX}{name.upper()} is not a valid {kind.__name__} (fix: correct it)"
+                f"{args.env_file}: {SERVE_ENV_PREFIX}{name.upper()} is not a valid {kind.__name__} (fix: correct it)"
             ) from None
     if "target" not in given:
-        raise SettingsError(f"--target is required (fix: pass --target DIR or set {ENV_PREFIX}TARGET)")
+        raise SettingsError(f"--target is required (fix: pass --target DIR or set {SERVE_ENV_PREFIX}TARGET)")
     v = {name: option.default for name, option in SERVE_OPTIONS.items()} | given
     # What the contract leaves to the start: these depend on the machine.
     v["device"] = v["device"] or default_device()

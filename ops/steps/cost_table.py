@@ -35,25 +35,23 @@ from ops.shell import join
 from ops.steps.base import Step, register
 from ops.steps.bench import COMMON_ARGS, int_list
 from ops.steps.command import tail
-from specops_contract import SERVE_OPTIONS, SERVICE
+from specops_contract import SERVE_ENV_PREFIX, SERVE_OPTIONS, SERVICE
 
 if TYPE_CHECKING:
     from ops.api.context import StepContext
     from ops.connection import Connection
 
-ENV = "SPECOPS_SERVE_"
-
 
 def env_setting(serve_env: dict[str, Any], name: str) -> str | None:
     """One of our server's settings as the environment file gives it (``SPECOPS_SERVE_<NAME>``)."""
-    value = serve_env.get(ENV + name.upper())
+    value = serve_env.get(SERVE_ENV_PREFIX + name.upper())
     return None if value is None else str(value).strip()
 
 
 def max_batch(serve_env: dict[str, Any]) -> int:
     raw = env_setting(serve_env, "max_batch") or str(SERVE_OPTIONS["max_batch"].default)
     if not raw.isdigit() or int(raw) < 1:
-        raise StepFailed(f"serve_env {ENV}MAX_BATCH: expected a whole number >= 1, got {raw!r}")
+        raise StepFailed(f"serve_env {SERVE_ENV_PREFIX}MAX_BATCH: expected a whole number >= 1, got {raw!r}")
     return int(raw)
 
 
@@ -147,11 +145,11 @@ class CostTable(Step):
         if system != "ddtree":
             return Plan.noop(f"serve.system is {system}: the cost table is our server's")
         if max_batch(env) < 2:
-            return Plan.noop(f"{ENV}MAX_BATCH is 1: the server decodes one sequence at a time")
+            return Plan.noop(f"{SERVE_ENV_PREFIX}MAX_BATCH is 1: the server decodes one sequence at a time")
         policy = env_setting(env, "budget_policy") or SERVE_OPTIONS["budget_policy"].default
         if policy != "load":
             return Plan.noop(
-                f"the budget policy is {policy}: only {ENV}BUDGET_POLICY=load reads a cost table"
+                f"the budget policy is {policy}: only {SERVE_ENV_PREFIX}BUDGET_POLICY=load reads a cost table"
             )
         if facts["release"] is None:
             raise StepFailed(f"no release is deployed under {args['base']} (fix: run fab deploy first)")
