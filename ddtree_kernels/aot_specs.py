@@ -680,6 +680,7 @@ GDN_C = 2 * GDN_HK * GDN_D + GDN_HV * GDN_D
 GDN_PROJ = GDN_C + GDN_HV * GDN_D + 2 * GDN_HV
 H27, INTER27, HQ27, HKV27, D27 = 5120, 17408, 24, 4, 256
 GDN_BATCH = 16  # sequences of a batched round whose `ar` steps (or trees of one size) are one launch
+GDN_HEADS = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D)  # the DeltaNet kernels' head constexprs
 
 
 def gdn_specs(cc: int) -> list[Spec]:
@@ -727,10 +728,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             q_scale=GDN_D**-0.5,
         )
         constexprs = dict(
-            HK=GDN_HK,
-            HV=GDN_HV,
-            DK=GDN_D,
-            DV=GDN_D,
+            **GDN_HEADS,
             BLOCK_T=block_t,
             BLOCK_D=GDN_D,
             KERNEL=CONV,
@@ -760,7 +758,7 @@ def gdn_specs(cc: int) -> list[Spec]:
         a = _empty(p, GDN_HV, pad, pad)
         inv = _empty(p, GDN_HV, blocks, block_t, block_t)
         r = _empty(p, GDN_HV, pad, GDN_D)
-        shapes = dict(HK=GDN_HK, HV=GDN_HV, DK=GDN_D, DV=GDN_D, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
+        shapes = dict(**GDN_HEADS, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
         case = f"{f'forest P={parts} ' if forest else ''}N={n} {block_t}"
         found.append(
             Spec(
@@ -874,17 +872,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     stride_d=stride["d"],
                     stride_g=stride["g"],
                 ),
-                dict(
-                    HK=GDN_HK,
-                    HV=GDN_HV,
-                    DK=GDN_D,
-                    DV=GDN_D,
-                    DK_PAD=GDN_D,
-                    BLOCK_V=32,
-                    BLOCK_P=16,
-                    PRECISION=0,
-                    BATCHED=parts > 0,
-                ),
+                dict(**GDN_HEADS, DK_PAD=GDN_D, BLOCK_V=32, BLOCK_P=16, PRECISION=0, BATCHED=parts > 0),
                 4,
             )
         )
@@ -973,10 +961,7 @@ def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
             stride_s=quant["stride_s"],
         ),
         dict(
-            HK=GDN_HK,
-            HV=GDN_HV,
-            DK=GDN_D,
-            DV=GDN_D,
+            **GDN_HEADS,
             DK_PAD=GDN_D,
             DV_PAD=GDN_D,
             BATCHED=n > 1,
