@@ -45,10 +45,14 @@ def system_venv(args: dict[str, Any]) -> str:
     return args["serve"].get("venv") or system.venv(args["base"])
 
 
+def serve_device(serve: dict[str, Any], ctx: StepContext) -> str:
+    """Our server's device: ``serve.device``, else the CPU on a ``profile: cpu`` host, else CUDA."""
+    return serve.get("device") or ("cpu" if ctx.vars.get("profile") == "cpu" else "cuda")
+
+
 def serve_context(args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     """The template variables of the service arguments: the inventory's ``serve`` with defaults."""
     serve = {**SERVE_DEFAULTS, **args["serve"]}
-    cpu = ctx.vars.get("profile") == "cpu"
     context = {
         **TEMPLATE_DEFAULTS,
         **serve,
@@ -56,7 +60,7 @@ def serve_context(args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         "target": args["target"],
         "drafter": args["drafter"],
         "env_file": args["env_file"],
-        "device": serve.get("device") or ("cpu" if cpu else "cuda"),
+        "device": serve_device(serve, ctx),
     }
     context.pop("system", None)
     return context

@@ -10,8 +10,9 @@ sets it to the run it measures into), unless the ``run_dir`` argument names one.
 
 ``bench_tune`` sweeps the DDTree budget (``ops/bench/tune.py``) and writes the best to
 ``<base>/run/specops-ddtree.tuned.json``, which ``tuned_settings`` reads back, with the cost table
-the ``cost_table`` step measured (``ops/steps/cost_table.py``), so the service step (``fab tune``,
-and ``fab deploy`` when its playbook includes it) serves the tuned settings.
+the ``cost_table`` step measured (``ops/steps/cost_table.py``) when it was measured for the models
+and settings the server runs now, so the service step (``fab tune``, and ``fab deploy`` when its
+playbook includes it) serves the tuned settings.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ops.bench.session import ServerOutcome, Session, ensure_progress
 from ops.bench.store import completed_cells
 from ops.bench.tune import sweep, tokens_to_sweep, tuned_serve
 from ops.layout import HostLayout
+from ops.service.costs import parse_table, stale_settings, table_settings
 from ops.service.releases import layout_fact
 from ops.service.settings import backend_arg, serve_arg
 from ops.shell import join
@@ -67,6 +69,8 @@ COMMON_ARGS = dict(
     cell_timeout=Arg(float, default=CELL_TIMEOUT_S, help="seconds for one cell's client run"),
     run_dir=Arg(str, help="controller results/<run-id> directory (default: the run's, ctx.run_dir)"),
 )
+
+SERVE_ENV_ARG = Arg(dict, default={}, help="the inventory's serve_env (SPECOPS_SERVE_MAX_BATCH, ...)")
 
 
 def run_dir(args: dict[str, Any], ctx: StepContext) -> Path:
@@ -311,23 +315,51 @@ def tuned_serve_settings(record: dict[str, Any], cost_table: str | None) -> dict
     return serve
 
 
+def checked_cost_table(
+    facts: dict[str, Any], args: dict[str, Any], ctx: StepContext
+) -> tuple[str | None, str]:
+    """The cost table to hand our server, and a note for the step's message: a table measured for
+    other models or settings is left out (the load policy would pick budgets from wrong costs)."""
+    path, measured_for = facts["cost_table"], facts["measured_for"]
+    if path is None or args["serve"].get("system", "ddtree") != "ddtree":
+        return None, ""  # vLLM and SGLang read no cost table
+    if measured_for is None:
+        return path, f"; {path} has no measured_for record: served unchecked"
+    stale = stale_settings(measured_for, table_settings(args, ctx))
+    if stale:
+        return None, f"; {path} left out, it was measured for {', '.join(stale)} (fix: run fab tune)"
+    return path, ""
+
+
 @register
 class TunedSettings(Step):
     name = "tuned_settings"
-    summary = "read the serve settings fab tune chose (register it; {} when never tuned)"
-    args = arguments(base=Arg(str, required=True, help="the host's base directory"))
+    summary = (
+        "read the serve settings fab tune chose, with its cost table while measured for the models and "
+        "settings the server runs (register it; {} when never tuned)"
+    )
+    args = arguments(
+        **{k: COMMON_ARGS[k] for k in ("base", "target", "drafter", "serve")},
+        serve_env=SERVE_ENV_ARG,
+    )
 
     def probe(self, conn, args, ctx):
         layout = HostLayout(args["base"])
         table = layout.cost_table if conn.stat(layout.cost_table) is not None else None
-        return {"tuned": tuned_fact(layout.tuned).gather(conn), "cost_table": table}
+        text = conn.read_bytes(table).decode("utf-8", "replace") if table else ""
+        return {
+            "tuned": tuned_fact(layout.tuned).gather(conn),
+            "cost_table": table,
+            "measured_for": (parse_table(text) or {}).get("measured_for"),
+        }
 
     def plan(self, facts, args, ctx):
-        record, serve = facts["tuned"], tuned_serve_settings(facts["tuned"], facts["cost_table"])
+        record, (table, note) = facts["tuned"], checked_cost_table(facts, args, ctx)
+        serve = tuned_serve_settings(record, table)
         if not serve:
-            return Plan.noop("never tuned: the inventory's serve settings apply", serve={})
+            return Plan.noop(f"never tuned: the inventory's serve settings apply{note}", serve={})
         return Plan.noop(
-            f"tuned {record.get('tuned_at', 'batched round costs only')}: {serve}",
+            f"tuned {record.get('tuned_at', 'batched round costs only')}: {serve}{note}",
             serve=serve,
             tuned_at=record.get("tuned_at"),
         )

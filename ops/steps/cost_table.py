@@ -6,7 +6,8 @@ with the deployed release, checkpoints, device, dtype and ``--max-batch``. This 
 the server batches with the load policy (``SPECOPS_SERVE_MAX_BATCH`` above 1 and
 ``SPECOPS_SERVE_BUDGET_POLICY=load`` in ``serve_env``) and writes the table, with what it was
 measured for, to ``<base>/run/specops-ddtree.costs.json``; ``tuned_settings`` then hands the server
-``--cost-table`` (``fab tune`` restarts it, later ``fab deploy`` runs keep it).
+``--cost-table`` (``fab tune`` restarts it, later ``fab deploy`` runs keep it while the models,
+device, dtype and max batch it was measured for are the server's: ``ops/service/costs.py``).
 
 - probe: the current release, the table's ``measured_for`` record, and where our server runs;
 - plan: nothing when the record matches (same command line, same release); else stop our server
@@ -28,12 +29,13 @@ from ops.api.args import Arg, arguments
 from ops.api.changes import Action, Applied, Plan, StepFailed
 from ops.layout import HostLayout
 from ops.service.backends import stop_ours
-from ops.service.command import serve_context
+from ops.service.command import system_venv
+from ops.service.costs import env_setting, max_batch, parse_table, table_settings
 from ops.service.facts import service_fact
 from ops.service.releases import layout_fact
 from ops.shell import join
 from ops.steps.base import Step, register
-from ops.steps.bench import COMMON_ARGS, int_list
+from ops.steps.bench import COMMON_ARGS, SERVE_ENV_ARG, int_list
 from ops.steps.command import tail
 from specops_contract import SERVE_ENV_PREFIX, SERVE_OPTIONS, SERVICE
 
@@ -42,47 +44,25 @@ if TYPE_CHECKING:
     from ops.connection import Connection
 
 
-def env_setting(serve_env: dict[str, Any], name: str) -> str | None:
-    """One of our server's settings as the environment file gives it (``SPECOPS_SERVE_<NAME>``)."""
-    value = serve_env.get(SERVE_ENV_PREFIX + name.upper())
-    return None if value is None else str(value).strip()
-
-
-def max_batch(serve_env: dict[str, Any]) -> int:
-    raw = env_setting(serve_env, "max_batch") or str(SERVE_OPTIONS["max_batch"].default)
-    if not raw.isdigit() or int(raw) < 1:
-        raise StepFailed(f"serve_env {SERVE_ENV_PREFIX}MAX_BATCH: expected a whole number >= 1, got {raw!r}")
-    return int(raw)
-
-
 def measure_argv(args: dict[str, Any], ctx: StepContext) -> list[str]:
-    """The cost-table command line, with the server's device, dtype and threads (flags from the
-    inventory's ``serve`` win over ``serve_env``, as on the server's own command line)."""
-    context, env = serve_context(args, ctx), args["serve_env"]
+    """The cost-table command line: the server's settings (``table_settings``), what to time, and
+    its CPU threads."""
+    settings, threads = table_settings(args, ctx), env_setting(args["serve_env"], "threads")
     argv = [
-        f"{context['venv']}/bin/python", "-m", "ddtree_runtime", "cost-table",
-        "--target", args["target"],
-        "--drafter", args["drafter"],
-        "--device", context["device"],
-        "--max-batch", str(max_batch(env)),
+        f"{system_venv(args)}/bin/python", "-m", "ddtree_runtime", "cost-table",
+        "--target", settings["--target"],
+        "--drafter", settings["--drafter"],
+        "--device", settings["--device"],
+        "--max-batch", settings["--max-batch"],
         "--budgets", ",".join(map(str, args["budgets"])),
         "--context", str(args["context"]),
         "--reps", str(args["reps"]),
         "--out", HostLayout(args["base"]).cost_table,
     ]  # fmt: skip
-    dtype, threads = context["dtype"] or env_setting(env, "dtype"), env_setting(env, "threads")
-    argv += ["--dtype", dtype] if dtype else []
+    argv += ["--dtype", settings["--dtype"]] if "--dtype" in settings else []
     argv += ["--threads", threads] if threads else []
-    devices = env.get("CUDA_VISIBLE_DEVICES")
+    devices = args["serve_env"].get("CUDA_VISIBLE_DEVICES")
     return ["env", f"CUDA_VISIBLE_DEVICES={devices}", *argv] if devices is not None else argv
-
-
-def parse_table(text: str) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(text) if text.strip() else None
-    except json.JSONDecodeError:
-        return None  # a damaged table is measured again
-    return doc if isinstance(doc, dict) else None
 
 
 def _measure(
@@ -122,7 +102,7 @@ class CostTable(Step):
     summary = "time our server's batched rounds on the host: the cost table --budget-policy load reads"
     args = arguments(
         **{k: COMMON_ARGS[k] for k in ("base", "venv", "target", "drafter", "env_file", "serve")},
-        serve_env=Arg(dict, default={}, help="the inventory's serve_env (SPECOPS_SERVE_MAX_BATCH, ...)"),
+        serve_env=SERVE_ENV_ARG,
         budgets=Arg(int_list, default=[1, 2, 4, 8, 16], help="ddtree budgets to time, two or more"),
         context=Arg(int, default=512, help="prompt tokens of every timed sequence"),
         reps=Arg(int, default=5, help="timed rounds per point (the median counts)"),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import stat
 import sys
@@ -18,6 +19,7 @@ from ops.api.changes import Applied, Plan, StepFailed
 from ops.api.context import StepContext
 from ops.connection import connect
 from ops.hosts import Host
+from ops.layout import HostLayout
 from ops.steps import get_step
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -235,3 +237,29 @@ def test_facts_on_this_machine(local, tmp_path: Path) -> None:
     assert plan.data["cpu"]["count"] == os.cpu_count()
     assert plan.data["python"]["version"].startswith("3.")
     assert plan.data["disk"]["free_gib"] is not None  # base does not exist yet: nearest parent is used
+
+
+def test_tuned_settings_hand_over_a_cost_table_only_for_the_models_it_was_measured_for(
+    local, tmp_path: Path
+) -> None:
+    host, _ = local
+    layout = HostLayout(host.base)
+    Path(layout.run).mkdir(parents=True)
+    Path(layout.tuned).write_text(json.dumps({"serve": {"mode": "ddtree", "budget": 8}, "tuned_at": "t"}))
+    argv = ["python", "-m", "ddtree_runtime", "cost-table", "--target", "/m/t", "--drafter", "/m/d"]
+    argv += ["--device", "cpu", "--max-batch", "4", "--out", layout.cost_table]
+    costs = {"rows": [1, 2], "seconds": [0.1, 0.2], "measured_for": {"argv": argv, "release": "r1"}}
+    Path(layout.cost_table).write_text(json.dumps(costs))
+    args = {"base": host.base, "target": "/m/t", "drafter": "/m/d", "serve": {"device": "cpu"}}
+    args["serve_env"] = {"SPECOPS_SERVE_MAX_BATCH": 4, "SPECOPS_SERVE_BUDGET_POLICY": "load"}
+
+    plan, _ = converge(local, "tuned_settings", args, tmp_path)
+    assert plan.data["serve"] == {"mode": "ddtree", "budget": 8, "cost_table": layout.cost_table}
+
+    plan, _ = converge(local, "tuned_settings", {**args, "drafter": "/m/d2"}, tmp_path)
+    assert plan.data["serve"] == {"mode": "ddtree", "budget": 8}
+    assert f"{layout.cost_table} left out, it was measured for drafter /m/d (now /m/d2)" in plan.reason
+
+    Path(layout.cost_table).write_text(json.dumps({"rows": [1, 2], "seconds": [0.1, 0.2]}))  # by hand
+    plan, _ = converge(local, "tuned_settings", {**args, "drafter": "/m/d2"}, tmp_path)
+    assert plan.data["serve"]["cost_table"] == layout.cost_table and "served unchecked" in plan.reason
