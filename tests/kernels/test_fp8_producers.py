@@ -269,8 +269,10 @@ def test_an_fp8_hybrid_target_on_the_kernels_matches_torch(tmp_path, per_channel
     results = _step_and_verify(model, (TorchBackend(), TritonBackend()))
     # on a GPU the fp8 products accumulate on the tensor cores (test_fp8.WGMMA_FP32_TOL per linear),
     # and the next linear's activation quantization turns those differences into whole e4m3 steps
-    # of a few values, through several layers: 9.8e-3 on the H200 (block 128)
-    assert _rel(results[1], results[0]) < (2e-2 if DEVICE.type == "cuda" else 1e-4)
+    # of a few values, through several layers: 9.8e-3 on the H200 (block 128); on the CPU the two
+    # backends' fp32 sums differ in order only, yet one flipped step gave 1.9e-4 on one machine's
+    # torch build (bit-equal paths are held to equality in test_fp8.py, not here)
+    assert _rel(results[1], results[0]) < (2e-2 if DEVICE.type == "cuda" else 1e-3)
 
 
 class _UnfusedOutputs(TritonBackend):
