@@ -17,7 +17,7 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
 
     python benchmarks/fp8_bench.py [--fmt block|channel] [--shape qwen3-8b|qwen3.6-27b] [--context 4096]
         [--skip-kernels] [--skip-model]
-    python benchmarks/fp8_bench.py --sweep gemm    # fp8_gemm's tile grid at 32-257 rows, best configs
+    python benchmarks/fp8_bench.py --sweep gemm --shape qwen3.6-27b --rows 65,257,4096    # fp8_gemm tiles
     python benchmarks/fp8_bench.py --sweep skinny --shape qwen3.6-27b    # fp8_skinny's grid at T = 1
 
 `--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
@@ -51,10 +51,10 @@ from benchmarks.skinny_matmul_bench import SHAPES, SHAPES_27B, graphed_ms
 from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm, gemm_config
 from ddtree_kernels.fp8_skinny import default_config as fp8_default_config
 from ddtree_kernels.fp8_skinny import fp8_skinny
-from ddtree_kernels.host import num_sms
+from ddtree_kernels.host import QuantizedRows, num_sms
 from ddtree_kernels.skinny_matmul import SkinnyConfig, skinny_matmul
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.fp8 import quantize_weight
+from ddtree_runtime.fp8 import fp8_linear_reference, quantize_weight
 from ddtree_runtime.quant import Fp8Linear
 from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, pass_cost, round_floor_s
 
@@ -140,51 +140,6 @@ def kernel_rows(ceil: Ceilings) -> list[dict]:
     return rows
 
 
-def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...]) -> list[dict]:
-    """`fp8_gemm`'s tile grid at the verify row counts (block 128 x 128, activation quantization
-    included): the best configs per shape and T beside today's choice and cuBLAS bf16."""
-    dev, rows = torch.device("cuda"), []
-    cap = torch.cuda.get_device_capability(dev)
-    grid = [
-        GemmConfig(m, n, w, s)
-        for m in (32, 64, 128)
-        for n in (32, 64, 128, 256)
-        for w in (4, 8)
-        for s in (3, 4, 5)
-        if m * n <= 128 * 128 and not (m == 32 and w == 8)
-    ]
-    for name, (n, k) in shapes.items():
-        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
-        pairs = [quantize_weight(w, (128, 128)) for w in w16]
-        for t in row_counts:
-            x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
-            timed = []
-            for cfg in grid:
-                try:
-                    ms = graphed_ms(
-                        lambda x, i, cfg=cfg, pairs=pairs: fp8_gemm(x, *pairs[i], (128, 128), cfg),
-                        x,
-                        list(range(4)),
-                    )
-                except Exception as exc:  # a tile the shared memory cannot hold
-                    print(f"  {cfg}: {type(exc).__name__}", flush=True)
-                    continue
-                timed.append((ms, cfg))
-            timed.sort(key=lambda p: p[0])
-            default = gemm_config(t, cap)
-            row = {
-                "shape": name, "N": n, "K": k, "T": t,
-                "cublas_bf16_us": round(1e3 * graphed_ms(F.linear, x, w16), 1),
-                "act_quant_us": round(1e3 * graphed_ms(lambda x, i: act_quant(x, 128), x, list(range(4))), 1),
-                "default": [default.block_m, default.block_n, default.num_warps, default.num_stages],
-                "default_us": round(1e3 * next(ms for ms, c in timed if c == default), 1),
-                "best": [[c.block_m, c.block_n, c.num_warps, c.num_stages, round(1e3 * ms, 1)] for ms, c in timed[:5]],
-            }  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    return rows
-
-
 def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dict]:
     """`fp8_skinny`'s grid at T = 1 (block 128 x 128): the best configs per shape beside today's
     choice, as a fraction of the copy ceiling (the kernel only streams the e4m3 weight)."""
@@ -224,6 +179,69 @@ def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dic
         }  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+    return rows
+
+
+def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], bw: float) -> list[dict]:
+    """`fp8_gemm`'s tile grid at T rows (block 128 x 128) on the target's FP8 projections (the
+    drafter stays bf16), the rows quantized beforehand as their producer does: the best configs
+    per shape beside today's choice and cuBLAS bf16, as a fraction of the copy ceiling."""
+    dev, rows = torch.device("cuda"), []
+    cap, sms = torch.cuda.get_device_capability(dev), num_sms(dev)
+    for name, (n, k) in shapes.items():
+        if name.startswith("drafter"):
+            continue
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+        for t in row_counts:
+            default = gemm_config(t, n, k, cap, sms)
+            grid = [
+                GemmConfig(bm, bn, bk, w, s, sk)
+                for bm in sorted({min(128, max(16, 1 << (t - 1).bit_length()))} | ({64} if t > 64 else set()))
+                for bn in (64, 128, 256)
+                for bk in (128, 256)
+                for w in (4, 8)
+                for s in (3, 4)
+                for sk in (1, 2, 4)
+                if (bm + bn) * bk * s <= 200 * 1024
+                and bm * bn // (32 * w) <= 128
+                and (w == 4 or bm * bn >= 128 * 128)  # 8 warps only for tiles that need the registers
+                and k // sk >= bk
+                and not (sk > 1 and t > 128)
+                and (t <= 512 or (bn >= 128 and bk == 128 and w == 8))  # prefill rows: big tiles only
+            ]
+            x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+            q = QuantizedRows(*act_quant(x, 128), 128, x.dtype)
+            want = fp8_linear_reference(q, *pairs[0], (128, 128)).float()
+            timed = []
+            for cfg in [default, *(c for c in grid if c != default)]:
+
+                def call(q, i, cfg=cfg, pairs=pairs):
+                    return fp8_gemm(q, *pairs[i], (128, 128), cfg)
+
+                try:
+                    err = float((call(q, 0).float() - want).norm() / want.norm())
+                    ms = graphed_ms(call, q, list(range(4)))
+                except Exception as exc:  # a tile the shared memory or registers cannot hold
+                    print(f"  {cfg}: {type(exc).__name__}", flush=True)
+                    continue
+                timed.append((ms, cfg, err))
+            default_ms = timed[0][0]
+            timed.sort(key=lambda p: p[0])
+
+            def of_copy(ms: float, nbytes: int = n * k) -> float:
+                return round(nbytes / (ms * 1e-3) / bw, 2)
+
+            row = {
+                "shape": name, "N": n, "K": k, "T": t, "configs": len(timed),
+                "cublas_bf16_us": round(1e3 * graphed_ms(F.linear, x, w16), 1),
+                "default": list(default.__dict__.values()), "default_us": round(1e3 * default_ms, 1),
+                "default_of_copy": of_copy(default_ms),
+                "best": [[*c.__dict__.values(), round(1e3 * ms, 1), of_copy(ms), f"{e:.1e}"]
+                         for ms, c, e in timed[:6]],
+            }  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -328,7 +346,7 @@ def main() -> None:
         choices=["gemm", "skinny"],
         help="only a tile grid: fp8_gemm at verify rows, fp8_skinny at T=1",
     )
-    p.add_argument("--rows", default="32,65,129,257", help="row counts of --sweep gemm")
+    p.add_argument("--rows", default="65,257,4096", help="row counts of --sweep gemm")
     p.add_argument("--json", help="write everything here")
     args = p.parse_args()
     device = torch.device("cuda")
@@ -342,7 +360,8 @@ def main() -> None:
     out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
     shapes = SHAPES if args.shape == "qwen3-8b" else SHAPES_27B
     if args.sweep == "gemm":
-        out["sweep"] = sweep_rows(shapes, tuple(int(t) for t in args.rows.split(",")))
+        rows = tuple(int(t) for t in args.rows.split(","))
+        out["sweep"] = sweep_rows(shapes, rows, ceil.copy_bytes_per_s)
     elif args.sweep == "skinny":
         out["sweep"] = skinny_sweep_rows(shapes, ceil.copy_bytes_per_s)
     elif not args.skip_kernels:

@@ -646,7 +646,7 @@ def _skinny(cc: int, n: int, k: int) -> Spec:
     bf16 = torch.bfloat16
     cfg = skinny_matmul.default_config(n, k, SMS[cc])
     w, xs, out = _empty(n, k, dtype=bf16), _empty(16, k, dtype=bf16), _empty(16, n, dtype=bf16)
-    part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+    part = _empty(cfg.split_k, 1, n) if cfg.split_k > 1 else out
     return Spec(
         "skinny_matmul",
         f"N={n} K={k} {cfg.block_n}x{cfg.block_k} split {cfg.split_k}",
@@ -1042,7 +1042,7 @@ def fp8_specs(cc: int) -> list[Spec]:
         w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))
         xs, out = _empty(16, k, dtype=e4m3), _empty(16, n, dtype=bf16)
         x_scale = _empty(16, 1 if per_row else cdiv(k, block[1]))
-        part = _empty(cfg.split_k, 16, n) if cfg.split_k > 1 else out
+        part = _empty(cfg.split_k, 1, n) if cfg.split_k > 1 else out
         found.append(
             Spec(
                 "fp8_skinny",
@@ -1109,43 +1109,60 @@ def fp8_specs(cc: int) -> list[Spec]:
                 4,
             )
         )
-        cfg = fp8_gemm.gemm_config(rows, (cc // 10, cc % 10))
-        w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))
-        out = _empty(rows, n, dtype=bf16)
-        found.append(
-            Spec(
-                "fp8_gemm",
-                f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}",
-                cc,
-                fp8_gemm._fp8_gemm_kernel,
-                dict(
-                    A=a,
-                    A_SCALE=a_scale,
-                    W=w,
-                    W_SCALE=scale,
-                    OUT=out,
-                    stride_am=k,
-                    stride_as=a_scale.stride(0),
-                    stride_wn=k,
-                    stride_ws=scale.stride(0),
-                    stride_om=n,
-                    n_rows=rows,
-                    n_cols=n,
-                    k_total=k,
-                    block_n=block[0],
-                ),
-                dict(
-                    BLOCK_M=cfg.block_m,
-                    BLOCK_N=cfg.block_n,
-                    BLOCK_K=128 if per_row else block[1],
-                    PER_ROW=per_row,
-                    PRECISION=0,
-                ),
-                cfg.num_warps,
-                cfg.num_stages,
-            )
-        )
+    # the GEMM at a B=64 tree's rows (a 4096-column projection: K split), a B=256 tree's and a prefill's
+    for rows, n, k in ((65, HIDDEN, INTER), (257, 2 * INTER, HIDDEN), (4096, 2 * INTER, HIDDEN)):
+        for block in (FP8_BLOCK, (1, k)) if rows == 257 else (FP8_BLOCK,):
+            found.append(_fp8_gemm_spec(cc, rows, n, k, block))
     return found + fp8_producer_specs(cc)
+
+
+def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -> Spec:
+    """One ``_fp8_gemm_kernel`` launch with the tiles ``gemm_config`` picks for this target."""
+    per_row = block[1] >= k
+    group_k = 128 if per_row else block[1]
+    cfg = fp8_gemm.gemm_config(rows, n, k, (cc // 10, cc % 10), SMS[cc])
+    a, w = _empty(rows, k, dtype=torch.float8_e4m3fn), _empty(n, k, dtype=torch.float8_e4m3fn)
+    a_scale, scale = (
+        _empty(rows, 1 if per_row else cdiv(k, group_k)),
+        _empty(cdiv(n, block[0]), cdiv(k, block[1])),
+    )
+    out = _empty(rows, n, dtype=torch.bfloat16)
+    part = _empty(cfg.split_k, rows, n) if cfg.split_k > 1 else out
+    fmt = "per-channel" if per_row else "block 128"
+    return Spec(
+        "fp8_gemm",
+        f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} "
+        f"s{cfg.num_stages} split {cfg.split_k}",
+        cc,
+        fp8_gemm._fp8_gemm_kernel,
+        dict(
+            X8=TensorDescriptor(a, [rows, k], [k, 1], [cfg.block_m, group_k]),
+            X_SCALE=a_scale,
+            W=TensorDescriptor(w, [n, k], [k, 1], [cfg.block_n, group_k]),
+            W_SCALE=scale,
+            OUT=out,
+            PART=part,
+            stride_xs=a_scale.stride(0),
+            stride_ws=scale.stride(0),
+            stride_ot=n,
+            n_rows=rows,
+            n_cols=n,
+            k_total=k,
+            k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+            block_n=block[0],
+        ),
+        dict(
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_K=group_k,
+            PER_ROW=per_row,
+            SPLIT=cfg.split_k > 1,
+            PRECISION=0,
+        ),
+        cfg.num_warps,
+        cfg.num_stages,
+    )
 
 
 def fp8_producer_specs(cc: int) -> list[Spec]:

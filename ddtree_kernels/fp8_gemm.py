@@ -11,10 +11,13 @@ row when the weight has per-channel scales, ``block_k >= K``):
 
 The inner sums are exact products of e4m3 values accumulated in fp32 by the tensor cores; the
 scales are applied once per group. ``_act_quant_kernel`` writes x8 and s_x (one program per row and
-group); ``_fp8_gemm_kernel`` then tiles ``[BLOCK_M, BLOCK_N]`` of the output and walks K in
-``BLOCK_K = block_k`` steps (groups are tiles), or, with per-row groups, accumulates the whole row
-unscaled and scales once at the end. ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the
-same function for <= 16 rows.
+group); ``_fp8_gemm_kernel`` then tiles ``[BLOCK_M, BLOCK_N]`` of the output and walks K in steps
+of whole groups (or, with per-row groups, accumulates the whole row unscaled and scales once at the
+end). Its e4m3 tiles come through TMA descriptors, which read rows and K past the ends as zeros:
+no per-element masks or addresses (the pointer-loaded kernel before it ran 1.07-1.75x slower at a
+B=64 tree's 65 rows on the H200). When the tiles leave SMs idle (a 5120-column projection at 65
+rows) K is split and ``skinny_matmul``'s second kernel sums the fp32 partials. ``fp8_skinny``
+(ddtree_kernels/fp8_skinny.py) computes the same function for <= 16 rows.
 
 The kernel that produces the activations can quantize them itself (``quantize_row``: the fused
 RMSNorm, SwiGLU and gated norm) and hand both wrappers a ``QuantizedRows``: then no ``act_quant``
@@ -34,9 +37,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
+from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
+from ddtree_kernels.skinny_matmul import _sum_splits_kernel
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
 
@@ -45,8 +50,10 @@ QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row g
 class GemmConfig:
     block_m: int
     block_n: int
+    block_k: int  # K per loop step: whole scale groups (128 with per-channel scales)
     num_warps: int
     num_stages: int
+    split_k: int = 1
 
 
 @triton.jit
@@ -115,60 +122,65 @@ def _act_quant_kernel(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    A,
-    A_SCALE,
+    X8,
+    X_SCALE,
     W,
     W_SCALE,
     OUT,
-    stride_am,
-    stride_as,
-    stride_wn,
+    PART,
+    stride_xs,
     stride_ws,
-    stride_om,
+    stride_ot,
     n_rows,
     n_cols,
     k_total,
+    k_per_split,
     block_n,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUP_K: tl.constexpr,
     PER_ROW: tl.constexpr,
+    SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
+    descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
+    [BLOCK_N, GROUP_K]); a split writes its fp32 partial for ``_sum_splits_kernel``."""
     # programs walk M fastest: the row tiles that share a weight tile run together, so W is read
     # from memory about once
     num_m = tl.cdiv(n_rows, BLOCK_M)
     pid_m = tl.program_id(0) % num_m
     pid_n = tl.program_id(0) // num_m
+    split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     row_ok = rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, k_total, BLOCK_K):
-        kk = k + offs_k
-        k_ok = kk < k_total
-        a = tl.load(
-            A + rows[:, None] * stride_am + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
-        )
-        w = tl.load(
-            W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
-        )
-        if PER_ROW:
-            acc = dot(a, tl.trans(w), PRECISION, acc)
-        else:
-            g = k // BLOCK_K
-            a_s = tl.load(A_SCALE + rows * stride_as + g, mask=row_ok, other=0.0)
-            w_s = tl.load(w_scale_row + g, mask=col_ok, other=0.0)
-            acc += dot(a, tl.trans(w), PRECISION) * a_s[:, None] * w_s[None, :]
+    k0 = split * k_per_split
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
+        for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step
+            kk = k + g * GROUP_K
+            x8 = X8.load([pid_m * BLOCK_M, kk])
+            w = W.load([pid_n * BLOCK_N, kk])
+            if PER_ROW:
+                acc = dot(x8, tl.trans(w), PRECISION, acc)
+            else:
+                # a split's last step may lie past K: read the last group's (finite) scales, x8 is 0
+                group = tl.minimum(kk // GROUP_K, (k_total - 1) // GROUP_K)
+                x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
+                w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
+                acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
     if PER_ROW:
-        a_s = tl.load(A_SCALE + rows * stride_as, mask=row_ok, other=0.0)
-        w_s = tl.load(w_scale_row, mask=col_ok, other=0.0)
-        acc = acc * a_s[:, None] * w_s[None, :]
+        x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
+        acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    tl.store(OUT + rows[:, None] * stride_om + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+    if SPLIT:
+        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
+    else:
+        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
 
 
 def check_fp8_operands(
@@ -218,14 +230,25 @@ def quantized(x: Tensor | QuantizedRows, group: int) -> QuantizedRows:
     return x.checked(group)
 
 
-def gemm_config(rows: int, capability: tuple[int, int] | None) -> GemmConfig:
-    """Tiles by architecture. sm_90/sm_100: 64-row tiles, 64 columns up to 160 rows and 128 past
-    them (H200, verify rows 32-257: 1.3-1.8x faster than 128 x 128 tiles, which leave too few
-    programs to fill 132 SMs; benchmarks/RESULTS.md). sm_120 and elsewhere (99 KB of shared memory):
-    64 x 128 with 8 warps (with 4 the block-scaled tile spills on sm_120, see ARCH.md)."""
+def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, sms: int) -> GemmConfig:
+    """Tiles by architecture and rows, from a sweep on the H200 (benchmarks/RESULTS.md, 2026-12-05):
+    64-row tiles everywhere (a 65-row tree is two; 128-row tiles lost on 4 of 5 Qwen3.6-27B shapes),
+    128 columns and 3 stages for verify rows, 4 stages past 128 rows, 256 columns on 8 warps for
+    prefill rows. K is split (up to 4 ways, >= 1024 of K each) when the tiles leave SMs idle: a
+    5120-column projection at 65 rows is 80 programs on 132 SMs. sm_120 and elsewhere (99 KB of
+    shared memory): 64 x 128 on 8 warps, 3 stages (with 4 warps the block-scaled tile spills there)."""
     if capability is not None and capability[0] in (9, 10):
-        return GemmConfig(64, 64 if rows <= 160 else 128, 4, 4)
-    return GemmConfig(64, 128, 8, 3)
+        if rows >= 1024:
+            return GemmConfig(64, 256, 128, 8, 3)
+        cfg = GemmConfig(64, 128, 128, 4, 3 if rows <= 128 else 4)
+    else:
+        cfg = GemmConfig(64, 128, 128, 8, 3)
+    programs = cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n)
+    split = 1
+    if programs < sms:
+        while programs * split < 2 * sms and split < 4 and k // (split * 2) >= 1024:
+            split *= 2
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split)
 
 
 def fp8_gemm(
@@ -235,38 +258,53 @@ def fp8_gemm(
     block: tuple[int, int],
     config: GemmConfig | None = None,
 ) -> Tensor:
-    """x [T, K] (bf16/fp16/fp32, or already quantized) times the FP8 weight [N, K] transposed:
-    [T, N] in x's dtype."""
+    """x [T, K] (bf16/fp16/fp32, or already quantized; K a multiple of 16, as TMA strides need)
+    times the FP8 weight [N, K] transposed: [T, N] in x's dtype."""
     check_fp8_operands(x, weight, scale, block)
     n, k = weight.shape
+    if k % 16:
+        raise RuntimeError(f"fp8_gemm wants K a multiple of 16 (TMA row strides), got K = {k}")
     per_row = block[1] >= k
+    group_k = 128 if per_row else block[1]
     rows = quantized(x, k if per_row else block[1])
-    a, a_scale = rows.x8, rows.scale
-    t = a.shape[0]
-    cap = torch.cuda.get_device_capability(a.device) if a.device.type == "cuda" else None
-    cfg = config or gemm_config(t, cap)
-    out = torch.empty(t, n, device=a.device, dtype=rows.dtype)
-    _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n),)](
-        a,
-        a_scale,
-        weight,
+    x8, x_scale = rows.x8, rows.scale
+    t = x8.shape[0]
+    cap = torch.cuda.get_device_capability(x8.device) if x8.device.type == "cuda" else None
+    cfg = config or gemm_config(t, n, k, cap, num_sms(x8.device))
+    if cfg.block_k % group_k:
+        raise RuntimeError(
+            f"fp8_gemm steps whole groups: block_k {cfg.block_k} is not a multiple of {group_k}"
+        )
+    out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
+    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k)](
+        TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [cfg.block_m, group_k]),
+        x_scale,
+        TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [cfg.block_n, group_k]),
         scale,
         out,
-        a.stride(0),
-        a_scale.stride(0),
-        weight.stride(0),
+        part,
+        x_scale.stride(0),
         scale.stride(0),
         out.stride(0),
         t,
         n,
         k,
+        k_per_split,
         block[0],
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
-        BLOCK_K=128 if per_row else block[1],
+        BLOCK_K=cfg.block_k,
+        GROUP_K=group_k,
         PER_ROW=per_row,
+        SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if cfg.split_k > 1:
+        _sum_splits_kernel[(t, cdiv(n, 1024))](
+            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
+        )
     return out

@@ -91,7 +91,7 @@ def _fp8_skinny_kernel(
         acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
-        tl.store(PART + split * 16 * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
+        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
     else:
         tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
 
@@ -135,7 +135,7 @@ def fp8_skinny(
     x8, x_scale = rows.x8, rows.scale
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    part = torch.empty(cfg.split_k, 16, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
         x8,
         x_scale,

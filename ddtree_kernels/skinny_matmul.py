@@ -76,7 +76,7 @@ def _skinny_kernel(
         acc = dot(x, tl.trans(w), PRECISION, acc)
     mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT:
-        tl.store(PART + split * 16 * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
+        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
     else:
         tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
 
@@ -88,7 +88,7 @@ def _sum_splits_kernel(PART, OUT, stride_ot, n_rows, n_cols, SPLITS: tl.constexp
     ok = cols < n_cols
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for s in tl.static_range(SPLITS):
-        acc += tl.load(PART + s * 16 * n_cols + row * n_cols + cols, mask=ok, other=0.0)
+        acc += tl.load(PART + s * n_rows * n_cols + row * n_cols + cols, mask=ok, other=0.0)
     tl.store(OUT + row * stride_ot + cols, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
@@ -116,7 +116,7 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
     cfg = config or default_config(n, k, num_sms(x.device))
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    part = torch.empty(cfg.split_k, 16, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = torch.empty(cfg.split_k, t, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
         x,
         weight,

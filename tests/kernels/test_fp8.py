@@ -85,14 +85,21 @@ def test_fp8_skinny(dtype, t, n, k, block, config) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "t, n, k, block",
-    [(17, 256, 256, (128, 128)), (70, 136, 320, (128, 128)), (33, 130, 200, (1, 200))],
+    "t, n, k, block, config",
+    [
+        (17, 256, 256, (128, 128), GemmConfig(32, 64, 128, 4, 2)),
+        # three row tiles, ragged columns, K past its end read as zeros in the last of three splits
+        (70, 136, 320, (128, 128), GemmConfig(32, 64, 128, 4, 2, split_k=3)),
+        (33, 130, 208, (1, 208), GemmConfig(64, 32, 128, 4, 2, split_k=2)),  # per-channel, K split
+        (40, 96, 256, (32, 32), GemmConfig(64, 32, 64, 4, 2)),  # two scale groups a step
+    ],
 )
-def test_fp8_gemm(dtype, t, n, k, block) -> None:
+def test_fp8_gemm(dtype, t, n, k, block, config) -> None:
     x, weight, scale = _operands(t, n, k, block, dtype, seed=t)
-    out = fp8_gemm(x, weight, scale, block, GemmConfig(32, 64, 4, 2))
+    out = fp8_gemm(x, weight, scale, block, config)
     want = fp8_linear_reference(x.float(), weight, scale, block)
-    assert out.shape == (t, n) and out.dtype == dtype and _rel(out, want) < TOL[dtype]
+    tol = WGMMA_FP32_TOL if dtype == torch.float32 and config.block_m >= 64 else TOL[dtype]
+    assert out.shape == (t, n) and out.dtype == dtype and _rel(out, want) < tol
 
 
 def test_the_layout_is_checked() -> None:
@@ -101,6 +108,9 @@ def test_the_layout_is_checked() -> None:
         fp8_gemm(x, weight, scale[:, :0], (128, 128))
     with pytest.raises(RuntimeError, match="T <= 16"):
         fp8_skinny(x.repeat(9, 1), weight, scale, (128, 128))
+    x, weight, scale = _operands(20, 64, 200, (1, 200), torch.float32)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        fp8_gemm(x, weight, scale, (1, 200))
 
 
 def test_the_triton_backend_picks_a_kernel_by_rows_and_matches_the_torch_backend() -> None:

@@ -201,7 +201,7 @@ def test_the_fp8_linears_read_quantized_rows_as_they_quantize_rows(t, block) -> 
     run = (
         (lambda a: fp8_skinny(a, weight, scale, block, split))
         if t <= 16
-        else (lambda a: fp8_gemm(a, weight, scale, block, GemmConfig(32, 64, 4, 2)))
+        else (lambda a: fp8_gemm(a, weight, scale, block, GemmConfig(32, 64, 128, 4, 2)))
     )
     assert _same(run(rows), run(x))
     assert _same(
