@@ -663,7 +663,7 @@ def _skinny(cc: int, n: int, k: int) -> Spec:
             n_rows=1,
             n_cols=n,
             k_total=k,
-            k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+            k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
         ),
         dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
         cfg.num_warps,
@@ -1065,7 +1065,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                     n_rows=1,
                     n_cols=n,
                     k_total=k,
-                    k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+                    k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
                     block_n=block[0],
                 ),
                 dict(
@@ -1148,7 +1148,7 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
             n_rows=rows,
             n_cols=n,
             k_total=k,
-            k_per_split=cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k,
+            k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
             block_n=block[0],
         ),
         dict(

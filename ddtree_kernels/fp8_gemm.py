@@ -41,7 +41,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.skinny_matmul import _sum_splits_kernel
+from ddtree_kernels.skinny_matmul import split_span, sum_splits
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
 
@@ -146,7 +146,7 @@ def _fp8_gemm_kernel(
 ):
     """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
     descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
-    [BLOCK_N, GROUP_K]); a split writes its fp32 partial for ``_sum_splits_kernel``."""
+    [BLOCK_N, GROUP_K]); a split writes its fp32 partial for ``sum_splits``."""
     # programs walk M fastest: the row tiles that share a weight tile run together, so W is read
     # from memory about once
     num_m = tl.cdiv(n_rows, BLOCK_M)
@@ -276,7 +276,7 @@ def fp8_gemm(
             f"fp8_gemm steps whole groups: block_k {cfg.block_k} is not a multiple of {group_k}"
         )
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
-    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k)](
         TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [cfg.block_m, group_k]),
@@ -304,7 +304,5 @@ def fp8_gemm(
         num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
-        _sum_splits_kernel[(t, cdiv(n, 1024))](
-            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
-        )
+        sum_splits(part, out)
     return out

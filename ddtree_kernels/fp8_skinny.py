@@ -29,7 +29,7 @@ from torch import Tensor
 from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
 from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, _sum_splits_kernel
+from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, split_span, sum_splits
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
 
 
@@ -134,7 +134,7 @@ def fp8_skinny(
     rows = quantized(x, k if per_row else block[1])  # once, not in every program (or by x's producer)
     x8, x_scale = rows.x8, rows.scale
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
-    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
         x8,
@@ -163,7 +163,5 @@ def fp8_skinny(
         num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
-        _sum_splits_kernel[(t, cdiv(n, 1024))](
-            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
-        )
+        sum_splits(part, out)
     return out

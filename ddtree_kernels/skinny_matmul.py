@@ -92,6 +92,19 @@ def _sum_splits_kernel(PART, OUT, stride_ot, n_rows, n_cols, SPLITS: tl.constexp
     tl.store(OUT + row * stride_ot + cols, acc.to(OUT.dtype.element_ty), mask=ok)
 
 
+def split_span(k: int, split_k: int, block_k: int) -> int:
+    """K per split program: whole ``block_k`` steps (the last split's range may run past K)."""
+    return cdiv(cdiv(k, split_k), block_k) * block_k
+
+
+def sum_splits(part: Tensor, out: Tensor) -> None:
+    """out [T, N] = the sum of a split kernel's fp32 partials ``part [S, T, N]``, in out's dtype."""
+    splits, t, n = part.shape
+    _sum_splits_kernel[(t, cdiv(n, 1024))](
+        part, out, out.stride(0), t, n, SPLITS=splits, BLOCK=1024, num_warps=4
+    )
+
+
 def default_config(n: int, k: int, sms: int) -> SkinnyConfig:
     """About 1.5 programs per SM (by columns, then by splitting K while each split keeps >= 1024
     of K), 128-wide K steps, never 16-column tiles: a 16 x 128 tile keeps too few bytes in flight
@@ -115,7 +128,7 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
         )
     cfg = config or default_config(n, k, num_sms(x.device))
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
-    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
     _skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
         x,
@@ -137,7 +150,5 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
         num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
-        _sum_splits_kernel[(t, cdiv(n, 1024))](
-            part, out, out.stride(0), t, n, SPLITS=cfg.split_k, BLOCK=1024, num_warps=4
-        )
+        sum_splits(part, out)
     return out
