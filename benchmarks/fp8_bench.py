@@ -67,10 +67,15 @@ LEFT_IN_BF16 = ("in_proj_a", "in_proj_b")  # the hybrid's small DeltaNet project
 def quantize_linears(model: nn.Module, fmt: str) -> int:
     """Every linear of the decoder layers (fused or not) as an Fp8Linear in `fmt`, in place; the
     embeddings, LM head and what FP8 exports leave in bf16 stay. Returns the count."""
-    done = 0
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or not name.startswith("layers.") or name.endswith(LEFT_IN_BF16):
-            continue
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.startswith("layers.") and not name.endswith(LEFT_IN_BF16)
+    ]
+    # by name, one module at a time: each bf16 weight is freed as its FP8 one lands (a list of the
+    # modules would keep all 54 GB of the 27B's alive beside the FP8 copies: too much for 80 GB)
+    for name in names:
+        module = model.get_submodule(name)
         block = BLOCKS[fmt] or (1, module.in_features)
         weight, scale = quantize_weight(module.weight.detach(), block)
         with torch.device("meta"):
@@ -81,9 +86,8 @@ def quantize_linears(model: nn.Module, fmt: str) -> int:
             fp8.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
         parent, _, child = name.rpartition(".")
         model.get_submodule(parent).register_module(child, fp8)
-        done += 1
     torch.cuda.empty_cache()
-    return done
+    return len(names)
 
 
 def fp8_matmul_rate(device: torch.device) -> float:

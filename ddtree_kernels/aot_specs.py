@@ -1109,8 +1109,15 @@ def fp8_specs(cc: int) -> list[Spec]:
                 4,
             )
         )
-    # the GEMM at a B=64 tree's rows (a 4096-column projection: K split), a B=256 tree's and a prefill's
-    for rows, n, k in ((65, HIDDEN, INTER), (257, 2 * INTER, HIDDEN), (4096, 2 * INTER, HIDDEN)):
+    # the GEMM at a B=64 tree's rows (a 4096-column projection: K split; a 16384-column one: one wave
+    # of wide tiles), a B=256 tree's and a prefill's
+    shapes = (
+        (65, HIDDEN, INTER),
+        (65, 4 * HIDDEN, HIDDEN),
+        (257, 2 * INTER, HIDDEN),
+        (4096, 2 * INTER, HIDDEN),
+    )
+    for rows, n, k in shapes:
         for block in (FP8_BLOCK, (1, k)) if rows == 257 else (FP8_BLOCK,):
             found.append(_fp8_gemm_spec(cc, rows, n, k, block))
     return found + fp8_producer_specs(cc)
