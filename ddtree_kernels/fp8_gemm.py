@@ -54,6 +54,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1
+    warp_specialize: bool = False  # Triton's producer/consumer warp groups for the K loop (sm_90+)
 
 
 @triton.jit
@@ -143,6 +144,7 @@ def _fp8_gemm_kernel(
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
     descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
@@ -160,7 +162,7 @@ def _fp8_gemm_kernel(
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
-    for k in range(k0, k0 + k_per_split, BLOCK_K):
+    for k in tl.range(k0, k0 + k_per_split, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step
             kk = k + g * GROUP_K
             x8 = X8.load([pid_m * BLOCK_M, kk])
@@ -304,6 +306,7 @@ def fp8_gemm(
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
+        WARP_SPECIALIZE=cfg.warp_specialize,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
