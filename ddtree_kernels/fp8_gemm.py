@@ -238,8 +238,9 @@ def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, s
     128 columns and 3 stages for verify rows, 4 stages past 128 rows, 256 columns on 8 warps for
     prefill rows, and for verify rows where 256-column tiles fit the SMs in one wave and 128-column
     ones need more than one (the 27B's gdn_in and attn_qkv at 65 rows: 1.08-1.15x faster on the
-    H200, 2026-12-05; best of the configs tried on the H100, 2026-12-06). K is split (up to 4 ways, >= 1024 of K each) when the tiles leave SMs idle: a
-    5120-column projection at 65 rows is 80 programs on 132 SMs. sm_120 and elsewhere (99 KB of
+    H200, 2026-12-05; best of the configs tried on the H100, 2026-12-06). K is split (up to 4 ways,
+    >= 1024 of K each) when the tiles leave SMs idle: a 5120-column projection at 65 rows is 80
+    programs on 132 SMs. sm_120 and elsewhere (99 KB of
     shared memory): 64 x 128 on 8 warps, 3 stages (with 4 warps the block-scaled tile spills there)."""
     if capability is not None and capability[0] in (9, 10):
         if rows >= 1024:
