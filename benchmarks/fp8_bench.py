@@ -207,7 +207,7 @@ def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], 
                 for w in (4, 8)
                 for s in (3, 4)
                 for sk in (1, 2, 4)
-                for ws in ((False, True) if w == 4 and cap[0] == 9 else (False,))  # 4-warp loops only split
+                for ws in ((False, True) if w == 4 and cap[0] == 9 else (False,))  # 8 warps: no change
                 if (bm + bn) * bk * s <= 200 * 1024
                 and bm * bn // (32 * w) <= 128
                 and (w == 4 or bm * bn >= 128 * 128)  # 8 warps only for tiles that need the registers

@@ -240,13 +240,13 @@ def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, s
     ones need more than one (the 27B's gdn_in and attn_qkv at 65 rows: 1.08-1.15x faster on the
     H200, 2026-12-05; best of the configs tried on the H100, 2026-12-06). K is split (up to 4 ways,
     >= 1024 of K each) when the tiles leave SMs idle: a 5120-column projection at 65 rows is 80
-    programs on 132 SMs. sm_120 and elsewhere (99 KB of
-    shared memory): 64 x 128 on 8 warps, 3 stages (with 4 warps the block-scaled tile spills there)."""
+    programs on 132 SMs. sm_120 and elsewhere (99 KB of shared memory): 64 x 128 on 8 warps, 3
+    stages (with 4 warps the block-scaled tile spills there)."""
     if capability is not None and capability[0] in (9, 10):
         if rows >= 1024:
             return GemmConfig(64, 256, 128, 8, 3)
         if rows <= 128 and cdiv(rows, 64) * cdiv(n, 128) > sms >= cdiv(rows, 64) * cdiv(n, 256):
-            return GemmConfig(64, 256, 128, 8, 4)  # one wave of wide tiles, not ~2 waves of narrow ones
+            return GemmConfig(64, 256, 128, 8, 4)  # one wave, unsplit: as measured
         cfg = GemmConfig(64, 128, 128, 4, 3 if rows <= 128 else 4)
     else:
         cfg = GemmConfig(64, 128, 128, 8, 3)
