@@ -29,6 +29,7 @@ from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
 
 QUANT_CHUNK = 1024  # columns per program of a chunked quantized norm
+CHUNKED_ROWS = 512  # up to a tree's verify rows a quantized norm is chunked; prefill rows fill the SMs whole
 
 
 @triton.jit
@@ -109,9 +110,11 @@ def _launch(
     t, h = x.shape
     block = next_pow2(h)
     group = rows.group if rows is not None and rows.group < h else block  # >= H: one group, the row
-    # a few rows of a quantized norm: the row in chunks over several programs (one program quantizing
-    # a 5120-wide row took 6.4 µs on the H200, twice the plain norm); whole groups, whole rows else
-    chunk = min(block, max(group, QUANT_CHUNK)) if rows is not None and t <= 16 and group < block else block
+    # decode and verify rows of a quantized norm: the row in chunks over several programs (one program
+    # quantizing a 5120-wide row took 6.4 µs on the H200, twice the plain norm, and a 65-row tree's
+    # 65 programs 6.6 µs on the H100); whole groups, whole rows else
+    chunked = rows is not None and t <= CHUNKED_ROWS and group < block
+    chunk = min(block, max(group, QUANT_CHUNK)) if chunked else block
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     res = residual if residual is not None else x
