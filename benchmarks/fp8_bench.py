@@ -200,14 +200,13 @@ def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], 
         for t in row_counts:
             default = gemm_config(t, n, k, cap, sms)
             grid = [
-                GemmConfig(bm, bn, bk, w, s, sk, ws)
+                GemmConfig(bm, bn, bk, w, s, sk)
                 for bm in sorted({min(128, max(16, 1 << (t - 1).bit_length()))} | ({64} if t > 64 else set()))
                 for bn in (64, 128, 256)
                 for bk in (128, 256)
                 for w in (4, 8)
                 for s in (3, 4)
                 for sk in (1, 2, 4)
-                for ws in ((False, True) if w == 4 and cap[0] == 9 else (False,))  # 8 warps: no change
                 if (bm + bn) * bk * s <= 200 * 1024
                 and bm * bn // (32 * w) <= 128
                 and (w == 4 or bm * bn >= 128 * 128)  # 8 warps only for tiles that need the registers

@@ -1166,7 +1166,6 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
             PER_ROW=per_row,
             SPLIT=cfg.split_k > 1,
             PRECISION=0,
-            WARP_SPECIALIZE=cfg.warp_specialize,
         ),
         cfg.num_warps,
         cfg.num_stages,

@@ -16,8 +16,12 @@ of whole groups (or, with per-row groups, accumulates the whole row unscaled and
 end). Its e4m3 tiles come through TMA descriptors, which read rows and K past the ends as zeros:
 no per-element masks or addresses (the pointer-loaded kernel before it ran 1.07-1.75x slower at a
 B=64 tree's 65 rows on the H200). When the tiles leave SMs idle (a 5120-column projection at 65
-rows) K is split and ``skinny_matmul``'s second kernel sums the fp32 partials. ``fp8_skinny``
-(ddtree_kernels/fp8_skinny.py) computes the same function for <= 16 rows.
+rows) K is split and ``skinny_matmul``'s second kernel sums the fp32 partials. Triton's warp
+specialization of the K loop (producer/consumer warp groups, so that the scaling need not wait on
+each step's product) did not pay on the H100: with Triton 3.6 it failed to compile or never
+returned, with Triton 3.9 it ran 1.4-1.6x slower on every 4-warp tile (benchmarks/RESULTS.md,
+2026-12-06). ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the same function for <= 16
+rows.
 
 The kernel that produces the activations can quantize them itself (``quantize_row``: the fused
 RMSNorm, SwiGLU and gated norm) and hand both wrappers a ``QuantizedRows``: then no ``act_quant``
@@ -54,7 +58,6 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1
-    warp_specialize: bool = False  # Triton's producer/consumer warp groups for the K loop (sm_90+)
 
 
 @triton.jit
@@ -144,7 +147,6 @@ def _fp8_gemm_kernel(
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
     descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
@@ -162,7 +164,7 @@ def _fp8_gemm_kernel(
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
-    for k in tl.range(k0, k0 + k_per_split, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step
             kk = k + g * GROUP_K
             x8 = X8.load([pid_m * BLOCK_M, kk])
@@ -307,7 +309,6 @@ def fp8_gemm(
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
-        WARP_SPECIALIZE=cfg.warp_specialize,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
