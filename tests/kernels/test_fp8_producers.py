@@ -16,7 +16,7 @@ from ddtree_kernels.fp8_skinny import fp8_skinny
 from ddtree_kernels.gated_rms_norm import gated_norm_fits, gated_rms_norm, gated_rms_norm_fp8
 from ddtree_kernels.gdn_step import gdn_step_fits
 from ddtree_kernels.host import QuantizedRows
-from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
+from ddtree_kernels.rms_norm import CHUNKED_ROWS, rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
 from ddtree_kernels.skinny_matmul import SkinnyConfig
 from ddtree_runtime.backend import Backend, TorchBackend
@@ -57,7 +57,8 @@ def _assert_quantized_as_reference(rows: QuantizedRows, produced: torch.Tensor, 
         (5, 300, True, False, 128),
         (3, 96, True, True, 32),
         (4, 200, True, True, 200),
-        (2, 2600, True, False, 128),  # decode rows: the row in QUANT_CHUNK chunks, the last ragged
+        (2, 2600, True, False, 128),  # decode and verify rows: the row in QUANT_CHUNK chunks, the last ragged
+        (CHUNKED_ROWS + 1, 1300, True, False, 128),  # prefill rows: a wide row whole in one program
     ],
 )
 def test_rms_norm_fp8(dtype, rows, hidden, residual, scale_fp32, group) -> None:
