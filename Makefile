@@ -37,8 +37,10 @@ sshd:
 	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || \
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server)
 
-# pytest with extra arguments; its exit 5 (no test collected) fails too.
-pytest = $(BIN)/python -m pytest -q -p no:cacheprovider $(1); rc=$$?; \
+# pytest with extra arguments, on every core up to 4 (pytest-xdist), a test module to a worker so that its
+# fixtures are built once: on 2 cores the suite takes ~15 min instead of ~22. Its exit 5 (no test
+# collected) fails too.
+pytest = $(BIN)/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadscope $(1); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
 test: venv sshd lint
