@@ -19,6 +19,7 @@ target's `ar` step, verify pass and ddtree round against the FP8 floor (issue 23
         [--skip-kernels] [--skip-model]
     python benchmarks/fp8_bench.py --sweep gemm --shape qwen3.6-27b --rows 65,257,4096    # fp8_gemm tiles
     python benchmarks/fp8_bench.py --sweep skinny --shape qwen3.6-27b    # fp8_skinny's grid at T = 1
+    python benchmarks/fp8_bench.py --sweep cublas --shape qwen3.6-27b --rows 17,65,257,4096    # cuBLAS block-scaled
 
 `--shape qwen3.6-27b` takes the hybrid Qwen3.6-27B shapes instead (`roofline.SHAPES`). Several
 minutes of GPU time in all.
@@ -48,6 +49,7 @@ from benchmarks.roofline import (
 )
 from benchmarks.roofline import SHAPES as MODEL_SHAPES
 from benchmarks.skinny_matmul_bench import SHAPES, SHAPES_27B, graphed_ms
+from ddtree_kernels import fp8_cublas
 from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm, gemm_config
 from ddtree_kernels.fp8_skinny import default_config as fp8_default_config
 from ddtree_kernels.fp8_skinny import fp8_skinny
@@ -249,6 +251,43 @@ def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], 
     return rows
 
 
+def cublas_sweep_rows(
+    shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], bw: float
+) -> list[dict]:
+    """`fp8_cublas` (the block-scaled recipe through cuBLAS, padding included) beside `fp8_gemm` and
+    cuBLAS bf16 at verify and prefill rows, rows quantized beforehand as their producer does: graphed
+    µs, TFLOP/s and the error against the reference."""
+    dev, rows = torch.device("cuda"), []
+    for name, (n, k) in shapes.items():
+        if name.startswith("drafter"):
+            continue
+        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+        for t in row_counts:
+            x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+            q = QuantizedRows(*act_quant(x, 128), 128, x.dtype)
+            want = fp8_linear_reference(q, *pairs[0], (128, 128)).float()
+            row: dict = {"shape": name, "N": n, "K": k, "T": t}
+            calls = {
+                "fp8_gemm": lambda q, i, pairs=pairs: fp8_gemm(q, *pairs[i], (128, 128)),
+                "fp8_cublas": lambda q, i, pairs=pairs: fp8_cublas.fp8_cublas(q, *pairs[i]),
+            }
+            for key, call in calls.items():
+                try:
+                    err = float((call(q, 0).float() - want).norm() / want.norm())
+                    ms = graphed_ms(call, q, list(range(4)))
+                except RuntimeError as exc:  # a shape cuBLAS refuses
+                    row[key] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    continue
+                row[key] = [round(1e3 * ms, 1), round(2 * t * n * k / ms / 1e9), f"{err:.1e}"]
+            ms = graphed_ms(F.linear, x, w16)
+            row["cublas_bf16"] = [round(1e3 * ms, 1), round(2 * t * n * k / ms / 1e9)]
+            row["fp8_floor_us"] = round(n * k / bw * 1e6, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) -> float:
     """One target pass over `rows` new rows (`roofline.pass_cost`, dense or hybrid) with its decoder
     matmul weights at 1 byte and their FLOPs at the FP8 rate; LM head, embeddings, KV cache and
@@ -292,6 +331,7 @@ def rtx_projection(rows: list[dict], tcfg, dcfg, context: int) -> list[dict]:
 
 def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: int, new_tokens: int) -> dict:
     device = torch.device("cuda")
+    cublas_off = sys.maxsize == fp8_cublas.MIN_ROWS
     target, drafter = random_pair(shape, device, torch.bfloat16, small=False)
     count = quantize_linears(target, fmt)
     weights = sum(t.numel() * t.element_size() for t in target.parameters())
@@ -317,6 +357,7 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: i
     summary = {
         "fmt": fmt,
         "shape": shape,
+        "cublas_verify_rows": fmt == "block" and fp8_cublas.cublas_takes(device) and not cublas_off,
         "fp8_linears": count,
         "target_weight_gib": round(weights / 2**30, 2),
         "context": context,
@@ -347,12 +388,17 @@ def main() -> None:
     p.add_argument("--skip-model", action="store_true")
     p.add_argument(
         "--sweep",
-        choices=["gemm", "skinny"],
-        help="only a tile grid: fp8_gemm at verify rows, fp8_skinny at T=1",
+        choices=["gemm", "skinny", "cublas"],
+        help="only a tile grid: fp8_gemm at verify rows, fp8_skinny at T=1; or fp8_cublas beside fp8_gemm",
     )
-    p.add_argument("--rows", default="65,257,4096", help="row counts of --sweep gemm")
+    p.add_argument("--rows", default="65,257,4096", help="row counts of --sweep gemm and cublas")
     p.add_argument("--json", help="write everything here")
+    p.add_argument(
+        "--no-cublas", action="store_true", help="verify rows on fp8_gemm even where cuBLAS serves"
+    )
     args = p.parse_args()
+    if args.no_cublas:
+        fp8_cublas.MIN_ROWS = sys.maxsize
     device = torch.device("cuda")
     ceil = measure_ceilings(device)
     fp8_rate = fp8_matmul_rate(device)
@@ -366,6 +412,9 @@ def main() -> None:
     if args.sweep == "gemm":
         rows = tuple(int(t) for t in args.rows.split(","))
         out["sweep"] = sweep_rows(shapes, rows, ceil.copy_bytes_per_s)
+    elif args.sweep == "cublas":
+        rows = tuple(int(t) for t in args.rows.split(","))
+        out["sweep"] = cublas_sweep_rows(shapes, rows, ceil.copy_bytes_per_s)
     elif args.sweep == "skinny":
         out["sweep"] = skinny_sweep_rows(shapes, ceil.copy_bytes_per_s)
     elif not args.skip_kernels:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
+from ddtree_kernels import fp8_cublas
 from ddtree_kernels.attention_gate import attention_gate, attention_gate_fits, attention_gate_fp8
 from ddtree_kernels.fp8_gemm import fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
@@ -135,12 +136,14 @@ class TritonBackend:
         x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor, block: tuple[int, int]
     ) -> Tensor:
         """An FP8 target's linear (of rows, or of rows their producer quantized): the skinny kernel
-        for a few rows, else the block-scaled GEMM; the dequantized reference on GPUs without FP8
-        tensor cores (sm_80)."""
+        for a few rows, else the block-scaled GEMM (cuBLAS's for big bf16 trees and prefills where
+        it takes Qwen's blocks); the dequantized reference on GPUs without FP8 tensor cores (sm_80)."""
         if not fp8_tensor_cores(weight.device):
             return fp8_linear_reference(x, weight, scale, block)
         if x.shape[0] <= MAX_ROWS:
             return fp8_skinny(x, weight, scale, block)
+        if fp8_cublas.serves(x, weight, block):
+            return fp8_cublas.fp8_cublas(x, weight, scale)
         return fp8_gemm(x, weight, scale, block)
 
     qk_rope = staticmethod(qk_rope)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddtree_kernels.fp8_cublas import cublas_takes, fp8_cublas
 from ddtree_kernels.fp8_gemm import GemmConfig, act_quant, fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
+from ddtree_kernels.host import QuantizedRows
 from ddtree_kernels.skinny_matmul import SkinnyConfig
 from ddtree_runtime.fp8 import act_quant_reference, dequantize_weight, fp8_linear_reference, quantize_weight
 from tests.kernels.trees import DEVICE
@@ -101,6 +103,19 @@ def test_fp8_gemm(dtype, t, n, k, block, config) -> None:
     want = fp8_linear_reference(x.float(), weight, scale, block)
     tol = WGMMA_FP32_TOL if dtype == torch.float32 and config.block_m >= 64 else TOL[dtype]
     assert out.shape == (t, n) and out.dtype == dtype and _rel(out, want) < tol
+
+
+@pytest.mark.skipif(not cublas_takes(DEVICE), reason="cuBLAS's block-scaled FP8 GEMM needs a Hopper GPU")
+@pytest.mark.parametrize("t", [17, 65, 257, 272])
+def test_cublas_block_scaled_gemm_is_the_reference(t: int) -> None:
+    """The recipe through cuBLAS, on 128 x 128 blocks with ragged last ones, from rows or from rows
+    their producer quantized."""
+    x, weight, scale = _operands(t, 272, 512, (128, 128), torch.bfloat16, seed=t)
+    want = fp8_linear_reference(x.float(), weight, scale, (128, 128))
+    out = fp8_cublas(x, weight, scale)
+    assert out.shape == (t, 272) and out.dtype == torch.bfloat16 and _rel(out, want) < TOL[torch.bfloat16]
+    rows = QuantizedRows(*act_quant(x, 128), 128, torch.bfloat16)
+    assert torch.equal(fp8_cublas(rows, weight, scale), out)
 
 
 def test_the_layout_is_checked() -> None:
