@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -188,17 +189,25 @@ def skinny_sweep_rows(shapes: dict[str, tuple[int, int]], bw: float) -> list[dic
     return rows
 
 
+def target_weights(
+    shapes: dict[str, tuple[int, int]],
+) -> Iterator[tuple[str, int, int, list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]]:
+    """For each of the target's FP8 projections (the drafter stays bf16): its name, N, K, four bf16
+    weights on the GPU (together past the L2) and their 128 x 128-block FP8 quantizations."""
+    for name, (n, k) in shapes.items():
+        if name.startswith("drafter"):
+            continue
+        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
+        yield name, n, k, w16, [quantize_weight(w, (128, 128)) for w in w16]
+
+
 def sweep_rows(shapes: dict[str, tuple[int, int]], row_counts: tuple[int, ...], bw: float) -> list[dict]:
     """`fp8_gemm`'s tile grid at T rows (block 128 x 128) on the target's FP8 projections (the
     drafter stays bf16), the rows quantized beforehand as their producer does: the best configs
     per shape beside today's choice and cuBLAS bf16, as a fraction of the copy ceiling."""
     dev, rows = torch.device("cuda"), []
     cap, sms = torch.cuda.get_device_capability(dev), num_sms(dev)
-    for name, (n, k) in shapes.items():
-        if name.startswith("drafter"):
-            continue
-        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
-        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+    for name, n, k, w16, pairs in target_weights(shapes):
         for t in row_counts:
             default = gemm_config(t, n, k, cap, sms)
             grid = [
@@ -258,11 +267,7 @@ def cublas_sweep_rows(
     cuBLAS bf16 at verify and prefill rows, rows quantized beforehand as their producer does: graphed
     µs, TFLOP/s and the error against the reference."""
     dev, rows = torch.device("cuda"), []
-    for name, (n, k) in shapes.items():
-        if name.startswith("drafter"):
-            continue
-        w16 = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k**-0.5 for _ in range(4)]
-        pairs = [quantize_weight(w, (128, 128)) for w in w16]
+    for name, n, k, w16, pairs in target_weights(shapes):
         for t in row_counts:
             x = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
             q = QuantizedRows(*act_quant(x, 128), 128, x.dtype)
