@@ -10,7 +10,7 @@ scales are handed over M-major, the weight scales transposed as a view.
 On the H100 it ran the Qwen3.6-27B projections 1.4-1.6x faster than ``fp8_gemm`` at 257 rows and
 1.5x at 4096 (0.88-0.91 of the FP8 tensor rate); at 65 rows neither won (benchmarks/RESULTS.md,
 2026-12-06), so trees of up to 128 rows stay on ``fp8_gemm``. What cuBLAS takes, found there: rows
-in multiples of 16 (a verify tree's 2^k + 1 rows go in with zero rows after them), K in whole groups
+in multiples of 16 (a verify tree's 2^k + 1 rows go in with unused rows after them), K in whole groups
 of four 128-column blocks, no fast accumulation, and torch offers the recipe on Hopper only (sm_90).
 Elsewhere ``fp8_gemm`` serves.
 """
@@ -66,12 +66,13 @@ def fp8_cublas(x: Tensor | QuantizedRows, weight: Tensor, scale: Tensor) -> Tens
     rows = quantized(x, BLOCK[1])
     t, k = rows.x8.shape
     padded = cdiv(t, ROW_MULTIPLE) * ROW_MULTIPLE
+    # the rows past T stay unwritten: each output row reads only its own row of x8 and of the
+    # scales, and those past T are cut off the result
     x8 = rows.x8
     if padded != t:
         x8 = torch.empty(padded, k, device=x8.device, dtype=x8.dtype)
         x8[:t].copy_(rows.x8)
-        x8.view(torch.uint8)[t:].zero_()
-    x_scale = torch.ones(rows.scale.shape[1], padded, device=x8.device).t()  # M-major, as cuBLAS reads it
+    x_scale = torch.empty(rows.scale.shape[1], padded, device=x8.device).t()  # M-major, as cuBLAS reads it
     x_scale[:t].copy_(rows.scale)
     out = F.scaled_mm(
         x8,
