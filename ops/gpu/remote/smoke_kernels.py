@@ -7,7 +7,7 @@ Small shapes, but the attention cases reach every tile choice of the device's ro
 ``ddtree_kernels/arch.py`` (decode, small, large and the separate tail launch). Prints one JSON object:
 ``{"skipped": why}`` without a CUDA device (unless TRITON_INTERPRET=1), else the device, its
 row and one entry per kernel: name, config, max error and tolerance, or the error. The FP8 cases
-run where the GPU has FP8 tensor cores (sm_89 and newer).
+run where the GPU has FP8 tensor cores (sm_89 and newer), cuBLAS's block-scaled one on Hopper.
 """
 
 import json
@@ -199,8 +199,9 @@ FP8_CASES = [
 ]
 
 
-def run_fp8(entry, k, torch, device, rows, per_channel):
-    """An FP8 target's linear against the dequantized reference (128 x 128 blocks, or per channel)."""
+def run_fp8(entry, k, torch, device, rows, per_channel, cublas=False):
+    """An FP8 target's linear against the dequantized reference (128 x 128 blocks, or per channel);
+    `cublas`: through cuBLAS's block-scaled GEMM, which big trees and prefills take on Hopper."""
     g, ref = k["fp8_gemm"], k["fp8_reference"]
     gen = torch.Generator().manual_seed(rows)
     n, cols = 384, 512
@@ -208,9 +209,13 @@ def run_fp8(entry, k, torch, device, rows, per_channel):
     weight, scale = ref.quantize_weight(torch.randn(n, cols, generator=gen) * cols**-0.5, block)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     x = torch.randn(rows, cols, generator=gen).to(dtype)
-    run = k["fp8_skinny"].fp8_skinny if rows <= 16 else g.fp8_gemm
     entry["config"] = f"{rows} x {cols} by {n}, block {block[0]}x{block[1]}"
-    out = run(x.to(device), weight.to(device), scale.to(device), block)
+    x_d, weight_d, scale_d = x.to(device), weight.to(device), scale.to(device)
+    if cublas:
+        out = k["fp8_cublas"].fp8_cublas(x_d, weight_d, scale_d)
+    else:
+        run = k["fp8_skinny"].fp8_skinny if rows <= 16 else g.fp8_gemm
+        out = run(x_d, weight_d, scale_d, block)
     want = ref.fp8_linear_reference(x.float(), weight, scale, block)
     err = float(((out.float().cpu() - want).norm() / want.norm()).item())
     entry["max_error"], entry["tolerance"] = err, 2e-2 if dtype == torch.bfloat16 else 1e-5
@@ -300,6 +305,7 @@ def import_kernels(tmp):
             "gdn_step",
             "fp8_gemm",
             "fp8_skinny",
+            "fp8_cublas",
             "fp8_reference",
             "rms_norm",
             "silu_mul",
@@ -337,6 +343,8 @@ def run_kernels(k, torch, device):
             (f"fp8 {p} + quantize", lambda e, p=p: run_fp8_producer(e, k, torch, device, p))
             for p in ("rms_norm", "silu_mul")
         ]
+    if k["fp8_cublas"].cublas_takes(device):  # a Hopper GPU: a 257-node tree's rows (padded to 272)
+        cases.append(("fp8 cublas block", lambda e: run_fp8(e, k, torch, device, 257, False, cublas=True)))
     kernels = []
     for name, run in cases:
         entry = {"name": name}
