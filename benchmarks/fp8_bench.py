@@ -414,11 +414,10 @@ def main() -> None:
     )
     out = {"copy_tb_s": ceil.copy_bytes_per_s / 1e12, "fp8_tflop_s": fp8_rate / 1e12}
     shapes = SHAPES if args.shape == "qwen3-8b" else SHAPES_27B
+    rows = tuple(int(t) for t in args.rows.split(","))
     if args.sweep == "gemm":
-        rows = tuple(int(t) for t in args.rows.split(","))
         out["sweep"] = sweep_rows(shapes, rows, ceil.copy_bytes_per_s)
     elif args.sweep == "cublas":
-        rows = tuple(int(t) for t in args.rows.split(","))
         out["sweep"] = cublas_sweep_rows(shapes, rows, ceil.copy_bytes_per_s)
     elif args.sweep == "skinny":
         out["sweep"] = skinny_sweep_rows(shapes, ceil.copy_bytes_per_s)

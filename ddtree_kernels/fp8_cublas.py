@@ -17,6 +17,8 @@ Elsewhere ``fp8_gemm`` serves.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -30,9 +32,10 @@ ROW_MULTIPLE = 16  # cuBLAS refuses other row counts (CUBLAS_STATUS_NOT_SUPPORTE
 K_MULTIPLE = 512  # its weight scales come in whole groups of four K blocks
 
 
+@functools.cache
 def cublas_takes(device: torch.device) -> bool:
     """Whether cuBLAS runs the block-scaled recipe here: a Hopper GPU, CUDA 12.9 or newer, and a
-    torch with ``F.scaled_mm``."""
+    torch with ``F.scaled_mm`` (once per device: every big FP8 linear asks)."""
     cuda = tuple(int(v) for v in (torch.version.cuda or "0.0").split(".")[:2])
     return (
         device.type == "cuda"
