@@ -33,6 +33,7 @@ from ddtree_kernels import (
     rms_norm,
     silu_mul,
     skinny_matmul,
+    split_k,
     tree_attention,
     tree_build,
     tree_walk,
@@ -657,13 +658,14 @@ def _skinny(cc: int, n: int, k: int) -> Spec:
             W=w,
             OUT=out,
             PART=part,
+            COUNTS=_empty(split_k.MAX_TILES, dtype=torch.int32),
             stride_xt=k,
             stride_wn=k,
             stride_ot=n,
             n_rows=1,
             n_cols=n,
             k_total=k,
-            k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
+            k_per_split=split_k.split_span(k, cfg.split_k, cfg.block_k),
         ),
         dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
         cfg.num_warps,
@@ -1057,6 +1059,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                     W_SCALE=scale,
                     OUT=out,
                     PART=part,
+                    COUNTS=_empty(split_k.MAX_TILES, dtype=torch.int32),
                     stride_xt=k,
                     stride_xs=x_scale.stride(0),
                     stride_wn=k,
@@ -1065,7 +1068,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                     n_rows=1,
                     n_cols=n,
                     k_total=k,
-                    k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
+                    k_per_split=split_k.split_span(k, cfg.split_k, cfg.block_k),
                     block_n=block[0],
                 ),
                 dict(
@@ -1136,26 +1139,29 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
     out = _empty(rows, n, dtype=torch.bfloat16)
     part = _empty(cfg.split_k, rows, n) if cfg.split_k > 1 else out
     fmt = "per-channel" if per_row else "block 128"
+    tail = fp8_gemm.has_tail(rows, cfg.block_m)
     return Spec(
         "fp8_gemm",
-        f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} "
-        f"s{cfg.num_stages} split {cfg.split_k}",
+        f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' +tail' if tail else ''} "
+        f"w{cfg.num_warps} s{cfg.num_stages} split {cfg.split_k}",
         cc,
         fp8_gemm._fp8_gemm_kernel,
         dict(
             X8=TensorDescriptor(a, [rows, k], [k, 1], [cfg.block_m, group_k]),
+            X8_TAIL=TensorDescriptor(a, [rows, k], [k, 1], [fp8_gemm.TAIL_ROWS, group_k]),
             X_SCALE=a_scale,
             W=TensorDescriptor(w, [n, k], [k, 1], [cfg.block_n, group_k]),
             W_SCALE=scale,
             OUT=out,
             PART=part,
+            COUNTS=_empty(split_k.MAX_TILES, dtype=torch.int32),
             stride_xs=a_scale.stride(0),
             stride_ws=scale.stride(0),
             stride_ot=n,
             n_rows=rows,
             n_cols=n,
             k_total=k,
-            k_per_split=skinny_matmul.split_span(k, cfg.split_k, cfg.block_k),
+            k_per_split=split_k.split_span(k, cfg.split_k, cfg.block_k),
             block_n=block[0],
         ),
         dict(
@@ -1165,6 +1171,7 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
             GROUP_K=group_k,
             PER_ROW=per_row,
             SPLIT=cfg.split_k > 1,
+            TAIL=tail,
             PRECISION=0,
         ),
         cfg.num_warps,

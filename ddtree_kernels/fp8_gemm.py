@@ -16,7 +16,7 @@ of whole groups (or, with per-row groups, accumulates the whole row unscaled and
 end). Its e4m3 tiles come through TMA descriptors, which read rows and K past the ends as zeros:
 no per-element masks or addresses (the pointer-loaded kernel before it ran 1.07-1.75x slower at a
 B=64 tree's 65 rows on the H200). When the tiles leave SMs idle (a 5120-column projection at 65
-rows) K is split and ``skinny_matmul``'s second kernel sums the fp32 partials. Triton's warp
+rows) K is split and each tile's last split sums the fp32 partials (``split_k.py``). Triton's warp
 specialization of the K loop (producer/consumer warp groups, so that the scaling need not wait on
 each step's product) did not pay on the H100: with Triton 3.6 it failed to compile or never
 returned, with Triton 3.9 it ran 1.4-1.6x slower on every 4-warp tile (benchmarks/RESULTS.md,
@@ -45,9 +45,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.skinny_matmul import split_span, sum_splits
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
+TAIL_ROWS = 16  # rows past one row tile that its programs also take (the smallest tl.dot tile)
 
 
 @dataclass(frozen=True)
@@ -125,13 +126,23 @@ def _act_quant_kernel(
 
 
 @triton.jit
+def _scaled_dot(x8, w, x_scale, row_ok, w_s, PRECISION: tl.constexpr):
+    """One scale group's product of an x tile and a weight tile, scaled by its rows' scales (at
+    ``x_scale``) and its columns' ``w_s``."""
+    x_s = tl.load(x_scale, mask=row_ok, other=0.0)
+    return dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     X8,
+    X8_TAIL,
     X_SCALE,
     W,
     W_SCALE,
     OUT,
     PART,
+    COUNTS,
     stride_xs,
     stride_ws,
     stride_ot,
@@ -146,23 +157,29 @@ def _fp8_gemm_kernel(
     GROUP_K: tl.constexpr,
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
+    TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
     descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
-    [BLOCK_N, GROUP_K]); a split writes its fp32 partial for ``sum_splits``."""
+    [BLOCK_N, GROUP_K]); a split's partial is summed by the tile's last split (``split_k.store_tile``).
+    TAIL: the rows are one row tile and up to 16 more (X8_TAIL's [16, GROUP_K] boxes), both products
+    taken from each weight tile as it arrives."""
     # programs walk M fastest: the row tiles that share a weight tile run together, so W is read
     # from memory about once
-    num_m = tl.cdiv(n_rows, BLOCK_M)
+    num_m = 1 if TAIL else tl.cdiv(n_rows, BLOCK_M)
     pid_m = tl.program_id(0) % num_m
     pid_n = tl.program_id(0) // num_m
     split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tail_rows = BLOCK_M + tl.arange(0, 16)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
+    tail_ok = tail_rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    tail_acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step
@@ -171,20 +188,28 @@ def _fp8_gemm_kernel(
             w = W.load([pid_n * BLOCK_N, kk])
             if PER_ROW:
                 acc = dot(x8, tl.trans(w), PRECISION, acc)
+                if TAIL:
+                    tail_acc = dot(X8_TAIL.load([BLOCK_M, kk]), tl.trans(w), PRECISION, tail_acc)
             else:
                 # a split's last step may lie past K: read the last group's (finite) scales, x8 is 0
                 group = tl.minimum(kk // GROUP_K, (k_total - 1) // GROUP_K)
-                x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
                 w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
-                acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
+                acc += _scaled_dot(x8, w, X_SCALE + rows * stride_xs + group, row_ok, w_s, PRECISION)
+                if TAIL:
+                    tail_x8 = X8_TAIL.load([BLOCK_M, kk])
+                    tail_scale = X_SCALE + tail_rows * stride_xs + group
+                    tail_acc += _scaled_dot(tail_x8, w, tail_scale, tail_ok, w_s, PRECISION)
     if PER_ROW:
-        x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
-        acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
+        w_s = tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
+        acc = acc * tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)[:, None] * w_s
+        tail_acc = tail_acc * tl.load(X_SCALE + tail_rows * stride_xs, mask=tail_ok, other=0.0)[:, None] * w_s
+    tile = tl.program_id(0)
     mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT:
-        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
-    else:
-        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+    store_tile(acc, OUT, PART, COUNTS, tile, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
+    if TAIL:  # the tail's arrival counts follow the main tiles'
+        mask = tail_ok[:, None] & col_ok[None, :]
+        tile += tl.num_programs(0)
+        store_tile(tail_acc, OUT, PART, COUNTS, tile, tail_rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
 
 
 def check_fp8_operands(
@@ -234,6 +259,13 @@ def quantized(x: Tensor | QuantizedRows, group: int) -> QuantizedRows:
     return x.checked(group)
 
 
+def has_tail(rows: int, block_m: int) -> bool:
+    """Whether rows are one ``block_m`` tile and a few more (a 65-row tree on 64-row tiles): its
+    programs then take the last rows as a 16-row product of the same weight tiles, instead of a
+    second row tile of 64 that would repeat the whole product for one row."""
+    return block_m < rows <= block_m + TAIL_ROWS
+
+
 def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, sms: int) -> GemmConfig:
     """Tiles by architecture and rows, from a sweep on the H200 (benchmarks/RESULTS.md, 2026-12-05):
     64-row tiles everywhere (a 65-row tree is two; 128-row tiles lost on 4 of 5 Qwen3.6-27B shapes),
@@ -244,15 +276,16 @@ def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, s
     >= 1024 of K each) when the tiles leave SMs idle: a 5120-column projection at 65 rows is 80
     programs on 132 SMs. sm_120 and elsewhere (99 KB of shared memory): 64 x 128 on 8 warps, 3
     stages (with 4 warps the block-scaled tile spills there)."""
+    row_tiles = 1 if has_tail(rows, 64) else cdiv(rows, 64)
     if capability is not None and capability[0] in (9, 10):
         if rows >= 1024:
             return GemmConfig(64, 256, 128, 8, 3)
-        if rows <= 128 and cdiv(rows, 64) * cdiv(n, 128) > sms >= cdiv(rows, 64) * cdiv(n, 256):
+        if rows <= 128 and row_tiles * cdiv(n, 128) > sms >= row_tiles * cdiv(n, 256):
             return GemmConfig(64, 256, 128, 8, 4)  # one wave, unsplit: as measured
         cfg = GemmConfig(64, 128, 128, 4, 3 if rows <= 128 else 4)
     else:
         cfg = GemmConfig(64, 128, 128, 8, 3)
-    programs = cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n)
+    programs = row_tiles * cdiv(n, cfg.block_n)
     split = 1
     if programs < sms:
         while programs * split < 2 * sms and split < 4 and k // (split * 2) >= 1024:
@@ -287,13 +320,18 @@ def fp8_gemm(
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
-    _fp8_gemm_kernel[(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k)](
+    tail = has_tail(t, cfg.block_m)
+    tiles = (1 if tail else cdiv(t, cfg.block_m)) * cdiv(n, cfg.block_n)
+    checked_tiles(2 * tiles if tail else tiles, cfg.split_k)
+    _fp8_gemm_kernel[(tiles, cfg.split_k)](
         TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [cfg.block_m, group_k]),
+        TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [TAIL_ROWS, group_k]),
         x_scale,
         TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [cfg.block_n, group_k]),
         scale,
         out,
         part,
+        arrival_counts(x8.device),
         x_scale.stride(0),
         scale.stride(0),
         out.stride(0),
@@ -308,10 +346,9 @@ def fp8_gemm(
         GROUP_K=group_k,
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
+        TAIL=tail,
         PRECISION=dot_precision(torch.float8_e4m3fn),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        sum_splits(part, out)
     return out

@@ -15,7 +15,7 @@ per-channel weight scales), not in every program: quantizing x in
 registers in each of the ~300 programs cost 5-20x the weight stream on the H200. The fp8 tile
 product accumulates in fp32 and is scaled by the row's and the block's scales once per group, so
 the result is the GEMM's. When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
-whose fp32 partials ``skinny_matmul``'s second kernel sums. Its reference is
+whose fp32 partials the last of them sums (``ddtree_kernels/split_k.py``). Its reference is
 ``ddtree_runtime/fp8.py``'s ``fp8_linear_reference``.
 """
 
@@ -29,8 +29,9 @@ from torch import Tensor
 from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
 from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig, split_span, sum_splits
+from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
 
 
 @triton.jit
@@ -41,6 +42,7 @@ def _fp8_skinny_kernel(
     W_SCALE,
     OUT,
     PART,
+    COUNTS,
     stride_xt,
     stride_xs,
     stride_wn,
@@ -90,10 +92,7 @@ def _fp8_skinny_kernel(
         x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
         acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT:
-        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
-    else:
-        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
+    store_tile(acc, OUT, PART, COUNTS, pid_n, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
 
 
 def default_config(n: int, k: int, block_k: int, sms: int) -> SkinnyConfig:
@@ -136,13 +135,14 @@ def fp8_skinny(
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
-    _fp8_skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
+    _fp8_skinny_kernel[(checked_tiles(cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         x8,
         x_scale,
         weight,
         scale,
         out,
         part,
+        arrival_counts(x8.device),
         x8.stride(0),
         x_scale.stride(0),
         weight.stride(0),
@@ -162,6 +162,4 @@ def fp8_skinny(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        sum_splits(part, out)
     return out

@@ -7,8 +7,8 @@ those projections are ~95% of a decode step's bytes, so their efficiency is the 
 program owns ``BLOCK_N`` output columns and walks K in ``BLOCK_K`` steps, pipelined: each step
 loads a ``[BLOCK_N, BLOCK_K]`` tile of W (contiguous along K) and the ``[16, BLOCK_K]`` tile of x
 (rows past T masked to zero), and accumulates ``x_tile @ W_tile.T`` in fp32 on the tensor cores.
-When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs whose fp32 partials a
-second small kernel sums. No program rereads a byte of W. The reference is
+When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
+(``ddtree_kernels/split_k.py``: the last split of a tile sums their fp32 partials). No program rereads a byte of W. The reference is
 ``ddtree_runtime.backend.TorchBackend.linear`` (``F.linear``).
 """
 
@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ddtree_kernels.host import cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
 
 MAX_ROWS = 16  # one tl.dot tile of rows; more rows are a GEMM's job
 SKINNY_MAX_N = 65536  # wider (an LM head) streams at ~95% through cuBLAS already
@@ -43,6 +44,7 @@ def _skinny_kernel(
     W,
     OUT,
     PART,
+    COUNTS,
     stride_xt,
     stride_wn,
     stride_ot,
@@ -75,34 +77,7 @@ def _skinny_kernel(
         )
         acc = dot(x, tl.trans(w), PRECISION, acc)
     mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT:
-        tl.store(PART + split * n_rows * n_cols + rows[:, None] * n_cols + cols[None, :], acc, mask=mask)
-    else:
-        tl.store(OUT + rows[:, None] * stride_ot + cols[None, :], acc.to(OUT.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _sum_splits_kernel(PART, OUT, stride_ot, n_rows, n_cols, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < n_cols
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(PART + s * n_rows * n_cols + row * n_cols + cols, mask=ok, other=0.0)
-    tl.store(OUT + row * stride_ot + cols, acc.to(OUT.dtype.element_ty), mask=ok)
-
-
-def split_span(k: int, split_k: int, block_k: int) -> int:
-    """K per split program: whole ``block_k`` steps (the last split's range may run past K)."""
-    return cdiv(cdiv(k, split_k), block_k) * block_k
-
-
-def sum_splits(part: Tensor, out: Tensor) -> None:
-    """out [T, N] = the sum of a split kernel's fp32 partials ``part [S, T, N]``, in out's dtype."""
-    splits, t, n = part.shape
-    _sum_splits_kernel[(t, cdiv(n, 1024))](
-        part, out, out.stride(0), t, n, SPLITS=splits, BLOCK=1024, num_warps=4
-    )
+    store_tile(acc, OUT, PART, COUNTS, pid_n, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
 
 
 def default_config(n: int, k: int, sms: int) -> SkinnyConfig:
@@ -130,11 +105,12 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
-    _skinny_kernel[(cdiv(n, cfg.block_n), cfg.split_k)](
+    _skinny_kernel[(checked_tiles(cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         x,
         weight,
         out,
         part,
+        arrival_counts(x.device),
         x.stride(0),
         weight.stride(0),
         out.stride(0),
@@ -149,6 +125,4 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
-        sum_splits(part, out)
     return out

@@ -1,0 +1,72 @@
+"""Split-K for the linears: K cut across programs, whose fp32 partials the last one to finish sums.
+
+When a projection's output columns alone cannot fill the GPU (decode rows of a 4096-column
+``o_proj``, a 65-row tree through a 5120-column GEMM), its K range is split across programs
+(``skinny_matmul``, ``fp8_skinny``, ``fp8_gemm``), each writing an fp32 partial. A second kernel
+used to sum them: in an 8B `ar` step that was 108 extra launches, 1.3 µs each graphed on the H200
+(benchmarks/RESULTS.md). Now each split stores its partial and bumps its output tile's arrival
+count; the split that arrives last reads all partials back, in split order (so the sum does not
+depend on which split finished last), writes the output and re-arms the count to zero for the next
+launch or graph replay. The counts live in one zeroed int32 buffer per device: a device's linears
+run one after another on one stream, so no two launches hold a count at once.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ddtree_kernels.host import cdiv
+
+MAX_TILES = 8192  # output tiles of one split launch (the default configs split only below ~3 programs an SM)
+
+
+def split_span(k: int, split_k: int, block_k: int) -> int:
+    """K per split program: whole ``block_k`` steps (the last split's range may run past K)."""
+    return cdiv(cdiv(k, split_k), block_k) * block_k
+
+
+@cache
+def arrival_counts(device: torch.device) -> Tensor:
+    """The device's zeroed per-tile arrival counts, made once, before any graph capture (a count
+    made inside a capture would live in that graph's memory pool)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "split-K arrival counts must be made before a CUDA graph capture: run the launch once eagerly"
+        )
+    return torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+
+
+def checked_tiles(tiles: int, split_k: int) -> int:
+    """The launch's output tile count, if its splits' arrival counts fit the buffer."""
+    if split_k > 1 and tiles > MAX_TILES:
+        raise RuntimeError(f"a split-K launch of {tiles} output tiles exceeds the {MAX_TILES} arrival counts")
+    return tiles
+
+
+@triton.jit
+def store_tile(
+    acc, OUT, PART, COUNTS, tile, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT: tl.constexpr
+):
+    """Write an fp32 tile ``acc`` [rows, cols] of the output: directly, or (SPLIT) as this split's
+    partial, the tile's last split summing them all into OUT."""
+    out = OUT + rows[:, None] * stride_ot + cols[None, :]
+    if SPLIT:
+        part = PART + rows[:, None] * n_cols + cols[None, :]
+        split_stride = n_rows * n_cols
+        tl.store(part + tl.program_id(1) * split_stride, acc, mask=mask)
+        tl.debug_barrier()  # every thread's partial is written before the count (a release) says so
+        splits = tl.num_programs(1)
+        if tl.atomic_add(COUNTS + tile, 1) == splits - 1:  # acquire: the other partials are visible
+            total = tl.zeros_like(acc)
+            for s in range(0, splits):
+                # .cg: from L2, where the other SMs' partials are, never a stale L1 line
+                total += tl.load(part + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out, total.to(OUT.dtype.element_ty), mask=mask)
+            tl.store(COUNTS + tile, 0)
+    else:
+        tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask)
