@@ -1139,16 +1139,14 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
     out = _empty(rows, n, dtype=torch.bfloat16)
     part = _empty(cfg.split_k, rows, n) if cfg.split_k > 1 else out
     fmt = "per-channel" if per_row else "block 128"
-    tail = fp8_gemm.has_tail(rows, cfg.block_m)
     return Spec(
         "fp8_gemm",
-        f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}{' +tail' if tail else ''} "
-        f"w{cfg.num_warps} s{cfg.num_stages} split {cfg.split_k}",
+        f"T={rows} N={n} K={k} {fmt} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} "
+        f"s{cfg.num_stages} split {cfg.split_k}",
         cc,
         fp8_gemm._fp8_gemm_kernel,
         dict(
             X8=TensorDescriptor(a, [rows, k], [k, 1], [cfg.block_m, group_k]),
-            X8_TAIL=TensorDescriptor(a, [rows, k], [k, 1], [fp8_gemm.TAIL_ROWS, group_k]),
             X_SCALE=a_scale,
             W=TensorDescriptor(w, [n, k], [k, 1], [cfg.block_n, group_k]),
             W_SCALE=scale,
@@ -1171,7 +1169,6 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
             GROUP_K=group_k,
             PER_ROW=per_row,
             SPLIT=cfg.split_k > 1,
-            TAIL=tail,
             PRECISION=0,
         ),
         cfg.num_warps,

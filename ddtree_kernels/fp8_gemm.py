@@ -48,7 +48,6 @@ from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
-TAIL_ROWS = 16  # rows past one row tile that its programs also take (the smallest tl.dot tile)
 
 
 @dataclass(frozen=True)
@@ -126,17 +125,8 @@ def _act_quant_kernel(
 
 
 @triton.jit
-def _scaled_dot(x8, w, x_scale, row_ok, w_s, PRECISION: tl.constexpr):
-    """One scale group's product of an x tile and a weight tile, scaled by its rows' scales (at
-    ``x_scale``) and its columns' ``w_s``."""
-    x_s = tl.load(x_scale, mask=row_ok, other=0.0)
-    return dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
-
-
-@triton.jit
 def _fp8_gemm_kernel(
     X8,
-    X8_TAIL,
     X_SCALE,
     W,
     W_SCALE,
@@ -157,29 +147,23 @@ def _fp8_gemm_kernel(
     GROUP_K: tl.constexpr,
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
-    TAIL: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One [BLOCK_M, BLOCK_N] output tile over this program's K range, its e4m3 tiles fetched by TMA
     descriptors (X8 in [BLOCK_M, GROUP_K] boxes, rows and columns past the ends read as zeros; W in
-    [BLOCK_N, GROUP_K]); a split's partial is summed by the tile's last split (``split_k.store_tile``).
-    TAIL: the rows are one row tile and up to 16 more (X8_TAIL's [16, GROUP_K] boxes), both products
-    taken from each weight tile as it arrives."""
+    [BLOCK_N, GROUP_K]); a split's partial is summed by the tile's last split (``split_k.store_tile``)."""
     # programs walk M fastest: the row tiles that share a weight tile run together, so W is read
     # from memory about once
-    num_m = 1 if TAIL else tl.cdiv(n_rows, BLOCK_M)
+    num_m = tl.cdiv(n_rows, BLOCK_M)
     pid_m = tl.program_id(0) % num_m
     pid_n = tl.program_id(0) // num_m
     split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tail_rows = BLOCK_M + tl.arange(0, 16)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
-    tail_ok = tail_rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    tail_acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step
@@ -188,28 +172,17 @@ def _fp8_gemm_kernel(
             w = W.load([pid_n * BLOCK_N, kk])
             if PER_ROW:
                 acc = dot(x8, tl.trans(w), PRECISION, acc)
-                if TAIL:
-                    tail_acc = dot(X8_TAIL.load([BLOCK_M, kk]), tl.trans(w), PRECISION, tail_acc)
             else:
                 # a split's last step may lie past K: read the last group's (finite) scales, x8 is 0
                 group = tl.minimum(kk // GROUP_K, (k_total - 1) // GROUP_K)
+                x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
                 w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
-                acc += _scaled_dot(x8, w, X_SCALE + rows * stride_xs + group, row_ok, w_s, PRECISION)
-                if TAIL:
-                    tail_x8 = X8_TAIL.load([BLOCK_M, kk])
-                    tail_scale = X_SCALE + tail_rows * stride_xs + group
-                    tail_acc += _scaled_dot(tail_x8, w, tail_scale, tail_ok, w_s, PRECISION)
+                acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
     if PER_ROW:
-        w_s = tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
-        acc = acc * tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)[:, None] * w_s
-        tail_acc = tail_acc * tl.load(X_SCALE + tail_rows * stride_xs, mask=tail_ok, other=0.0)[:, None] * w_s
-    tile = tl.program_id(0)
+        x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
+        acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
     mask = row_ok[:, None] & col_ok[None, :]
-    store_tile(acc, OUT, PART, COUNTS, tile, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
-    if TAIL:  # the tail's arrival counts follow the main tiles'
-        mask = tail_ok[:, None] & col_ok[None, :]
-        tile += tl.num_programs(0)
-        store_tile(tail_acc, OUT, PART, COUNTS, tile, tail_rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
+    store_tile(acc, OUT, PART, COUNTS, tl.program_id(0), rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
 
 
 def check_fp8_operands(
@@ -259,16 +232,11 @@ def quantized(x: Tensor | QuantizedRows, group: int) -> QuantizedRows:
     return x.checked(group)
 
 
-def has_tail(rows: int, block_m: int) -> bool:
-    """Whether rows are one ``block_m`` tile and a few more (a 65-row tree on 64-row tiles): its
-    programs then take the last rows as a 16-row product of the same weight tiles, instead of a
-    second row tile of 64 that would repeat the whole product for one row."""
-    return block_m < rows <= block_m + TAIL_ROWS
-
-
 def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, sms: int) -> GemmConfig:
     """Tiles by architecture and rows, from a sweep on the H200 (benchmarks/RESULTS.md, 2026-12-05):
-    64-row tiles everywhere (a 65-row tree is two; 128-row tiles lost on 4 of 5 Qwen3.6-27B shapes),
+    64-row tiles everywhere (a 65-row tree is two; 128-row tiles lost on 4 of 5 Qwen3.6-27B shapes,
+    and so did one program taking the 65th row beside its 64 from the same weight tiles: 1.22-1.25x
+    slower on the H200, 2026-12-06),
     128 columns and 3 stages for verify rows, 4 stages past 128 rows, 256 columns on 8 warps for
     prefill rows, and for verify rows where 256-column tiles fit the SMs in one wave and 128-column
     ones need more than one (the 27B's gdn_in and attn_qkv at 65 rows: 1.08-1.15x faster on the
@@ -276,16 +244,15 @@ def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, s
     >= 1024 of K each) when the tiles leave SMs idle: a 5120-column projection at 65 rows is 80
     programs on 132 SMs. sm_120 and elsewhere (99 KB of shared memory): 64 x 128 on 8 warps, 3
     stages (with 4 warps the block-scaled tile spills there)."""
-    row_tiles = 1 if has_tail(rows, 64) else cdiv(rows, 64)
     if capability is not None and capability[0] in (9, 10):
         if rows >= 1024:
             return GemmConfig(64, 256, 128, 8, 3)
-        if rows <= 128 and row_tiles * cdiv(n, 128) > sms >= row_tiles * cdiv(n, 256):
+        if rows <= 128 and cdiv(rows, 64) * cdiv(n, 128) > sms >= cdiv(rows, 64) * cdiv(n, 256):
             return GemmConfig(64, 256, 128, 8, 4)  # one wave, unsplit: as measured
         cfg = GemmConfig(64, 128, 128, 4, 3 if rows <= 128 else 4)
     else:
         cfg = GemmConfig(64, 128, 128, 8, 3)
-    programs = row_tiles * cdiv(n, cfg.block_n)
+    programs = cdiv(rows, cfg.block_m) * cdiv(n, cfg.block_n)
     split = 1
     if programs < sms:
         while programs * split < 2 * sms and split < 4 and k // (split * 2) >= 1024:
@@ -320,12 +287,8 @@ def fp8_gemm(
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
     part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
-    tail = has_tail(t, cfg.block_m)
-    tiles = (1 if tail else cdiv(t, cfg.block_m)) * cdiv(n, cfg.block_n)
-    checked_tiles(2 * tiles if tail else tiles, cfg.split_k)
-    _fp8_gemm_kernel[(tiles, cfg.split_k)](
+    _fp8_gemm_kernel[(checked_tiles(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [cfg.block_m, group_k]),
-        TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [TAIL_ROWS, group_k]),
         x_scale,
         TensorDescriptor(weight, [n, k], [weight.stride(0), 1], [cfg.block_n, group_k]),
         scale,
@@ -346,7 +309,6 @@ def fp8_gemm(
         GROUP_K=group_k,
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
-        TAIL=tail,
         PRECISION=dot_precision(torch.float8_e4m3fn),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

@@ -196,7 +196,7 @@ FP8_CASES = [
     ("fp8 skinny per-channel", 4, True),
     ("fp8 gemm block", 40, False),
     ("fp8 gemm per-channel", 40, True),
-    ("fp8 gemm tree", 65, False),  # a B=64 tree: one row tile and its tail in the same programs
+    ("fp8 gemm tree", 65, False),  # a B=64 tree: two row tiles, the second of one row
 ]
 
 
