@@ -7,8 +7,8 @@ those projections are ~95% of a decode step's bytes, so their efficiency is the 
 program owns ``BLOCK_N`` output columns and walks K in ``BLOCK_K`` steps, pipelined: each step
 loads a ``[BLOCK_N, BLOCK_K]`` tile of W (contiguous along K) and the ``[16, BLOCK_K]`` tile of x
 (rows past T masked to zero), and accumulates ``x_tile @ W_tile.T`` in fp32 on the tensor cores.
-When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs
-(``ddtree_kernels/split_k.py``: the last split of a tile sums their fp32 partials). No program rereads a byte of W. The reference is
+When N alone cannot fill the GPU, K is split across ``SPLIT_K`` programs (``ddtree_kernels/split_k.py``:
+the last split of a tile sums their fp32 partials). No program rereads a byte of W. The reference is
 ``ddtree_runtime.backend.TorchBackend.linear`` (``F.linear``).
 """
 
