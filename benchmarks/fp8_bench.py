@@ -336,7 +336,6 @@ def rtx_projection(rows: list[dict], tcfg, dcfg, context: int) -> list[dict]:
 
 def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: int, new_tokens: int) -> dict:
     device = torch.device("cuda")
-    cublas_off = sys.maxsize == fp8_cublas.MIN_ROWS
     target, drafter = random_pair(shape, device, torch.bfloat16, small=False)
     count = quantize_linears(target, fmt)
     weights = sum(t.numel() * t.element_size() for t in target.parameters())
@@ -356,13 +355,15 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: i
             )
         row["fp8_floor_ms"], row["x_fp8_floor"] = round(floor, 3), round(row["round_ms"] / floor, 2)
     verify_ms = verify_pass_ms(engine, Clock(device), context, 257)
+    # whether those 257 rows' linears went to cuBLAS (--no-cublas raises its threshold past them)
+    cublas_verify = fmt == "block" and fp8_cublas.cublas_takes(device) and fp8_cublas.MIN_ROWS <= 257
     verify_floor = fp8_floor_ms(ceil, fp8_rate, tcfg, 257, context)
     ar = next(r for r in rows if r["mode"] == "ar")
     ddtree = next(r for r in rows if r["mode"] == "ddtree")
     summary = {
         "fmt": fmt,
         "shape": shape,
-        "cublas_verify_rows": fmt == "block" and fp8_cublas.cublas_takes(device) and not cublas_off,
+        "cublas_verify_rows": cublas_verify,
         "fp8_linears": count,
         "target_weight_gib": round(weights / 2**30, 2),
         "context": context,
