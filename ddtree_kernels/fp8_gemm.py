@@ -45,7 +45,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
 QUANT_BLOCK = 1024  # columns per step of the quantization pass over a per-row group
 
@@ -286,7 +286,7 @@ def fp8_gemm(
         )
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
-    part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = partials(out, cfg.split_k)
     _fp8_gemm_kernel[(checked_tiles(cdiv(t, cfg.block_m) * cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         TensorDescriptor(x8, [t, k], [x8.stride(0), 1], [cfg.block_m, group_k]),
         x_scale,

@@ -31,7 +31,7 @@ from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
-from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
 
 @triton.jit
@@ -134,7 +134,7 @@ def fp8_skinny(
     x8, x_scale = rows.x8, rows.scale
     out = torch.empty(t, n, device=x8.device, dtype=rows.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
-    part = torch.empty(cfg.split_k, t, n, device=x8.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = partials(out, cfg.split_k)
     _fp8_skinny_kernel[(checked_tiles(cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         x8,
         x_scale,

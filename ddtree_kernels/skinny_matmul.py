@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ddtree_kernels.host import cdiv, num_sms
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.split_k import arrival_counts, checked_tiles, split_span, store_tile
+from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
 MAX_ROWS = 16  # one tl.dot tile of rows; more rows are a GEMM's job
 SKINNY_MAX_N = 65536  # wider (an LM head) streams at ~95% through cuBLAS already
@@ -104,7 +104,7 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
     cfg = config or default_config(n, k, num_sms(x.device))
     out = torch.empty(t, n, device=x.device, dtype=x.dtype)
     k_per_split = split_span(k, cfg.split_k, cfg.block_k)
-    part = torch.empty(cfg.split_k, t, n, device=x.device, dtype=torch.float32) if cfg.split_k > 1 else out
+    part = partials(out, cfg.split_k)
     _skinny_kernel[(checked_tiles(cdiv(n, cfg.block_n), cfg.split_k), cfg.split_k)](
         x,
         weight,

@@ -30,6 +30,12 @@ def split_span(k: int, split_k: int, block_k: int) -> int:
     return cdiv(cdiv(k, split_k), block_k) * block_k
 
 
+def partials(out: Tensor, split_k: int) -> Tensor:
+    """The fp32 partials [split_k, T, N] of a split launch into ``out`` [T, N], laid out as
+    ``store_tile`` reads them (``out`` itself stands in, unused, when K is not split)."""
+    return torch.empty(split_k, *out.shape, device=out.device, dtype=torch.float32) if split_k > 1 else out
+
+
 @cache
 def arrival_counts(device: torch.device) -> Tensor:
     """The device's zeroed per-tile arrival counts, made once, before any graph capture (a count
