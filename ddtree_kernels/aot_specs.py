@@ -46,6 +46,7 @@ from ddtree_kernels.host import cdiv, next_pow2
 HQ, HKV, HEAD_DIM, VOCAB, LAYERS = 32, 8, 128, 151936, 36
 DRAFT_POSITIONS, BUDGET, CONTEXT = 15, 1024, 4096
 SMS = {80: 108, 90: 132, 100: 148, 120: 188}  # H100/H200, B200, RTX PRO 6000 multiprocessors
+PDL = True  # every target is sm_90 or newer, where the launches use PDL (ddtree_kernels/pdl.py)
 META = torch.device("meta")
 
 
@@ -287,7 +288,7 @@ def merge_spec(cc: int, splits: int) -> Spec:
         cc,
         tree_attention._merge_splits_kernel,
         args,
-        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=block_r, SPLITS_C=splits_c),
+        dict(HEAD_DIM=HEAD_DIM, D_PAD=HEAD_DIM, BLOCK_R=block_r, SPLITS_C=splits_c, PDL=PDL),
         4,
     )
 
@@ -546,7 +547,7 @@ def layer_specs(cc: int) -> list[Spec]:
         cc,
         silu_mul._silu_mul_kernel,
         dict(GU=gate_up, OUT=act, stride_g=gate_up.stride(0), stride_o=act.stride(0), inner=INTER),
-        dict(BLOCK=1024),
+        dict(BLOCK=1024, PDL=PDL),
         4,
     )
     found = [norm, rope, swiglu]
@@ -591,6 +592,7 @@ def _rms_norm(cc: int, group: int | None, chunk: int | None = None) -> Spec:
             CHUNK=chunk or block,
             QUANT=group is not None,
             GROUP=group if group is not None and group < HIDDEN else block,
+            PDL=PDL,
         ),
         8,
     )
@@ -667,7 +669,7 @@ def _skinny(cc: int, n: int, k: int) -> Spec:
             k_total=k,
             k_per_split=split_k.split_span(k, cfg.split_k, cfg.block_k),
         ),
-        dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0),
+        dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, PRECISION=0, PDL=PDL),
         cfg.num_warps,
         cfg.num_stages,
     )
@@ -968,6 +970,7 @@ def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
             DV_PAD=GDN_D,
             BATCHED=n > 1,
             GROUP=group or 0,
+            PDL=PDL,
         ),
         8,
     )
@@ -996,7 +999,7 @@ def _gated_rms_norm(cc: int, group: int | None) -> Spec:
             eps=1e-6,
             n_heads=GDN_HV,
         ),
-        dict(DV=GDN_D, DV_PAD=GDN_D, BLOCK_H=gated_rms_norm.HEADS_PER_PROGRAM, GROUP=group or 0),
+        dict(DV=GDN_D, DV_PAD=GDN_D, BLOCK_H=gated_rms_norm.HEADS_PER_PROGRAM, GROUP=group or 0, PDL=PDL),
         4,
     )
 
@@ -1022,7 +1025,7 @@ def _attention_gate(cc: int, group: int | None) -> Spec:
             **quant,
             n_heads=HQ27,
         ),
-        dict(D=D27, D_PAD=D27, BLOCK_H=attention_gate.HEADS_PER_PROGRAM, GROUP=group or 0),
+        dict(D=D27, D_PAD=D27, BLOCK_H=attention_gate.HEADS_PER_PROGRAM, GROUP=group or 0, PDL=PDL),
         4,
     )
 
@@ -1078,6 +1081,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                     PER_ROW=per_row,
                     SPLIT=cfg.split_k > 1,
                     PRECISION=0,
+                    PDL=PDL,
                 ),
                 cfg.num_warps,
                 cfg.num_stages,
@@ -1108,7 +1112,7 @@ def fp8_specs(cc: int) -> list[Spec]:
                     n_cols=k,
                     group=width,
                 ),
-                dict(BLOCK=quant_block, STEPS=cdiv(width, quant_block)),
+                dict(BLOCK=quant_block, STEPS=cdiv(width, quant_block), PDL=PDL),
                 4,
             )
         )
@@ -1205,6 +1209,7 @@ def fp8_producer_specs(cc: int) -> list[Spec]:
                     GROUP=silu_mul.BLOCK if per_row else group,
                     BLOCK=silu_mul.BLOCK,
                     STEPS=cdiv(INTER, silu_mul.BLOCK) if per_row else 0,
+                    PDL=PDL,
                 ),
                 4,
             )

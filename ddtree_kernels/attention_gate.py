@@ -26,9 +26,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.gated_rms_norm import whole_groups
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
+from ddtree_kernels.pdl import release_dependents
 
 HEADS_PER_PROGRAM = 8
 
@@ -51,8 +53,10 @@ def _attention_gate_kernel(
     D_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
     GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """GROUP 0: out[t] in the model dtype; else quantized into Q[t], S[t] by GROUP columns."""
+    release_dependents(PDL)  # o_proj may start fetching its weight
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, D_PAD)
@@ -139,5 +143,6 @@ def _launch(o: Tensor, qkv: Tensor, out: Tensor, rows: QuantizedRows | None) -> 
         D_PAD=max(16, next_pow2(d)),
         BLOCK_H=block_h,
         GROUP=rows.group if rows else 0,
+        PDL=pdl.enabled(o.device),
         num_warps=4,
     )

@@ -43,7 +43,9 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
+from ddtree_kernels.pdl import release_dependents
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
@@ -103,8 +105,19 @@ def quantize_row(x, Q, S, start, n_cols, GROUP: tl.constexpr, BLOCK: tl.constexp
 
 @triton.jit
 def _act_quant_kernel(
-    X, Q, S, stride_x, stride_q, stride_s, n_cols, group, BLOCK: tl.constexpr, STEPS: tl.constexpr
+    X,
+    Q,
+    S,
+    stride_x,
+    stride_q,
+    stride_s,
+    n_cols,
+    group,
+    BLOCK: tl.constexpr,
+    STEPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    release_dependents(PDL)  # the linear that reads the rows may start fetching its weight
     row = tl.program_id(0)
     g = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -219,7 +232,17 @@ def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     q = torch.empty(t, k, device=x.device, dtype=torch.float8_e4m3fn)
     s = torch.empty(t, groups, device=x.device, dtype=torch.float32)
     _act_quant_kernel[(t, groups)](
-        x, q, s, x.stride(0), q.stride(0), s.stride(0), k, width, BLOCK=block, STEPS=cdiv(width, block)
+        x,
+        q,
+        s,
+        x.stride(0),
+        q.stride(0),
+        s.stride(0),
+        k,
+        width,
+        BLOCK=block,
+        STEPS=cdiv(width, block),
+        PDL=pdl.enabled(x.device),
     )
     return q, s
 

@@ -26,8 +26,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
 from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
+from ddtree_kernels.pdl import prefetch_weight, release_dependents, wait_for_producer
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
@@ -59,6 +61,7 @@ def _fp8_skinny_kernel(
     PER_ROW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -70,6 +73,9 @@ def _fp8_skinny_kernel(
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
+    if PDL:  # the weight's first steps while the kernel before still runs (ddtree_kernels/pdl.py)
+        prefetch_weight(W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)
+    wait_for_producer(PDL)
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step, loads issued together
             kk = k + g * GROUP_K + offs_k
@@ -88,6 +94,7 @@ def _fp8_skinny_kernel(
                 x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
                 w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
                 acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
+    release_dependents(PDL)
     if PER_ROW:
         x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
         acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
@@ -159,7 +166,9 @@ def fp8_skinny(
         PER_ROW=per_row,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
+        PDL=pdl.enabled(x8.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl.launch_options(x8.device),
     )
     return out

@@ -27,8 +27,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
+from ddtree_kernels.pdl import release_dependents
 
 HEADS_PER_PROGRAM = 16
 
@@ -73,8 +75,10 @@ def _gated_rms_norm_kernel(
     DV_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr,
     GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """GROUP 0: out[t] in the model dtype; else quantized into Q[t], S[t] by GROUP columns."""
+    release_dependents(PDL)  # out_proj may start fetching its weight
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, DV_PAD)
@@ -163,5 +167,6 @@ def _launch(
         DV_PAD=max(16, next_pow2(dv)),
         BLOCK_H=block_h,
         GROUP=rows.group if rows else 0,
+        PDL=pdl.enabled(o.device),
         num_warps=4,
     )

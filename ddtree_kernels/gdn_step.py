@@ -30,9 +30,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.gated_rms_norm import gated_norm, whole_groups
 from ddtree_kernels.host import QuantizedRows, next_pow2
+from ddtree_kernels.pdl import release_dependents
 
 
 @triton.jit
@@ -63,8 +65,10 @@ def _gdn_step_kernel(
     DV_PAD: tl.constexpr,
     BATCHED: tl.constexpr,
     GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """GROUP 0: the normed output into OUT in the model dtype; else quantized into Q_OUT, S_OUT."""
+    release_dependents(PDL)  # out_proj may start fetching its weight
     h = tl.program_id(0)
     hk = h // (HV // HK)
     if BATCHED:  # sequence t's token in row t of every input, its state in slot SLOTS[t]
@@ -181,6 +185,7 @@ def gdn_step(
         DV_PAD=max(16, next_pow2(dv)),
         BATCHED=slots is not None,
         GROUP=0 if group is None else group,
+        PDL=pdl.enabled(q.device),
         num_warps=8,
     )
     return out if quant is None else quant

@@ -18,8 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import _group_scale, _round_e4m3, quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv
+from ddtree_kernels.pdl import release_dependents
 
 
 @triton.jit
@@ -32,7 +34,8 @@ def _swiglu(GU, cols, inner, OUT_TY: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, stride_g, stride_o, inner, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, stride_g, stride_o, inner, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    release_dependents(PDL)  # the down projection may start fetching its weight
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     out = _swiglu(GU + row * stride_g, cols, inner, OUT.dtype.element_ty)
@@ -51,7 +54,9 @@ def _silu_mul_fp8_kernel(
     GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
     STEPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    release_dependents(PDL)
     row = tl.program_id(0)
     ty = GU.dtype.element_ty  # the product is rounded to the model dtype, then quantized
     gu, q, s = GU + row * stride_g, Q + row * stride_q, S + row * stride_s
@@ -88,7 +93,14 @@ def silu_mul(gate_up: Tensor) -> Tensor:
     t = gate_up.shape[0]
     out = torch.empty(t, inner, device=gate_up.device, dtype=gate_up.dtype)
     _silu_mul_kernel[(t, cdiv(inner, BLOCK))](
-        gate_up, out, gate_up.stride(0), out.stride(0), inner, BLOCK=BLOCK, num_warps=4
+        gate_up,
+        out,
+        gate_up.stride(0),
+        out.stride(0),
+        inner,
+        BLOCK=BLOCK,
+        PDL=pdl.enabled(out.device),
+        num_warps=4,
     )
     return out
 
@@ -114,6 +126,7 @@ def silu_mul_fp8(gate_up: Tensor, group: int) -> QuantizedRows:
         GROUP=BLOCK if per_row else group,
         BLOCK=BLOCK,
         STEPS=cdiv(inner, BLOCK) if per_row else 0,
+        PDL=pdl.enabled(gate_up.device),
         num_warps=4,
     )
     return rows

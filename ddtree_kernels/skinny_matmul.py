@@ -21,7 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.host import cdiv, num_sms
+from ddtree_kernels.pdl import prefetch_weight, release_dependents, wait_for_producer
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
@@ -56,6 +58,7 @@ def _skinny_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -66,6 +69,9 @@ def _skinny_kernel(
     col_ok = cols < n_cols
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
+    if PDL:  # the weight's first steps while the kernel before still runs (ddtree_kernels/pdl.py)
+        prefetch_weight(W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)
+    wait_for_producer(PDL)
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < k_total
@@ -76,6 +82,7 @@ def _skinny_kernel(
             W + cols[:, None] * stride_wn + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0
         )
         acc = dot(x, tl.trans(w), PRECISION, acc)
+    release_dependents(PDL)
     mask = row_ok[:, None] & col_ok[None, :]
     store_tile(acc, OUT, PART, COUNTS, pid_n, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT)
 
@@ -122,7 +129,9 @@ def skinny_matmul(x: Tensor, weight: Tensor, config: SkinnyConfig | None = None)
         BLOCK_K=cfg.block_k,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(x.dtype),
+        PDL=pdl.enabled(x.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl.launch_options(x.device),
     )
     return out

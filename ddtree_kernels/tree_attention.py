@@ -66,8 +66,10 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.arch import ROWS, ArchRow, device_row
 from ddtree_kernels.host import cdiv, next_pow2, num_sms
+from ddtree_kernels.pdl import release_dependents
 from ddtree_kernels.precision import dot, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -411,12 +413,14 @@ def _merge_splits_kernel(
     D_PAD: tl.constexpr,
     BLOCK_R: tl.constexpr,
     SPLITS_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge the splits' (acc, m, l) of BLOCK_R nodes of one head: one log-sum-exp per row.
 
     Nodes from ``tail_node0`` on came from the tail launch (their own buffers and split count);
     rows of a launch that did not split were written directly and are left alone.
     """
+    release_dependents(PDL)  # o_proj may start fetching its weight
     node = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     head = tl.program_id(1)
     dims = tl.arange(0, D_PAD)
@@ -876,6 +880,7 @@ def _merge(main: _Partials, tail: _Partials, out: Tensor) -> None:
         D_PAD=d_pad,
         BLOCK_R=block_r,
         SPLITS_C=splits_c,
+        PDL=pdl.enabled(out.device),
         num_warps=4,
     )
 
