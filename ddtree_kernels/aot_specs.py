@@ -939,9 +939,12 @@ def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
     vec, head = _empty(n, GDN_HV * GDN_D, dtype=bf16), _empty(n, GDN_HK, GDN_D, dtype=bf16)
     state = _empty(GDN_HV, GDN_D, GDN_D)
     out, quant = _producer_out(n, GDN_HV * GDN_D, group)
+    splits = gdn_step.column_splits(GDN_HV, GDN_D, SMS[cc])
     return Spec(
         "gdn_step",
-        ("ar step" if n == 1 else f"ar steps P={n}") + (f" + e4m3 by {group}" if group else ""),
+        ("ar step" if n == 1 else f"ar steps P={n}")
+        + (f" + e4m3 by {group}" if group else "")
+        + (f", {splits} programs a head" if splits > 1 else ""),
         cc,
         gdn_step._gdn_step_kernel,
         dict(
@@ -957,6 +960,8 @@ def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
             Q_OUT=quant["Q"],
             S_OUT=quant["S"],
             SLOTS=_empty(n, dtype=torch.int64) if n > 1 else state,
+            O_PART=_empty(n, GDN_HV, GDN_D, dtype=bf16) if splits > 1 else out,
+            COUNTS=_empty(split_k.MAX_TILES, dtype=torch.int32),
             z_col=GDN_C,
             eps=1e-6,
             stride_pt=GDN_PROJ,
@@ -970,9 +975,10 @@ def _gdn_step(cc: int, n: int, group: int | None) -> Spec:
             DV_PAD=GDN_D,
             BATCHED=n > 1,
             GROUP=group or 0,
+            SPLITS=splits,
             PDL=PDL,
         ),
-        8,
+        8 if splits == 1 else 4,
     )
 
 

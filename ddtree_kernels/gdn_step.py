@@ -13,6 +13,12 @@ state is the step's only sizeable traffic outside the weights (Hv Dk Dv fp32 rea
 layer); everything else is launches, which this fuses away: the whole DeltaNet mixer of an `ar`
 step is this and `gdn_inputs`.
 
+The state's value columns are independent, so where the heads alone would leave most SMs idle (the
+27B's 48 heads on 132 SMs: 6.9 µs a layer, 64 KB in and out per program) each head's columns are
+split across programs (`column_splits`). The norm needs the whole head: each split stores its
+columns of o in the model dtype (the norm's first rounding) and bumps the head's arrival count;
+the last to arrive reads the head back and normalizes it, as `split_k.store_tile` sums partials.
+
 A batched pass (continuous batching) steps P sequences at once, each in its own cache slot: the
 same program per (value head, sequence), the sequence's slot index read on the device, so the `ar`
 rows of a round cost one launch per layer instead of one per sequence.
@@ -33,8 +39,11 @@ from torch import Tensor
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.gated_rms_norm import gated_norm, whole_groups
-from ddtree_kernels.host import QuantizedRows, next_pow2
+from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.split_k import arrival_counts, checked_tiles
+
+MIN_SPLIT_COLUMNS = 16  # the narrowest slice of a head's value columns a program takes
 
 
 @triton.jit
@@ -51,6 +60,8 @@ def _gdn_step_kernel(
     Q_OUT,
     S_OUT,
     SLOTS,
+    O_PART,
+    COUNTS,
     z_col,
     eps,
     stride_pt,
@@ -65,14 +76,19 @@ def _gdn_step_kernel(
     DV_PAD: tl.constexpr,
     BATCHED: tl.constexpr,
     GROUP: tl.constexpr,
+    SPLITS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """GROUP 0: the normed output into OUT in the model dtype; else quantized into Q_OUT, S_OUT."""
+    """GROUP 0: the normed output into OUT in the model dtype; else quantized into Q_OUT, S_OUT.
+    Program (h * SPLITS + part, t) advances value columns ``part`` of head h; with SPLITS > 1 the
+    head's last split to arrive writes its output (O_PART [T, HV, DV_PAD] holds o, COUNTS the
+    arrivals)."""
     release_dependents(PDL)  # out_proj may start fetching its weight
-    h = tl.program_id(0)
+    h = tl.program_id(0) // SPLITS
+    part = tl.program_id(0) % SPLITS
     hk = h // (HV // HK)
+    t = tl.program_id(1)
     if BATCHED:  # sequence t's token in row t of every input, its state in slot SLOTS[t]
-        t = tl.program_id(1)
         STATE += tl.load(SLOTS + t).to(tl.int64) * stride_slot
         Q += t * HK * DK
         K += t * HK * DK
@@ -84,7 +100,7 @@ def _gdn_step_kernel(
         Q_OUT += t * stride_q
         S_OUT += t * stride_s
     rows = tl.arange(0, DK_PAD)
-    cols = tl.arange(0, DV_PAD)
+    cols = part * (DV_PAD // SPLITS) + tl.arange(0, DV_PAD // SPLITS)
     r_ok, v_ok = rows < DK, cols < DV
     mask = r_ok[:, None] & v_ok[None, :]
     STATE += h * DK * DV
@@ -96,6 +112,39 @@ def _gdn_step_kernel(
     d = tl.load(BETA + h) * (v - decay * tl.sum(kv[:, None] * s, 0))
     o = decay * tl.sum(qv[:, None] * s, 0) + tl.sum(qv * kv, 0) * d
     tl.store(STATE + rows[:, None] * DV + cols[None, :], decay * s + kv[:, None] * d[None, :], mask=mask)
+    if SPLITS > 1:
+        head = O_PART + (t * HV + h) * DV_PAD
+        tl.store(head + cols, o.to(PROJ.dtype.element_ty))
+        tl.debug_barrier()  # every thread's columns are written before the count (a release) says so
+        if tl.atomic_add(COUNTS + t * HV + h, 1) == SPLITS - 1:  # acquire: the other splits' columns
+            head_cols = tl.arange(0, DV_PAD)
+            o_head = tl.load(head + head_cols, cache_modifier=".cg").to(tl.float32)  # L2, not a stale L1 line
+            _norm_out(
+                o_head, head_cols, head_cols < DV, h, PROJ, W, OUT, Q_OUT, S_OUT, z_col, eps, HV, DV, GROUP
+            )
+            tl.store(COUNTS + t * HV + h, 0)
+    else:
+        _norm_out(o, cols, v_ok, h, PROJ, W, OUT, Q_OUT, S_OUT, z_col, eps, HV, DV, GROUP)
+
+
+@triton.jit
+def _norm_out(
+    o,
+    cols,
+    v_ok,
+    h,
+    PROJ,
+    W,
+    OUT,
+    Q_OUT,
+    S_OUT,
+    z_col,
+    eps,
+    HV: tl.constexpr,
+    DV: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    """Head h's gated RMSNorm of o (its whole [DV_PAD] row), stored or quantized."""
     z = tl.load(PROJ + z_col + h * DV + cols, mask=v_ok, other=0.0)
     w = tl.load(W + cols, mask=v_ok, other=0.0)
     out = gated_norm(o, z, w, v_ok, eps, DV, PROJ.dtype.element_ty)
@@ -158,7 +207,11 @@ def gdn_step(
         )
     quant = None if group is None else QuantizedRows.empty(p, hv * dv, group, proj.dtype, q.device)
     out = quant.x8 if quant else torch.empty(p, hv * dv, device=q.device, dtype=proj.dtype)
-    _gdn_step_kernel[(hv, p)](
+    dv_pad = max(16, next_pow2(dv))
+    splits = column_splits(hv, dv_pad, num_sms(q.device))
+    checked_tiles(p * hv, splits)  # a head's arrival count each
+    o_part = torch.empty(p, hv, dv_pad, device=q.device, dtype=proj.dtype) if splits > 1 else out
+    _gdn_step_kernel[(hv * splits, p)](
         q,
         k,
         v,
@@ -171,6 +224,8 @@ def gdn_step(
         out,
         quant.scale if quant else out,
         state if slots is None else slots,
+        o_part,
+        arrival_counts(q.device),
         z_col,
         eps,
         proj.stride(0),
@@ -182,15 +237,23 @@ def gdn_step(
         DK=dk,
         DV=dv,
         DK_PAD=max(16, next_pow2(dk)),
-        DV_PAD=max(16, next_pow2(dv)),
+        DV_PAD=dv_pad,
         BATCHED=slots is not None,
         GROUP=0 if group is None else group,
+        SPLITS=splits,
         PDL=pdl.enabled(q.device),
-        num_warps=8,
+        num_warps=8 if splits == 1 else 4,
     )
     return out if quant is None else quant
 
 
+def column_splits(hv: int, dv_pad: int, sms: int) -> int:
+    """Programs per value head: enough for the heads to cover the SMs once, each at least
+    ``MIN_SPLIT_COLUMNS`` wide. The same for one sequence and a batch, so that a slot's step has
+    the same bits either way."""
+    return max(1, min(dv_pad // MIN_SPLIT_COLUMNS, next_pow2(cdiv(sms, hv))))
+
+
 def gdn_step_fits(group: int, dv: int) -> bool:
-    """Whether `gdn_step` can quantize its heads of Dv by `group` columns (one program a head)."""
+    """Whether `gdn_step` can quantize its heads of Dv by `group` columns (whole groups in a head)."""
     return whole_groups(group, 1, dv)

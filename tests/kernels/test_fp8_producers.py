@@ -153,8 +153,8 @@ def _quantizes_as_without_group(call, conv: torch.Tensor, rec: torch.Tensor, gro
 @pytest.mark.parametrize("backend", [TritonBackend(), TorchBackend()], ids=["triton", "torch"])
 def test_the_deltanet_seams_quantize_their_output_for_an_fp8_out_proj(backend) -> None:
     """With out_proj's activation group each DeltaNet seam returns its gated norm's rows quantized:
-    the fused `ar` step of one sequence (a 64-wide head a group) and of five in slots out of order
-    (two groups a head), a 17-node tree and a forest of two (the gated norm: two heads a group).
+    the fused `ar` step of one sequence (a 64-wide head a group; two groups a head split across
+    programs) and of five in slots out of order (two groups a head), a 17-node tree and a forest of two (the gated norm: two heads a group).
     A group wider than the step's head (a scale per row) leaves the Triton step's rows unquantized,
     for the linear to quantize (TorchBackend, the reference, quantizes whatever the group)."""
     gen = torch.Generator().manual_seed(9)
@@ -164,6 +164,12 @@ def test_the_deltanet_seams_quantize_their_output_for_an_fp8_out_proj(backend) -
     slots = torch.tensor([4, 0, 5, 2, 3], device=DEVICE)
     _quantizes_as_without_group(lambda c, r, g: backend.gdn_chain(one, spec, c[1], r[1], g), conv, rec, 64)
     _quantizes_as_without_group(lambda c, r, g: backend.gdn_steps(five, spec, c, r, slots, g), conv, rec, 32)
+    two_heads = layer(gen, n_k=1, n_v=2, dv=64)  # each head's columns split across programs (`column_splits`)
+    two_conv, two_rec = states(two_heads, gen)
+    one_of_two = projection(two_heads, 1, gen)
+    _quantizes_as_without_group(
+        lambda c, r, g: backend.gdn_chain(one_of_two, two_heads, c[0], r[0], g), two_conv, two_rec, 32
+    )
     plans = []
     for shape in ("bushy", "random"):
         parents = make_parents(shape, 17, gen)

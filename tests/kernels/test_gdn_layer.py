@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from ddtree_kernels.gated_rms_norm import gated_rms_norm
+from ddtree_kernels.gdn_step import column_splits
+from ddtree_kernels.host import num_sms
 from ddtree_runtime import gated_delta
 from ddtree_runtime.backend import TorchBackend
 from ddtree_runtime.config import Qwen3_5Config
@@ -48,10 +50,24 @@ def projection(spec: GdnSpec, n: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(n, width, generator=gen).to(DEVICE)
 
 
-def test_the_ar_step_matches_torch() -> None:
-    """One token: the fused step's output and both advanced states, over a few steps in a row."""
+# (key heads, value heads, value head dim): a program a head; two heads of 64 split across programs
+STEP_SHAPES = {"whole heads": (2, 4, 16), "split heads": (1, 2, 64)}
+
+
+def _step_layer(gen: torch.Generator, shape: str) -> GdnSpec:
+    n_k, n_v, dv = STEP_SHAPES[shape]
+    spec = layer(gen, n_k=n_k, n_v=n_v, dv=dv)
+    splits = column_splits(n_v, dv, num_sms(DEVICE))
+    assert (splits > 1) == (shape == "split heads"), splits
+    return spec
+
+
+@pytest.mark.parametrize("shape", STEP_SHAPES)
+def test_the_ar_step_matches_torch(shape: str) -> None:
+    """One token: the fused step's output and both advanced states, over a few steps in a row, with
+    a program per head and with each head's value columns split across programs."""
     gen = torch.Generator().manual_seed(0)
-    spec = layer(gen)
+    spec = _step_layer(gen, shape)
     conv, rec = states(spec, gen)
     conv_t, rec_t = conv.clone(), rec.clone()
     for _ in range(3):
@@ -152,12 +168,13 @@ def test_hybrid_verify_and_commit_on_the_kernels_match_torch(tmp_path) -> None:
         torch.testing.assert_close(got, want, atol=3e-5, rtol=3e-5)
 
 
-def test_the_batched_step_equals_each_slots_own_step_bit_for_bit() -> None:
+@pytest.mark.parametrize("shape", STEP_SHAPES)
+def test_the_batched_step_equals_each_slots_own_step_bit_for_bit(shape: str) -> None:
     """`gdn_steps` over five sequences (slots out of order, two slots left alone) gives every slot
     exactly the output and states that its own `gdn_chain` step gives, in one launch pair; the
     Torch reference agrees."""
     gen = torch.Generator().manual_seed(3)
-    spec = layer(gen)
+    spec = _step_layer(gen, shape)
     conv, rec = states(spec, gen, layers=7)
     slots = [4, 0, 6, 2, 3]
     proj = projection(spec, len(slots), gen)
