@@ -29,7 +29,7 @@ from torch import Tensor
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
 from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
-from ddtree_kernels.pdl import prefetch_weight, release_dependents, wait_for_producer
+from ddtree_kernels.pdl import prefetch_then_wait, release_dependents
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
@@ -73,9 +73,7 @@ def _fp8_skinny_kernel(
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
-    if PDL:  # the weight's first steps while the kernel before still runs (ddtree_kernels/pdl.py)
-        prefetch_weight(W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)
-    wait_for_producer(PDL)
+    prefetch_then_wait(PDL, W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)  # ddtree_kernels/pdl.py
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         for g in tl.static_range(BLOCK_K // GROUP_K):  # the scale groups of one step, loads issued together
             kk = k + g * GROUP_K + offs_k

@@ -41,7 +41,7 @@ from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.gated_rms_norm import gated_norm, whole_groups
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
 from ddtree_kernels.pdl import release_dependents
-from ddtree_kernels.split_k import arrival_counts, checked_tiles
+from ddtree_kernels.split_k import arrival_counts, arrived_last, checked_tiles
 
 MIN_SPLIT_COLUMNS = 16  # the narrowest slice of a head's value columns a program takes
 
@@ -115,10 +115,9 @@ def _gdn_step_kernel(
     if SPLITS > 1:
         head = O_PART + (t * HV + h) * DV_PAD
         tl.store(head + cols, o.to(PROJ.dtype.element_ty))
-        tl.debug_barrier()  # every thread's columns are written before the count (a release) says so
-        if tl.atomic_add(COUNTS + t * HV + h, 1) == SPLITS - 1:  # acquire: the other splits' columns
+        if arrived_last(COUNTS, t * HV + h, SPLITS):
             head_cols = tl.arange(0, DV_PAD)
-            o_head = tl.load(head + head_cols, cache_modifier=".cg").to(tl.float32)  # L2, not a stale L1 line
+            o_head = tl.load(head + head_cols, cache_modifier=".cg").to(tl.float32)
             _norm_out(
                 o_head, head_cols, head_cols < DV, h, PROJ, W, OUT, Q_OUT, S_OUT, z_col, eps, HV, DV, GROUP
             )

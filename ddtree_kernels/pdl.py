@@ -9,8 +9,8 @@ chain: launch, the first loads' latency, the last wave): ~1.5 ms of a 27B FP8 st
 
 - a small kernel that feeds a linear releases its dependents as it starts (``release_dependents``),
 - the linear is launched with ``launch_pdl`` (``launch_options``): its programs start then, warm the
-  L2 with the first steps of their weight slice (``prefetch_weight``), and wait for the producer to
-  finish and flush (``wait_for_producer``) before reading anything it wrote;
+  L2 with the first steps of their weight slice and wait for the producer to finish and flush before
+  reading anything it wrote (``prefetch_then_wait``);
 - the linear releases its own dependents only after its K loop (releasing at its start let the
   next kernels' waiting programs crowd the SMs: 1.16-1.28x slower in a probe).
 
@@ -55,7 +55,7 @@ def enabled(device: torch.device) -> bool:
 
 
 def launch_options(device: torch.device) -> dict[str, bool]:
-    """The launch keywords of a kernel that waits for its producer (``wait_for_producer``)."""
+    """The launch keywords of a kernel that waits for its producer (``prefetch_then_wait``)."""
     return {"launch_pdl": True} if enabled(device) else {}
 
 
@@ -67,19 +67,15 @@ def release_dependents(PDL: tl.constexpr):
 
 
 @triton.jit
-def wait_for_producer(PDL: tl.constexpr):
-    """Wait until the kernel before this one has finished and its writes are visible."""
+def prefetch_then_wait(PDL: tl.constexpr, W, rows, n_rows, stride, k0, k_total, BLOCK_K: tl.constexpr):
+    """Under PDL: warm the L2 with the first ``PREFETCH_STEPS`` K steps from ``k0`` of a row-major
+    weight's ``rows`` (one prefetch per 128 bytes, addresses past the ends clamped onto the weight)
+    while the kernel before still runs, then wait until it has finished and its writes are visible."""
     if PDL:
+        line: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth
+        lines = k0 + tl.arange(0, PREFETCH_STEPS * BLOCK_K // line) * line
+        ptrs = W + tl.minimum(rows, n_rows - 1)[:, None] * stride + tl.minimum(lines, k_total - 1)[None, :]
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+        )
         gdc_wait()
-
-
-@triton.jit
-def prefetch_weight(W, rows, n_rows, stride, k0, k_total, BLOCK_K: tl.constexpr):
-    """Warm the L2 with the first ``PREFETCH_STEPS`` K steps from ``k0`` of a row-major weight's
-    ``rows``, one prefetch per 128 bytes; addresses past the ends are clamped onto the weight."""
-    line: tl.constexpr = 1024 // W.dtype.element_ty.primitive_bitwidth
-    lines = k0 + tl.arange(0, PREFETCH_STEPS * BLOCK_K // line) * line
-    ptrs = W + tl.minimum(rows, n_rows - 1)[:, None] * stride + tl.minimum(lines, k_total - 1)[None, :]
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
-    )

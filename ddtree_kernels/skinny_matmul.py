@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ddtree_kernels import pdl
 from ddtree_kernels.host import cdiv, num_sms
-from ddtree_kernels.pdl import prefetch_weight, release_dependents, wait_for_producer
+from ddtree_kernels.pdl import prefetch_then_wait, release_dependents
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
@@ -69,9 +69,7 @@ def _skinny_kernel(
     col_ok = cols < n_cols
     acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
-    if PDL:  # the weight's first steps while the kernel before still runs (ddtree_kernels/pdl.py)
-        prefetch_weight(W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)
-    wait_for_producer(PDL)
+    prefetch_then_wait(PDL, W, cols, n_cols, stride_wn, k0, k_total, BLOCK_K)  # ddtree_kernels/pdl.py
     for k in range(k0, k0 + k_per_split, BLOCK_K):
         kk = k + offs_k
         k_ok = kk < k_total

@@ -55,6 +55,15 @@ def checked_tiles(tiles: int, split_k: int) -> int:
 
 
 @triton.jit
+def arrived_last(COUNTS, slot, arrivals):
+    """After this program's stores: whether it is the last of ``arrivals`` programs to bump count
+    ``slot``, so that every other program's stores are visible to it (read them with ``.cg``: from L2,
+    where the other SMs' stores are, never a stale L1 line); the last one then re-arms the count to zero."""
+    tl.debug_barrier()  # every thread's stores are written before the count (a release) says so
+    return tl.atomic_add(COUNTS + slot, 1) == arrivals - 1  # acquire: the other programs' stores
+
+
+@triton.jit
 def store_tile(
     acc, OUT, PART, COUNTS, tile, rows, cols, mask, stride_ot, n_rows, n_cols, SPLIT: tl.constexpr
 ):
@@ -65,12 +74,10 @@ def store_tile(
         part = PART + rows[:, None] * n_cols + cols[None, :]
         split_stride = n_rows * n_cols
         tl.store(part + tl.program_id(1) * split_stride, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is written before the count (a release) says so
         splits = tl.num_programs(1)
-        if tl.atomic_add(COUNTS + tile, 1) == splits - 1:  # acquire: the other partials are visible
+        if arrived_last(COUNTS, tile, splits):
             total = tl.zeros_like(acc)
             for s in range(0, splits):
-                # .cg: from L2, where the other SMs' partials are, never a stale L1 line
                 total += tl.load(part + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(out, total.to(OUT.dtype.element_ty), mask=mask)
             tl.store(COUNTS + tile, 0)
