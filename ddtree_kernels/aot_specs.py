@@ -120,6 +120,7 @@ def _attention(
         WINDOW=0,
         SPLIT=split,
         PRECISION=0,
+        PDL=cc >= 90,  # the generic row's sm_80 has no griddepcontrol
     )
     return Spec(
         "tree_attention",
@@ -639,6 +640,7 @@ def _qk_rope(cc: int, hq: int, hkv: int, d: int, rot: int, gated: bool, w_dtype:
             ROT=rot,
             HALF_PAD=rot // 2,
             REST_PAD=max(1, next_pow2(d - rot)),
+            PDL=PDL,
         ),
         1,
     )
@@ -741,6 +743,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             STAGE_X=stage,
             STAGE_K=forest,
             BATCHED=batched,
+            PDL=PDL,
         )
         found.append(Spec("gdn_inputs", case, cc, gdn_inputs._gdn_inputs_kernel, args, constexprs, warps))
     found += [_gdn_step(cc, n, None) for n in (1, GDN_BATCH)]

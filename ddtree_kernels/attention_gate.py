@@ -30,7 +30,7 @@ from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.gated_rms_norm import whole_groups
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait
 
 HEADS_PER_PROGRAM = 8
 
@@ -56,7 +56,7 @@ def _attention_gate_kernel(
     PDL: tl.constexpr,
 ):
     """GROUP 0: out[t] in the model dtype; else quantized into Q[t], S[t] by GROUP columns."""
-    release_dependents(PDL)  # o_proj may start fetching its weight
+    release_then_wait(PDL)  # o_proj may start fetching its weight
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, D_PAD)
@@ -145,4 +145,5 @@ def _launch(o: Tensor, qkv: Tensor, out: Tensor, rows: QuantizedRows | None) -> 
         GROUP=rows.group if rows else 0,
         PDL=pdl.enabled(o.device),
         num_warps=4,
+        **pdl.seam_launch_options(o.device, t),
     )

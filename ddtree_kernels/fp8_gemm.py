@@ -45,7 +45,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ddtree_kernels import pdl
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2, num_sms
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
@@ -117,7 +117,7 @@ def _act_quant_kernel(
     STEPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    release_dependents(PDL)  # the linear that reads the rows may start fetching its weight
+    release_then_wait(PDL)  # the linear that reads the rows may start fetching its weight
     row = tl.program_id(0)
     g = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -243,6 +243,7 @@ def act_quant(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
         BLOCK=block,
         STEPS=cdiv(width, block),
         PDL=pdl.enabled(x.device),
+        **pdl.seam_launch_options(x.device, t),
     )
     return q, s
 

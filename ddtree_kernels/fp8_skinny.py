@@ -28,10 +28,10 @@ from torch import Tensor
 
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import check_fp8_operands, quantized
-from ddtree_kernels.host import QuantizedRows, cdiv, num_sms
+from ddtree_kernels.host import MAX_ROWS, QuantizedRows, cdiv, num_sms
 from ddtree_kernels.pdl import prefetch_then_wait, release_dependents
 from ddtree_kernels.precision import dot, dot_precision
-from ddtree_kernels.skinny_matmul import MAX_ROWS, SkinnyConfig
+from ddtree_kernels.skinny_matmul import SkinnyConfig
 from ddtree_kernels.skinny_matmul import default_config as bf16_config
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait
 
 HEADS_PER_PROGRAM = 16
 
@@ -78,7 +78,7 @@ def _gated_rms_norm_kernel(
     PDL: tl.constexpr,
 ):
     """GROUP 0: out[t] in the model dtype; else quantized into Q[t], S[t] by GROUP columns."""
-    release_dependents(PDL)  # out_proj may start fetching its weight
+    release_then_wait(PDL)  # out_proj may start fetching its weight
     t = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols = tl.arange(0, DV_PAD)
@@ -169,4 +169,5 @@ def _launch(
         GROUP=rows.group if rows else 0,
         PDL=pdl.enabled(o.device),
         num_warps=4,
+        **pdl.seam_launch_options(o.device, t),
     )

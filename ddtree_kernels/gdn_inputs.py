@@ -36,7 +36,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.host import next_pow2
+from ddtree_kernels.pdl import wait_for_producer
 
 # a program per token and head left 20K tiny programs at 257 nodes (18 µs); 16 tokens on 8 warps
 # against 8 on 4 (H200, 27B layer, a verify tree with its staging): 65 nodes 10.9 -> 8.1 µs, 257 nodes
@@ -123,7 +125,9 @@ def _gdn_inputs_kernel(
     STAGE_X: tl.constexpr,
     STAGE_K: tl.constexpr,
     BATCHED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_producer(PDL)
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     grp = tl.program_id(1)  # q heads, then k heads, then v heads
     tok_ok = toks < n_tokens
@@ -323,6 +327,8 @@ def gdn_inputs(
         STAGE_X=x_out is not None,
         STAGE_K=stage_k,
         BATCHED=slots is not None,
+        PDL=pdl.enabled(dev),
         num_warps=warps,
+        **pdl.seam_launch_options(dev, t),
     )
     return q, k, v, g, beta

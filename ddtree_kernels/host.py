@@ -14,6 +14,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+MAX_ROWS = 16  # rows of a skinny (decode) linear: one tl.dot tile; more rows are a GEMM's job
+
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling of a / b for ints."""

@@ -25,7 +25,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ddtree_kernels import pdl
 from ddtree_kernels.host import next_pow2
+from ddtree_kernels.pdl import wait_for_producer
 
 
 @triton.jit
@@ -54,7 +56,9 @@ def _qk_rope_kernel(
     ROT: tl.constexpr,
     HALF_PAD: tl.constexpr,
     REST_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_producer(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1)
     half: tl.constexpr = ROT // 2
@@ -159,6 +163,8 @@ def qk_rope(
         ROT=rot,
         HALF_PAD=next_pow2(rot // 2),
         REST_PAD=max(1, next_pow2(d - rot)),
+        PDL=pdl.enabled(q.device),
         num_warps=1,
+        **pdl.seam_launch_options(q.device, t),
     )
     return q

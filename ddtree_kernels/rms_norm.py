@@ -28,7 +28,7 @@ from torch import Tensor
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv, next_pow2
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait
 
 QUANT_CHUNK = 1024  # columns per program of a chunked quantized norm
 CHUNKED_ROWS = 512  # up to a tree's verify rows a quantized norm is chunked; prefill rows fill the SMs whole
@@ -60,7 +60,7 @@ def _rms_norm_kernel(
 ):
     """Program (row, chunk): the row's mean square from all of it, then its columns chunk * CHUNK ..
     normalised, written and quantized (CHUNK = BLOCK: the whole row in one program)."""
-    release_dependents(PDL)  # the linear after it may start fetching its weight
+    release_then_wait(PDL)  # the linear after it may start fetching its weight
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -145,5 +145,6 @@ def _launch(
         GROUP=group,
         PDL=pdl.enabled(x.device),
         num_warps=8 if h >= 2048 else 4,
+        **pdl.seam_launch_options(x.device, t),
     )
     return out, res_out

@@ -21,7 +21,7 @@ from torch import Tensor
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import _group_scale, _round_e4m3, quantize_row
 from ddtree_kernels.host import QuantizedRows, cdiv
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _swiglu(GU, cols, inner, OUT_TY: tl.constexpr):
 
 @triton.jit
 def _silu_mul_kernel(GU, OUT, stride_g, stride_o, inner, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    release_dependents(PDL)  # the down projection may start fetching its weight
+    release_then_wait(PDL)  # the down projection may start fetching its weight
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     out = _swiglu(GU + row * stride_g, cols, inner, OUT.dtype.element_ty)
@@ -56,7 +56,7 @@ def _silu_mul_fp8_kernel(
     STEPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    release_dependents(PDL)
+    release_then_wait(PDL)
     row = tl.program_id(0)
     ty = GU.dtype.element_ty  # the product is rounded to the model dtype, then quantized
     gu, q, s = GU + row * stride_g, Q + row * stride_q, S + row * stride_s
@@ -101,6 +101,7 @@ def silu_mul(gate_up: Tensor) -> Tensor:
         BLOCK=BLOCK,
         PDL=pdl.enabled(out.device),
         num_warps=4,
+        **pdl.seam_launch_options(out.device, t),
     )
     return out
 
@@ -128,5 +129,6 @@ def silu_mul_fp8(gate_up: Tensor, group: int) -> QuantizedRows:
         STEPS=cdiv(inner, BLOCK) if per_row else 0,
         PDL=pdl.enabled(gate_up.device),
         num_warps=4,
+        **pdl.seam_launch_options(gate_up.device, t),
     )
     return rows

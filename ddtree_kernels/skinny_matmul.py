@@ -22,12 +22,11 @@ import triton.language as tl
 from torch import Tensor
 
 from ddtree_kernels import pdl
-from ddtree_kernels.host import cdiv, num_sms
+from ddtree_kernels.host import MAX_ROWS, cdiv, num_sms
 from ddtree_kernels.pdl import prefetch_then_wait, release_dependents
 from ddtree_kernels.precision import dot, dot_precision
 from ddtree_kernels.split_k import arrival_counts, checked_tiles, partials, split_span, store_tile
 
-MAX_ROWS = 16  # one tl.dot tile of rows; more rows are a GEMM's job
 SKINNY_MAX_N = 65536  # wider (an LM head) streams at ~95% through cuBLAS already
 
 

@@ -69,7 +69,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ddtree_kernels import pdl
 from ddtree_kernels.arch import ROWS, ArchRow, device_row
 from ddtree_kernels.host import cdiv, next_pow2, num_sms
-from ddtree_kernels.pdl import release_dependents
+from ddtree_kernels.pdl import release_then_wait, wait_for_producer
 from ddtree_kernels.precision import dot, dot_precision
 
 _LOG2E = 1.4426950408889634
@@ -286,8 +286,10 @@ def _tree_attention_kernel(
     WINDOW: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    wait_for_producer(PDL)
     pid_m = tl.program_id(0)
     kvh = tl.program_id(1) % kv_heads
     seq = tl.program_id(1) // kv_heads  # the sequence (0 but in tree_attention_parts)
@@ -420,7 +422,7 @@ def _merge_splits_kernel(
     Nodes from ``tail_node0`` on came from the tail launch (their own buffers and split count);
     rows of a launch that did not split were written directly and are left alone.
     """
-    release_dependents(PDL)  # o_proj may start fetching its weight
+    release_then_wait(PDL)  # o_proj may start fetching its weight
     node = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     head = tl.program_id(1)
     dims = tl.arange(0, D_PAD)
@@ -739,8 +741,10 @@ def tree_attention(
             WINDOW=window or 0,
             SPLIT=splits > 1,
             PRECISION=dot_precision(q.dtype),
+            PDL=pdl.enabled(q.device),
             num_warps=c.num_warps,
             num_stages=c.num_stages,
+            **pdl.seam_launch_options(q.device, n),
         )
     split = [p for p in partials if p.splits > 1]
     if split:
@@ -846,8 +850,10 @@ def tree_attention_parts(
         WINDOW=window or 0,
         SPLIT=splits > 1,
         PRECISION=dot_precision(q.dtype),
+        PDL=pdl.enabled(q.device),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl.seam_launch_options(q.device, p * n),
     )
     if splits > 1:  # the sequences' rows side by side: [splits, Hq, P * N, .] into [Hq, P * N, D]
         rows = _Partials(
@@ -882,6 +888,7 @@ def _merge(main: _Partials, tail: _Partials, out: Tensor) -> None:
         SPLITS_C=splits_c,
         PDL=pdl.enabled(out.device),
         num_warps=4,
+        **pdl.seam_launch_options(out.device, n),
     )
 
 

@@ -30,12 +30,12 @@ from ddtree_kernels.gdn_commit import gdn_commit
 from ddtree_kernels.gdn_inputs import gdn_inputs
 from ddtree_kernels.gdn_step import gdn_step, gdn_step_fits
 from ddtree_kernels.gdn_tree import ForestPlan, TreePlan, gdn_forest, gdn_tree, tree_plan
-from ddtree_kernels.host import QuantizedRows, fp8_tensor_cores
+from ddtree_kernels.host import MAX_ROWS, QuantizedRows, fp8_tensor_cores
 from ddtree_kernels.kv_compact import compact, compact_forest
 from ddtree_kernels.qk_rope import qk_rope
 from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
-from ddtree_kernels.skinny_matmul import MAX_ROWS, SKINNY_MAX_N, skinny_matmul
+from ddtree_kernels.skinny_matmul import SKINNY_MAX_N, skinny_matmul
 from ddtree_kernels.tree_attention import (
     PartsVisibility,
     TreeVisibility,

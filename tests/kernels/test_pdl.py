@@ -1,7 +1,7 @@
 """Programmatic dependent launch (ddtree_kernels/pdl.py): off where the GPU or the interpreter has
 no ``griddepcontrol`` or ``SPECOPS_PDL=0`` says so; on a Hopper GPU a graphed chain of producers
-and linears (decode rows, a B=64 tree's rows) gives the same bits with it as without: each linear
-waits for its producer."""
+and linears (decode rows, a B=64 tree's rows, where the norms and SwiGLU are the PDL-launched ones)
+gives the same bits with it as without: each kernel launched so waits for its producer."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from ddtree_kernels import pdl
 from ddtree_kernels.fp8_gemm import fp8_gemm
 from ddtree_kernels.fp8_skinny import fp8_skinny
+from ddtree_kernels.host import MAX_ROWS
 from ddtree_kernels.rms_norm import rms_norm, rms_norm_fp8
 from ddtree_kernels.silu_mul import silu_mul, silu_mul_fp8
 from ddtree_kernels.skinny_matmul import skinny_matmul
@@ -23,9 +24,12 @@ HOPPER = DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) >= (
 def test_pdl_is_off_without_griddepcontrol_or_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pdl.enabled(DEVICE) == HOPPER
     assert not pdl.enabled(torch.device("cpu"))
+    # the kernels between the linears: PDL-launched over tree rows only
+    assert pdl.seam_launch_options(DEVICE, 65) == ({"launch_pdl": True} if HOPPER else {})
+    assert pdl.seam_launch_options(DEVICE, MAX_ROWS) == {}
     monkeypatch.setenv("SPECOPS_PDL", "0")
     assert not pdl.enabled(DEVICE)
-    assert pdl.launch_options(DEVICE) == {}
+    assert pdl.launch_options(DEVICE) == {} and pdl.seam_launch_options(DEVICE, 65) == {}
 
 
 def _chain(rows: int, h: int, inner: int):
