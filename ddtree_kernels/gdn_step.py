@@ -121,7 +121,6 @@ def _gdn_step_kernel(
             _norm_out(
                 o_head, head_cols, head_cols < DV, h, PROJ, W, OUT, Q_OUT, S_OUT, z_col, eps, HV, DV, GROUP
             )
-            tl.store(COUNTS + t * HV + h, 0)
     else:
         _norm_out(o, cols, v_ok, h, PROJ, W, OUT, Q_OUT, S_OUT, z_col, eps, HV, DV, GROUP)
 

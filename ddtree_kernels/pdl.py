@@ -84,9 +84,8 @@ def release_dependents(PDL: tl.constexpr):
 @triton.jit
 def release_then_wait(PDL: tl.constexpr):
     """A small kernel's start under PDL: let the next kernel launch, then wait for the one before."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    release_dependents(PDL)
+    wait_for_producer(PDL)
 
 
 @triton.jit

@@ -58,9 +58,13 @@ def checked_tiles(tiles: int, split_k: int) -> int:
 def arrived_last(COUNTS, slot, arrivals):
     """After this program's stores: whether it is the last of ``arrivals`` programs to bump count
     ``slot``, so that every other program's stores are visible to it (read them with ``.cg``: from L2,
-    where the other SMs' stores are, never a stale L1 line); the last one then re-arms the count to zero."""
+    where the other SMs' stores are, never a stale L1 line). The last one re-arms the count to zero
+    for the next launch: no program of this one touches it again."""
     tl.debug_barrier()  # every thread's stores are written before the count (a release) says so
-    return tl.atomic_add(COUNTS + slot, 1) == arrivals - 1  # acquire: the other programs' stores
+    last = tl.atomic_add(COUNTS + slot, 1) == arrivals - 1  # acquire: the other programs' stores
+    if last:
+        tl.store(COUNTS + slot, 0)
+    return last
 
 
 @triton.jit
@@ -80,6 +84,5 @@ def store_tile(
             for s in range(0, splits):
                 total += tl.load(part + s * split_stride, mask=mask, other=0.0, cache_modifier=".cg")
             tl.store(out, total.to(OUT.dtype.element_ty), mask=mask)
-            tl.store(COUNTS + tile, 0)
     else:
         tl.store(out, acc.to(OUT.dtype.element_ty), mask=mask)

@@ -154,7 +154,8 @@ def _quantizes_as_without_group(call, conv: torch.Tensor, rec: torch.Tensor, gro
 def test_the_deltanet_seams_quantize_their_output_for_an_fp8_out_proj(backend) -> None:
     """With out_proj's activation group each DeltaNet seam returns its gated norm's rows quantized:
     the fused `ar` step of one sequence (a 64-wide head a group; two groups a head split across
-    programs) and of five in slots out of order (two groups a head), a 17-node tree and a forest of two (the gated norm: two heads a group).
+    programs) and of five in slots out of order (two groups a head), a 17-node tree and a forest of
+    two (the gated norm: two heads a group).
     A group wider than the step's head (a scale per row) leaves the Triton step's rows unquantized,
     for the linear to quantize (TorchBackend, the reference, quantizes whatever the group)."""
     gen = torch.Generator().manual_seed(9)

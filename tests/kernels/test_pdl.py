@@ -43,14 +43,14 @@ def _chain(rows: int, h: int, inner: int):
     fp8 = [(quantize_weight(weight(2 * inner, h), (128, 128)), quantize_weight(weight(h, inner), (128, 128)))]
     bf16 = [(weight(2 * inner, h), weight(h, inner))]
     x = torch.randn(rows, h, generator=gen).to(DEVICE, torch.bfloat16)
-    fp8_linear = fp8_skinny if rows <= 16 else fp8_gemm
+    fp8_linear = fp8_skinny if rows <= MAX_ROWS else fp8_gemm
 
     def run() -> torch.Tensor:
         hidden, residual = x, x
         for gate_up, down in fp8 * 3:
             _, residual, quant = rms_norm_fp8(hidden, norm, 1e-6, residual, 128)
             hidden = fp8_linear(silu_mul_fp8(fp8_linear(quant, *gate_up, (128, 128)), 128), *down, (128, 128))
-        for gate_up, down in bf16 * 3 if rows <= 16 else []:
+        for gate_up, down in bf16 * 3 if rows <= MAX_ROWS else []:
             normed, residual = rms_norm(hidden, norm, 1e-6, residual)
             hidden = skinny_matmul(silu_mul(skinny_matmul(normed, gate_up)), down)
         return hidden + residual
