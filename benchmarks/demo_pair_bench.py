@@ -5,7 +5,7 @@ trained on) is decoded by `Engine.generate`, the call `python -m ddtree_runtime 
 after one untimed warm-up; EOS is ignored so every mode emits the same number of tokens. Prints one
 row per mode and budget with the speedup over `ar` measured in the same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/demo_pair_bench.py [--prompts 8] [--max-new-tokens 96] [--dtype D]
+    OMP_NUM_THREADS=1 python benchmarks/demo_pair_bench.py [--prompts 8] [--max-new-tokens 96] [--dtype D] [--draft-head fp8]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def main() -> None:
     p.add_argument("--budgets", default="16,32,64")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=default_dtype("cpu"))
+    p.add_argument(
+        "--draft-head", choices=("fp8", "target"), help="the drafts' LM head (default: the engine's)"
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     pair = Path(a.pair)
@@ -42,10 +45,12 @@ def main() -> None:
         pair / "target", pair / "drafter", torch.device("cpu"), getattr(torch, a.dtype)
     )
     budgets = [int(b) for b in a.budgets.split(",")]
-    engine = Engine(target, drafter, max_context=128 + a.max_new_tokens + max(budgets) + 1)
+    fp8_head = None if a.draft_head is None else a.draft_head == "fp8"
+    engine = Engine(target, drafter, 128 + a.max_new_tokens + max(budgets) + 1, fp8_draft_head=fp8_head)
     runs = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
     print(
         f"demo pair, {len(prompts)} held-out prompts, {a.max_new_tokens} new tokens, T=0, {a.dtype}, "
+        f"drafts through {type(engine.draft_head).__name__}, "
         f"{a.threads} thread(s), {platform.machine()} x{torch.get_num_threads()} torch {torch.__version__}"
     )
     print(f"{'mode':>7} {'budget':>6} {'tok/s':>8} {'tau':>6} {'vs ar':>7}")

@@ -59,7 +59,14 @@ from ddtree_kernels.skinny_matmul import SkinnyConfig, skinny_matmul
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.fp8 import fp8_linear_reference, quantize_weight
 from ddtree_runtime.quant import Fp8Linear
-from ddtree_runtime.roofline import Ceilings, matmul_params, measure_ceilings, pass_cost, round_floor_s
+from ddtree_runtime.roofline import (
+    Ceilings,
+    head_elem,
+    matmul_params,
+    measure_ceilings,
+    pass_cost,
+    round_floor_s,
+)
 
 BLOCKS = {"block": (128, 128), "channel": None}  # None: per-channel, (1, K)
 RTX_FP8_RATE = 1000e12  # RTX PRO 6000 Blackwell dense FP8 tensor FLOP/s, from its datasheet (unmeasured here)
@@ -304,7 +311,7 @@ def fp8_floor_ms(ceil: Ceilings, fp8_rate: float, cfg, rows: int, context: int) 
     return 1e3 * max(nbytes / ceil.copy_bytes_per_s, compute)
 
 
-def rtx_projection(rows: list[dict], tcfg, dcfg, context: int) -> list[dict]:
+def rtx_projection(rows: list[dict], tcfg, dcfg, context: int, draft_head_elem: int) -> list[dict]:
     """The `ar` step and ddtree rounds scaled to the RTX PRO 6000 by their FP8 floors (each keeps the
     efficiency against its floor that it has on the H200; the sm_120 tiles are not run), with tokens/s
     at tau 3, 5 and 7 beside the story's SGLang MTP and the published FP8 + DFlash figure."""
@@ -315,7 +322,8 @@ def rtx_projection(rows: list[dict], tcfg, dcfg, context: int) -> list[dict]:
         verified = 1 if r["mode"] == "ar" else r["budget"] + 1
         floor = fp8_floor_ms(RTX_PRO_6000, RTX_FP8_RATE, tcfg, verified, context)
         if r["mode"] != "ar":
-            floor += 1e3 * round_floor_s(RTX_PRO_6000, tcfg, dcfg, r["mode"], r["budget"], context)["drafter"]
+            rtx = round_floor_s(RTX_PRO_6000, tcfg, dcfg, r["mode"], r["budget"], context, draft_head_elem)
+            floor += 1e3 * rtx["drafter"]
         rtx_ms = r["round_ms"] / r["fp8_floor_ms"] * floor
         taus = (1,) if r["mode"] == "ar" else (3, 5, 7)
         out.append(
@@ -347,12 +355,10 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: i
         verified = {"ar": 1, "dflash": drafter.config.block_size, "ddtree": (row["budget"] or 0) + 1}
         floor = fp8_floor_ms(ceil, fp8_rate, tcfg, verified[row["mode"]], context)
         if row["mode"] != "ar":
-            floor += (
-                1e3
-                * round_floor_s(ceil, tcfg, drafter.config, row["mode"], row["budget"] or 1, context)[
-                    "drafter"
-                ]
+            draft = round_floor_s(
+                ceil, tcfg, drafter.config, row["mode"], row["budget"] or 1, context, head_elem(engine)
             )
+            floor += 1e3 * draft["drafter"]
         row["fp8_floor_ms"], row["x_fp8_floor"] = round(floor, 3), round(row["round_ms"] / floor, 2)
     verify_ms = verify_pass_ms(engine, Clock(device), context, 257)
     # whether those 257 rows' linears went to cuBLAS (--no-cublas raises its threshold past them)
@@ -378,7 +384,7 @@ def model_rows(ceil: Ceilings, fp8_rate: float, fmt: str, shape: str, context: i
         "ddtree64_x_ar_step": round(ddtree["round_ms"] / ar["round_ms"], 2),
         "goal_ddtree64": "<= 1.3 x ar",
         "rows": rows,
-        "rtx_projection": rtx_projection(rows, tcfg, drafter.config, context),
+        "rtx_projection": rtx_projection(rows, tcfg, drafter.config, context, head_elem(engine)),
     }
     print(json.dumps(summary), flush=True)
     return summary

@@ -43,7 +43,14 @@ from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
 from ddtree_runtime.models.target import Target
-from ddtree_runtime.roofline import Ceilings, measure_ceilings, pass_cost, phase_times_s, round_floor_s
+from ddtree_runtime.roofline import (
+    Ceilings,
+    head_elem,
+    measure_ceilings,
+    pass_cost,
+    phase_times_s,
+    round_floor_s,
+)
 
 QWEN3_8B = {
     "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
@@ -194,7 +201,7 @@ def measure_context(
         res = engine.generate(prompt, mode=mode, budget=max(budget, 1), max_new_tokens=new_tokens, eos_ids=())
         round_s = sum(v for k, v in res.phase_s.items() if k != "prefill")  # graphed: "round"; eager: phases
         wall_ms = 1e3 * round_s / max(1, res.rounds)
-        floor = round_floor_s(ceil, tcfg, dcfg, mode, budget, context)
+        floor = round_floor_s(ceil, tcfg, dcfg, mode, budget, context, head_elem(engine))
         floor_ms = 1e3 * (floor["target"] + floor["drafter"])
         ar_ms = wall_ms if mode == "ar" else ar_ms
         row = {
@@ -226,7 +233,13 @@ def projection(
         if r["mode"] == "dflash":
             continue
         rtx_floor = round_floor_s(
-            RTX_PRO_6000, engine.target.config, engine.drafter.config, r["mode"], r["budget"] or 0, context
+            RTX_PRO_6000,
+            engine.target.config,
+            engine.drafter.config,
+            r["mode"],
+            r["budget"] or 0,
+            context,
+            head_elem(engine),
         )
         rtx_ms = r["round_ms"] / r["floor_ms"] * 1e3 * (rtx_floor["target"] + rtx_floor["drafter"])
         h200 = next(
@@ -320,7 +333,7 @@ def main() -> None:
         engine.generate(prompt, mode="ddtree", budget=max(budgets), max_new_tokens=2, eos_ids=())
         for budget in sorted({64, max(budgets)} & set(budgets)):
             phases = phase_times_s(engine, "ddtree", budget)
-            floor = round_floor_s(ceil, tcfg, dcfg, "ddtree", budget, context)
+            floor = round_floor_s(ceil, tcfg, dcfg, "ddtree", budget, context, head_elem(engine))
             summary[f"ddtree{budget}_phases_ms"] = {k: round(1e3 * v, 3) for k, v in phases.items()}
             summary[f"ddtree{budget}_floor_ms"] = {k: round(1e3 * v, 3) for k, v in floor.items()}
     print(json.dumps(summary), flush=True)

@@ -10,6 +10,7 @@ matmul is which) and the wall time per replay.
     python benchmarks/round_profile.py --shape qwen3.6-27b --context 4096 --rounds ar,ddtree/256
     python benchmarks/round_profile.py --shape qwen3-8b --context 32768 --rounds ddtree/64
     python benchmarks/round_profile.py --fp8 block --rounds ar,ddtree/64    # an FP8 target (issue 23)
+    python benchmarks/round_profile.py --draft-head both     # the drafts through the bf16 head, then its FP8 copy
 """
 
 from __future__ import annotations
@@ -91,16 +92,28 @@ def main() -> None:
     p.add_argument("--sequence", type=int, default=60, help="kernels of the round's start to list in order")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--fp8", choices=["block", "channel"], help="quantize the target's decoder linears first")
+    p.add_argument(
+        "--draft-head",
+        choices=["fp8", "target", "both"],
+        help="the drafts' LM head: its FP8 copy, the target's own, or each in turn (default: the engine's)",
+    )
     p.add_argument("--json", help="write the per-name tables here")
     args = p.parse_args()
     rounds = [(m, int(b or 0)) for m, _, b in (r.partition("/") for r in args.rounds.split(","))]
     target, drafter = random_pair(args.shape, torch.device("cuda"), torch.bfloat16, small=False)
     if args.fp8:
         quantize_linears(target, args.fp8)
-    engine = Engine(target, drafter, args.context + 2048)
-    engine.warmup([m for m, _ in rounds], sorted({max(b, 1) for _, b in rounds}), max_prompt=64)
     prompt = torch.randint(0, target.config.vocab_size, (args.context,)).tolist()
-    tables = [profile_round(engine, prompt, mode, budget, args) for mode, budget in rounds]
+    heads = {"fp8": [True], "target": [False], "both": [False, True], None: [None]}[args.draft_head]
+    tables = []
+    for fp8_head in heads:  # one engine at a time: the next one's caches and graphs replace its own
+        engine = Engine(target, drafter, args.context + 2048, fp8_draft_head=fp8_head)
+        head = type(engine.draft_head).__name__
+        print(f"\n=== drafts through {head} ===", flush=True)
+        engine.warmup([m for m, _ in rounds], sorted({max(b, 1) for _, b in rounds}), max_prompt=64)
+        tables += [{**profile_round(engine, prompt, m, b, args), "draft_head": head} for m, b in rounds]
+        del engine
+        torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(tables, indent=1))
 

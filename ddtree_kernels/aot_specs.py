@@ -1043,14 +1043,17 @@ def _attention_gate(cc: int, group: int | None) -> Spec:
 
 FP8_BLOCK = (128, 128)  # Qwen's weight_block_size; per-channel checkpoints are (1, K)
 PROJECTIONS = ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER))  # o, gate_up, down of Qwen3-8B
+DRAFT_HEAD = (VOCAB, HIDDEN)  # the LM head's FP8 copy the drafts go through (engine.draft_head)
 
 
 def fp8_specs(cc: int) -> list[Spec]:
-    """The skinny kernel on the three projection shapes (block scales) and on the widest K with
-    per-channel scales; the activation quantization and the GEMM at 257 rows, both formats."""
+    """The skinny kernel on the three projection shapes and the drafts' LM head (block scales) and
+    on the widest K with per-channel scales; the activation quantization and the GEMM at 257 rows,
+    both formats."""
     e4m3, bf16 = torch.float8_e4m3fn, torch.bfloat16
     found = []
-    for (n, k), block in [*((shape, FP8_BLOCK) for shape in PROJECTIONS), ((HIDDEN, INTER), (1, INTER))]:
+    blocked = (*PROJECTIONS, DRAFT_HEAD)
+    for (n, k), block in [*((shape, FP8_BLOCK) for shape in blocked), ((HIDDEN, INTER), (1, INTER))]:
         cfg = fp8_skinny.default_config(n, k, block[1], SMS[cc])
         per_row = block[1] >= k
         w, scale = _empty(n, k, dtype=e4m3), _empty(cdiv(n, block[0]), cdiv(k, block[1]))

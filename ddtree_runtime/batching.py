@@ -146,6 +146,7 @@ class BatchEngine(Engine):
         policy: BudgetPolicy | None = None,
         graphs: bool | None = None,
         padded: bool | None = None,
+        fp8_draft_head: bool | None = None,
     ) -> None:
         if max_batch < 1:
             raise GenerationError(f"max_batch is {max_batch} (fix: at least 1)")
@@ -157,7 +158,13 @@ class BatchEngine(Engine):
         self.padded = graphs if padded is None else padded
         # padded: one more slot, the scratch slot that padding sequences write (and nobody reads)
         super().__init__(
-            target, drafter, max_context, backend, graphs=False, slots=max_batch + (1 if self.padded else 0)
+            target,
+            drafter,
+            max_context,
+            backend,
+            graphs=False,
+            slots=max_batch + (1 if self.padded else 0),
+            fp8_draft_head=fp8_draft_head,
         )
         self.max_batch = max_batch
         self.scratch = max_batch  # the padding sequences' slot (with `padded`)
@@ -509,7 +516,7 @@ class BatchEngine(Engine):
             blocks = Forest(tokens, offsets, steps.slots, steps.context_lens, bound)
             hidden = drafter.draft_parts(noise, blocks, backend).view(sequences, block, -1)
             flat = hidden[:, 1 : deepest + 1].reshape(sequences * deepest, -1)
-            handed[:] = [drafter.logits(flat, target.lm_head).view(sequences, deepest, -1)]
+            handed[:] = [drafter.logits(flat, self.draft_head).view(sequences, deepest, -1)]
 
         def tree() -> None:
             (draft_logits,) = handed
@@ -648,7 +655,7 @@ class BatchEngine(Engine):
             Part(s.slot, tokens[i], s.ctx + offsets, s.ctx, None, self._bound(s)) for i, s in enumerate(spec)
         ]
         hidden = self.drafter.draft_parts(noise, parts, self.backend).view(len(spec), block, -1)
-        logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.target.lm_head)
+        logits = self.drafter.logits(hidden[:, 1:].reshape(len(spec) * (block - 1), -1), self.draft_head)
         return logits.view(len(spec), block - 1, -1)
 
     def _bound(self, s: Live, root_alone: bool = False) -> int:

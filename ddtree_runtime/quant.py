@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from ddtree_kernels.host import QuantizedRows
 from ddtree_runtime.backend import Backend, select_backend
 from ddtree_runtime.config import ConfigError
-from ddtree_runtime.fp8 import cdiv
+from ddtree_runtime.fp8 import cdiv, quantize_weight
 from drafter_config.quantization import Fp8Scheme, QuantConfigError, read_fp8_scheme
 
 FP8 = torch.float8_e4m3fn
@@ -57,6 +57,21 @@ class Fp8Linear(nn.Module):
         out = select_backend(x.device).fp8_linear(rows, self.weight, self.scale, self.block)
         out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if self.bias is None else out + self.bias
+
+    @classmethod
+    def quantized(cls, linear: nn.Linear, block: tuple[int, int], rows_per_pass: int = 16384) -> Fp8Linear:
+        """An e4m3 copy of a bias-free linear, quantized as checkpoints are (`fp8.quantize_weight`),
+        `rows_per_pass` rows at a time (whole row blocks) so that an LM head never has an fp32 copy."""
+        if linear.bias is not None:
+            raise ValueError("only a bias-free linear is quantized here")
+        weight = linear.weight.detach()
+        step = max(block[0], rows_per_pass // block[0] * block[0])
+        parts = [quantize_weight(weight[i : i + step], block) for i in range(0, weight.shape[0], step)]
+        with torch.device("meta"):
+            copy = cls(linear.in_features, linear.out_features, block, bias=False)
+        copy.weight = nn.Parameter(torch.cat([w for w, _ in parts]), requires_grad=False)
+        copy.scale = nn.Parameter(torch.cat([s for _, s in parts]), requires_grad=False)
+        return copy
 
     @classmethod
     def fused(cls, parts: Sequence[Fp8Linear]) -> Fp8Linear:

@@ -98,6 +98,11 @@ def pass_cost(
     return nbytes, flops
 
 
+def head_elem(engine: Engine) -> int:
+    """Bytes per weight of the head the engine's drafts go through (1 for the FP8 copy)."""
+    return engine.draft_head.weight.element_size()
+
+
 def round_floor_s(
     ceil: Ceilings,
     target: Qwen3Config | Qwen3_5Config,
@@ -105,8 +110,10 @@ def round_floor_s(
     mode: str,
     budget: int,
     context: int,
+    head_elem: float = 2,
 ) -> dict[str, float]:
-    """The floor of one round at `context`, split into its target and drafter passes."""
+    """The floor of one round at `context`, split into its target and drafter passes; the drafts
+    go through an LM head of `head_elem` bytes a weight (1: `engine.draft_head`'s FP8 copy)."""
     if mode == "ar":
         return {"target": ceil.floor_s(*pass_cost(target, 1, context, 1)), "drafter": 0.0}
     assert drafter is not None
@@ -121,7 +128,9 @@ def round_floor_s(
         d_flops += 4 * lc.num_attention_heads * block * keys * lc.head_dim
     head = target.vocab_size * target.hidden_size  # the target's LM head for the B - 1 drafts
     fc = len(drafter.target_layer_ids) * lc.hidden_size * lc.hidden_size
-    draft = ceil.floor_s(d_bytes + (head + fc) * 2, d_flops + 2 * (block - 1) * head + 2 * block * fc)
+    draft = ceil.floor_s(
+        d_bytes + head * head_elem + fc * 2, d_flops + 2 * (block - 1) * head + 2 * block * fc
+    )
     return {"target": verify, "drafter": draft}
 
 

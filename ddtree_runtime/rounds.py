@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ddtree_runtime.backend import Backend
 from ddtree_runtime.logprobs import MAX_LOGPROBS, token_logprobs
@@ -200,6 +200,7 @@ def ar_phases(
 def spec_phases(
     target: Target,
     drafter: DFlashDrafter,
+    head: nn.Module,
     backend: Backend[Any, Any, Any],
     buf: RoundBuffers,
     mode: str,
@@ -210,7 +211,8 @@ def spec_phases(
     logprobs: bool = False,
 ) -> list[Phase]:
     """One speculative round (`dflash` or `ddtree`) of a `block`-token draft as phases over `buf`
-    (whose features hold `block` rows) and one `RoundState`. With `logprobs`, `compact` also
+    (whose features hold `block` rows) and one `RoundState`; the drafts' logits go through `head`
+    (`engine.draft_head`: the target's LM head or its FP8 copy). With `logprobs`, `compact` also
     records the emitted tokens' logprobs: each at its parent on the accepted path (the bonus at
     the last accepted node)."""
     cfg, device = drafter.config, buf.root.device
@@ -225,7 +227,7 @@ def spec_phases(
         )  # [block, hidden]
         drafter.ingest(buf.feats, buf.ctx - buf.n_feats, backend)
         hidden = drafter.draft(noise, buf.ctx, backend, key_bound)
-        s.draft_logits = drafter.logits(hidden[1:], target.lm_head)  # [block - 1, V]
+        s.draft_logits = drafter.logits(hidden[1:], head)  # [block - 1, V]
 
     def tree() -> None:
         if mode == "ddtree":

@@ -189,7 +189,8 @@ class DFlashDrafter(nn.Module):
         return self.draft(noise, ctx_start + features.shape[0], backend)
 
     def logits(self, hidden: Tensor, lm_head: nn.Module) -> Tensor:
-        """Draft logits [Bk, V] (fp32) through the target's head, with the config's output scaling."""
+        """Draft logits [Bk, V] (fp32) through the target's head (or its FP8 copy, `engine.draft_head`),
+        with the config's output scaling."""
         cfg = self.config
         logits = lm_head(hidden).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:
