@@ -84,6 +84,14 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
         "CUDA-graphed rounds",
         1,
     ),
+    "draft_head": ServeOption(
+        str,
+        "the LM head the drafts go through: auto (an FP8 copy of a 16-bit head on GPUs with FP8 tensor "
+        "cores, half its bytes per round for half its memory again; else the target's) | fp8 | target. "
+        "Output is the same either way: the target verifies every draft",
+        "auto",
+        choices=("auto", "fp8", "target"),
+    ),
     "prefill_chunk": ServeOption(
         int,
         "with --max-batch > 1: prompt tokens prefilled per step between rounds, in one pass over the "

@@ -37,6 +37,7 @@ from ddtree_runtime.config import ConfigError, read_json
 from ddtree_runtime.engine import Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import load_pair
+from ddtree_runtime.quant import Fp8Linear
 from ddtree_runtime.server.app import build_app
 from ddtree_runtime.server.connections import (
     accept_backlog,
@@ -103,12 +104,19 @@ def load(st: State) -> Engine:
     spec = any(m != "ar" for m in s.modes)
     target, drafter = load_pair(s.target, s.drafter if spec else None, device, dtype)
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
+    fp8_head = {"auto": None, "fp8": True, "target": False}[s.draft_head]
     if s.max_batch > 1:
         engine: Engine = BatchEngine(
-            target, drafter, max_context, s.max_batch, prefill_chunk=s.prefill_chunk, policy=policy
+            target,
+            drafter,
+            max_context,
+            s.max_batch,
+            prefill_chunk=s.prefill_chunk,
+            policy=policy,
+            fp8_draft_head=fp8_head,
         )
     else:
-        engine = Engine(target, drafter, max_context)
+        engine = Engine(target, drafter, max_context, fp8_draft_head=fp8_head)
     block = drafter.config.block_size if drafter is not None else 2
     applied, ignored = generation_defaults(s.target)
     st.log.write(
@@ -142,7 +150,8 @@ def load(st: State) -> Engine:
         engine.warmup(modes=s.modes, budgets=s.budgets)  # CUDA graphs per mode and budget on a GPU
     except GenerationError as e:
         raise SettingsError(f"the warm-up generation was refused: {e}") from None
-    st.log.write("warmed", seconds=round(time.perf_counter() - began, 3), pairs=allowed)
+    head = "fp8" if isinstance(engine.draft_head, Fp8Linear) else "target"
+    st.log.write("warmed", seconds=round(time.perf_counter() - began, 3), pairs=allowed, draft_head=head)
     st.tokenizer, st.limits = tokenizer, limits
     st.metrics = Metrics(st.model, spec, block - 1)
     # Everything made so far lives as long as the server: take it out of the collector's sight, or

@@ -44,6 +44,7 @@ class Settings:
     threads: int  # torch CPU threads
     queue_size: int
     max_batch: int  # sequences decoded together; 1: `Engine.generate`, one at a time
+    draft_head: str  # auto | fp8 | target (engine.draft_head)
     prefill_chunk: int | None  # None: a prompt is prefilled at once
     budget_policy: str  # fixed | load (budgets.py)
     cost_table: str | None  # None: the simple cost model

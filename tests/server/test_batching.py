@@ -1,6 +1,7 @@
 """A `--max-batch 4` server: concurrent clients decode together, each gets the text it gets alone
 (T = 0), the spec-decode counters add up per request, `vllm:num_requests_running` counts live
-slots, a client that leaves frees its slot, and a full queue still answers 503. With
+slots, a client that leaves frees its slot, and a full queue still answers 503 (its drafts go
+through the LM head's FP8 copy, `--draft-head fp8`, as those of the engine it is compared with). With
 `--budget-policy load` the trees narrow under load, speculation stops when it does not pay (its
 rounds count no draft) and the text stays the same.
 
@@ -40,7 +41,7 @@ def server(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Ite
         ["--target", str(tiny_pair.target), "--drafter", str(tiny_pair.drafter), "--device", "cpu",
          "--dtype", "float32", "--mode", "ddtree", "--modes", "ar,dflash,ddtree", "--budgets", "8,16",
          "--max-context", "4096", "--max-batch", str(SLOTS), "--prefill-chunk", "4",
-         "--queue-size", str(QUEUE), "--served-model-name", MODEL],
+         "--queue-size", str(QUEUE), "--served-model-name", MODEL, "--draft-head", "fp8"],
         log,
     )  # fmt: skip
     try:
@@ -55,7 +56,7 @@ def server(tiny_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def alone(tiny_pair: TinyPair) -> tuple[Engine, Tokenizer]:
     target, drafter = load_pair(tiny_pair.target, tiny_pair.drafter, torch.device("cpu"), torch.float32)
-    return Engine(target, drafter, 512), Tokenizer(tiny_pair.target)
+    return Engine(target, drafter, 512, fp8_draft_head=True), Tokenizer(tiny_pair.target)  # as `server`
 
 
 def test_concurrent_clients_get_their_own_text_and_counters(

@@ -267,6 +267,7 @@ def test_http_details(main_server: Server) -> None:
 def test_every_mode_and_budget_per_request_gives_the_ar_text(main_server: Server) -> None:
     warmed = [e for e in _log(main_server) if e["event"] == "warmed"]
     assert warmed[0]["pairs"] == [[m, b] for m in MODES for b in (BUDGETS if m == "ddtree" else (BUDGET,))]
+    assert warmed[0]["draft_head"] == "target"  # auto on the CPU: the target's own head
     base = {"model": MODEL, "prompt": PROMPT, "max_tokens": 20, "ignore_eos": True}
     want = main_server.post(C, {**base, "mode": "ar"})[1]["choices"][0]["text"]
     before = main_server.metrics()

@@ -91,6 +91,7 @@ def test_bad_flags_are_refused() -> None:
             ("--max-batch", "4", "--budget-policy", "auto"),
             "--budget-policy: 'auto' is not valid (fix: one of",
         ),
+        (("--draft-head", "fp16"), "--draft-head: 'fp16' is not valid (fix: one of auto, fp8, target)"),
     ]:
         with pytest.raises(SettingsError, match=re.escape(needle)):
             _settings("--target", "t", "--drafter", "d", *flags)
