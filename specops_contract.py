@@ -86,9 +86,9 @@ SERVE_OPTIONS: dict[str, ServeOption] = {
     ),
     "draft_head": ServeOption(
         str,
-        "the LM head the drafts go through: auto (an FP8 copy of a 16-bit head on GPUs with FP8 tensor "
-        "cores, half its bytes per round for half its memory again; else the target's) | fp8 | target. "
-        "Output is the same either way: the target verifies every draft",
+        "the LM head the drafts go through: auto (on GPUs with FP8 tensor cores an FP8 copy of a 16-bit "
+        "head, read at half the bytes each round and taking half its size again in memory; else the "
+        "target's own) | fp8 | target. The output is the same either way: the target verifies every draft",
         "auto",
         choices=("auto", "fp8", "target"),
     ),

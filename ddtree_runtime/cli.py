@@ -21,7 +21,7 @@ from ddtree_runtime import server
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.config import ConfigError
 from ddtree_runtime.cost_table import batch_sizes, measure, table_of, write_table
-from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.engine import FP8_DRAFT_HEAD, Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, default_dtype, default_threads, load_pair
 from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
@@ -35,7 +35,11 @@ def _serve_option(p: argparse.ArgumentParser, name: str, *, any_value: bool = Fa
     option = SERVE_OPTIONS[name]
     choices = None if any_value or not option.choices else option.choices
     p.add_argument(
-        f"--{name}", type=option.kind, default=option.default, choices=choices, help=option.describe()
+        f"--{name.replace('_', '-')}",
+        type=option.kind,
+        default=option.default,
+        choices=choices,
+        help=option.describe(),
     )
 
 
@@ -49,6 +53,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, help="cache size in tokens (default: what the request needs)")
     _serve_option(p, "device", any_value=True)  # any torch device (cuda:1 too); None: resolved after parsing
     _serve_option(p, "dtype")
+    _serve_option(p, "draft_head")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (through the chat template when the model has one)")
     prompt.add_argument("--prompt-ids", help="comma-separated token ids, used as they are")
@@ -80,6 +85,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     costs.add_argument("--drafter", required=True, help="DFlash drafter checkpoint directory")
     _serve_option(costs, "device", any_value=True)
     _serve_option(costs, "dtype")
+    _serve_option(costs, "draft_head")
     costs.add_argument("--max-batch", type=int, default=16, help="the server's --max-batch (default 16)")
     costs.add_argument("--budgets", default="1,2,4,8,16", help="ddtree budgets to time, two or more")
     costs.add_argument("--context", type=int, default=512, help="prompt tokens of every sequence")
@@ -141,7 +147,7 @@ def _engine(
     max_context = args.max_context or min(
         target.config.max_position_embeddings, prompt_len + args.max_new_tokens + rows
     )
-    return Engine(target, drafter, max_context)
+    return Engine(target, drafter, max_context, fp8_draft_head=FP8_DRAFT_HEAD[args.draft_head])
 
 
 def _load_tokenizer(target: str) -> Tokenizer | None:
@@ -256,7 +262,9 @@ def cost_table(args: argparse.Namespace) -> int:
     block = drafter.config.block_size
     batches = batch_sizes(args.max_batch)
     max_context = args.context + (args.reps + 4) * block + budgets[-1] + 1
-    engine = BatchEngine(target, drafter, max_context, batches[-1])
+    engine = BatchEngine(
+        target, drafter, max_context, batches[-1], fp8_draft_head=FP8_DRAFT_HEAD[args.draft_head]
+    )
     print(
         f"timing {len(batches) * (len(budgets) + 1)} round shapes on {device} ({args.dtype})", file=sys.stderr
     )

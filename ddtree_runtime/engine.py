@@ -43,6 +43,7 @@ from ddtree_runtime.rounds import Phase, RoundBuffers, Sampling, ar_phases, choo
 from specops_contract import MODES, SERVE_OPTIONS, verify_rows
 
 DRAFT_HEAD_BLOCK = (128, 128)  # Qwen's weight_block_size, the blocks the FP8 kernels are tuned for
+FP8_DRAFT_HEAD = {"auto": None, "fp8": True, "target": False}  # --draft-head: the engines' fp8_draft_head
 
 
 class GenerationError(ValueError):

@@ -34,7 +34,7 @@ import uvicorn
 from ddtree_runtime.batching import BatchEngine
 from ddtree_runtime.budgets import BudgetPolicy, CostTable, CostTableError
 from ddtree_runtime.config import ConfigError, read_json
-from ddtree_runtime.engine import Engine, GenerationError
+from ddtree_runtime.engine import FP8_DRAFT_HEAD, Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import load_pair
 from ddtree_runtime.quant import Fp8Linear
@@ -104,7 +104,7 @@ def load(st: State) -> Engine:
     spec = any(m != "ar" for m in s.modes)
     target, drafter = load_pair(s.target, s.drafter if spec else None, device, dtype)
     max_context = s.max_context or min(target.config.max_position_embeddings, DEFAULT_MAX_CONTEXT)
-    fp8_head = {"auto": None, "fp8": True, "target": False}[s.draft_head]
+    fp8_head = FP8_DRAFT_HEAD[s.draft_head]
     if s.max_batch > 1:
         engine: Engine = BatchEngine(
             target,

@@ -2,7 +2,7 @@
 
 ``fab tune``'s ``cost_table`` step (``ops/steps/cost_table.py``) records its command line with the
 table; ``tuned_settings`` (``ops/steps/bench.py``) hands the table to the server only while the
-models, device, max batch and dtype there are still the ones the server runs, so a ``fab deploy``
+models, device, max batch, dtype and draft head there are still the ones the server runs, so a ``fab deploy``
 after the inventory changed them never feeds the load policy another model's costs.
 """
 
@@ -19,7 +19,14 @@ from specops_contract import SERVE_ENV_PREFIX, SERVE_OPTIONS
 if TYPE_CHECKING:
     from ops.api.context import StepContext
 
-FLAGS = ("--target", "--drafter", "--device", "--max-batch", "--dtype")  # what the costs depend on
+FLAGS = (
+    "--target",
+    "--drafter",
+    "--device",
+    "--max-batch",
+    "--dtype",
+    "--draft-head",
+)  # what the costs depend on
 
 
 def env_setting(serve_env: dict[str, Any], name: str) -> str | None:
@@ -44,8 +51,8 @@ def parse_table(text: str) -> dict[str, Any] | None:
 
 
 def table_settings(args: dict[str, Any], ctx: StepContext) -> dict[str, str]:
-    """The cost-table flags for what the server runs: its models, device, max batch and dtype
-    (the inventory's ``serve`` wins over ``serve_env``, as on the server's command line)."""
+    """The cost-table flags for what the server runs: its models, device, max batch, dtype and
+    draft head (the inventory's ``serve`` wins over ``serve_env``, as on the server's command line)."""
     serve, env = args["serve"], args["serve_env"]
     settings = {
         "--target": args["target"],
@@ -54,7 +61,9 @@ def table_settings(args: dict[str, Any], ctx: StepContext) -> dict[str, str]:
         "--max-batch": str(max_batch(env)),
     }
     dtype = serve.get("dtype") or env_setting(env, "dtype")
-    return {**settings, "--dtype": dtype} if dtype else settings
+    head = env_setting(env, "draft_head")
+    optional = {"--dtype": dtype, "--draft-head": head}
+    return settings | {flag: value for flag, value in optional.items() if value}
 
 
 def stale_settings(measured_for: dict[str, Any], settings: dict[str, str]) -> list[str]:

@@ -260,6 +260,11 @@ def test_tuned_settings_hand_over_a_cost_table_only_for_the_models_it_was_measur
     assert plan.data["serve"] == {"mode": "ddtree", "budget": 8}
     assert f"{layout.cost_table} left out, it was measured for drafter /m/d (now /m/d2)" in plan.reason
 
+    served_fp8 = {**args["serve_env"], "SPECOPS_SERVE_DRAFT_HEAD": "fp8"}  # the drafts' cost changes
+    plan, _ = converge(local, "tuned_settings", {**args, "serve_env": served_fp8}, tmp_path)
+    assert plan.data["serve"] == {"mode": "ddtree", "budget": 8}
+    assert "it was measured for draft-head unset (now fp8)" in plan.reason
+
     Path(layout.cost_table).write_text(json.dumps({"rows": [1, 2], "seconds": [0.1, 0.2]}))  # by hand
     plan, _ = converge(local, "tuned_settings", {**args, "drafter": "/m/d2"}, tmp_path)
     assert plan.data["serve"]["cost_table"] == layout.cost_table and "served unchecked" in plan.reason

@@ -42,10 +42,12 @@ def pair_args(tiny_pair: TinyPair) -> list[str]:
 
 def test_generate_json_matches_ar(pair_args: list[str]) -> None:
     outs = {}
-    for mode in ("ar", "ddtree"):
+    for run, mode, head in (("ar", "ar", "auto"), ("ddtree", "ddtree", "auto"), ("fp8", "ddtree", "fp8")):
         proc = cli(
             "generate",
             *pair_args,
+            "--draft-head",
+            head,
             "--mode",
             mode,
             "--budget",
@@ -58,7 +60,7 @@ def test_generate_json_matches_ar(pair_args: list[str]) -> None:
             "json",
         )
         assert proc.returncode == 0, proc.stderr
-        outs[mode] = json.loads(proc.stdout)
+        outs[run] = json.loads(proc.stdout)
     tree = outs["ddtree"]
     for key in (
         "output_ids",
@@ -71,6 +73,7 @@ def test_generate_json_matches_ar(pair_args: list[str]) -> None:
     ):
         assert key in tree
     assert tree["output_ids"] == outs["ar"]["output_ids"] and len(tree["output_ids"]) == 12
+    assert outs["fp8"]["output_ids"] == outs["ar"]["output_ids"]  # drafted through the head's FP8 copy
     assert tree["text"] == outs["ar"]["text"] and len(tree["text"].split()) == 12
     assert tree["rounds"] == len(tree["accepted_per_round"]) and tree["mean_accepted"] > 1
     assert set(tree["phase_s"]) == {"prefill", "draft", "tree", "verify", "walk", "compact", "round"}
