@@ -24,7 +24,7 @@ from ddtree_runtime.cost_table import batch_sizes, measure, table_of, write_tabl
 from ddtree_runtime.engine import FP8_DRAFT_HEAD, Engine, GenerationError
 from ddtree_runtime.host_memory import keep_freed_memory
 from ddtree_runtime.loader import default_device, default_dtype, default_threads, load_pair
-from ddtree_runtime.roofline import measure_ceilings, phase_times_s, round_floor_s
+from ddtree_runtime.roofline import head_elem, measure_ceilings, phase_times_s, round_floor_s
 from ddtree_runtime.tiny import write_tiny_pair
 from ddtree_runtime.tokenizer import Tokenizer
 from specops_contract import MODES, SERVE_OPTIONS
@@ -232,6 +232,7 @@ def bench(args: argparse.Namespace) -> int:
                     mode,
                     budget or 1,
                     context,
+                    head_elem(engine),
                 )
                 row["phase_ms"] = {k: round(1e3 * v, 3) for k, v in phases.items()}
                 row["floor_ms"] = {k: round(1e3 * v, 3) for k, v in floor.items()}

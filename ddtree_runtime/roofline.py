@@ -110,7 +110,7 @@ def round_floor_s(
     mode: str,
     budget: int,
     context: int,
-    head_elem: float = 2,
+    head_elem: int,
 ) -> dict[str, float]:
     """The floor of one round at `context`, split into its target and drafter passes; the drafts
     go through an LM head of `head_elem` bytes a weight (1: `engine.draft_head`'s FP8 copy)."""
