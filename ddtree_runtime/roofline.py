@@ -25,6 +25,7 @@ import torch
 from ddtree_runtime.config import DFlashConfig, Qwen3_5Config, Qwen3Config
 from ddtree_runtime.engine import Engine
 from ddtree_runtime.graphs import key_bound
+from ddtree_runtime.quant import Fp8Linear
 from ddtree_runtime.rounds import Sampling
 from specops_contract import verify_rows
 
@@ -99,8 +100,9 @@ def pass_cost(
 
 
 def head_elem(engine: Engine) -> int:
-    """Bytes per weight of the head the engine's drafts go through (1 for the FP8 copy)."""
-    return engine.draft_head.weight.element_size()
+    """Bytes per weight of the head the engine's drafts go through: 1 for an FP8 head, else the 2
+    that the floors count for every weight (an fp32 test model included)."""
+    return 1 if isinstance(engine.draft_head, Fp8Linear) else 2
 
 
 def round_floor_s(
@@ -110,10 +112,10 @@ def round_floor_s(
     mode: str,
     budget: int,
     context: int,
-    head_elem: int,
+    head_bytes: int,
 ) -> dict[str, float]:
     """The floor of one round at `context`, split into its target and drafter passes; the drafts
-    go through an LM head of `head_elem` bytes a weight (1: `engine.draft_head`'s FP8 copy)."""
+    go through an LM head of `head_bytes` bytes a weight (`head_elem`: 1 for the FP8 copy)."""
     if mode == "ar":
         return {"target": ceil.floor_s(*pass_cost(target, 1, context, 1)), "drafter": 0.0}
     assert drafter is not None
@@ -129,7 +131,7 @@ def round_floor_s(
     head = target.vocab_size * target.hidden_size  # the target's LM head for the B - 1 drafts
     fc = len(drafter.target_layer_ids) * lc.hidden_size * lc.hidden_size
     draft = ceil.floor_s(
-        d_bytes + head * head_elem + fc * 2, d_flops + 2 * (block - 1) * head + 2 * block * fc
+        d_bytes + head * head_bytes + fc * 2, d_flops + 2 * (block - 1) * head + 2 * block * fc
     )
     return {"target": verify, "drafter": draft}
 
