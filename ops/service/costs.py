@@ -2,8 +2,8 @@
 
 ``fab tune``'s ``cost_table`` step (``ops/steps/cost_table.py``) records its command line with the
 table; ``tuned_settings`` (``ops/steps/bench.py``) hands the table to the server only while the
-models, device, max batch, dtype and draft head there are still the ones the server runs, so a ``fab deploy``
-after the inventory changed them never feeds the load policy another model's costs.
+models, device, max batch, dtype and draft head there are still the ones the server runs, so a
+``fab deploy`` after the inventory changed them never feeds the load policy another model's costs.
 """
 
 from __future__ import annotations
@@ -19,14 +19,8 @@ from specops_contract import SERVE_ENV_PREFIX, SERVE_OPTIONS
 if TYPE_CHECKING:
     from ops.api.context import StepContext
 
-FLAGS = (
-    "--target",
-    "--drafter",
-    "--device",
-    "--max-batch",
-    "--dtype",
-    "--draft-head",
-)  # what the costs depend on
+# what the costs depend on
+FLAGS = ("--target", "--drafter", "--device", "--max-batch", "--dtype", "--draft-head")
 
 
 def env_setting(serve_env: dict[str, Any], name: str) -> str | None:
