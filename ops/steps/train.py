@@ -264,6 +264,16 @@ class TrainDrafter(Step):
         where = plan.data["drafter"] if leader else f"{args['nodes'][0]}:{plan.data['drafter']}"
         return Applied(True, f"drafter in {where} (tau {tau})", data)
 
+    @staticmethod
+    def _alive(conn, out: str) -> bool:
+        """Whether the run in `out` lives, a dead verdict confirmed a second later: on a loaded
+        2-core machine a first poll once found neither the exit code nor the live pid of a run
+        that went on for another 12 s, and the step gave it up."""
+        if conn.run(alive_test(out)).ok:
+            return True
+        time.sleep(1.0)
+        return conn.run(alive_test(out)).ok
+
     def _watch(self, conn, args: dict[str, Any], ctx: StepContext, home: Path | None) -> tuple[int, str]:
         """Poll the log until exit_code appears; new lines go to the progress display and home."""
         log_path, code_path = (
@@ -273,7 +283,7 @@ class TrainDrafter(Step):
         deadline, offset, text, delay = time.monotonic() + args["timeout"], 0, "", 0.25
         while True:
             done = conn.stat(code_path) is not None
-            if not done and not conn.run(alive_test(args["out"])).ok:
+            if not done and not self._alive(conn, args["out"]):
                 done = conn.stat(code_path) is not None  # it may have ended between the two looks
                 if not done:
                     raise StepFailed(
