@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ddtree_runtime.engine import Engine
+from ddtree_runtime.engine import FP8_DRAFT_HEAD, Engine
 from ddtree_runtime.loader import default_dtype, load_pair
 from ddtree_runtime.tokenizer import Tokenizer
 
@@ -32,9 +32,7 @@ def main() -> None:
     p.add_argument("--budgets", default="16,32,64")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=default_dtype("cpu"))
-    p.add_argument(
-        "--draft-head", choices=("fp8", "target"), help="the drafts' LM head (default: the engine's)"
-    )
+    p.add_argument("--draft-head", choices=tuple(FP8_DRAFT_HEAD), default="auto", help="as serve's")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     pair = Path(a.pair)
@@ -45,7 +43,7 @@ def main() -> None:
         pair / "target", pair / "drafter", torch.device("cpu"), getattr(torch, a.dtype)
     )
     budgets = [int(b) for b in a.budgets.split(",")]
-    fp8_head = None if a.draft_head is None else a.draft_head == "fp8"
+    fp8_head = FP8_DRAFT_HEAD[a.draft_head]
     engine = Engine(target, drafter, 128 + a.max_new_tokens + max(budgets) + 1, fp8_draft_head=fp8_head)
     runs = [("ar", None), ("dflash", None), *(("ddtree", b) for b in budgets)]
     print(

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fp8_bench import quantize_linears
 from benchmarks.roofline import SHAPES, random_pair
-from ddtree_runtime.engine import Engine
+from ddtree_runtime.engine import FP8_DRAFT_HEAD, Engine
 from ddtree_runtime.graphs import key_bound
 from specops_contract import verify_rows
 
@@ -94,8 +94,9 @@ def main() -> None:
     p.add_argument("--fp8", choices=["block", "channel"], help="quantize the target's decoder linears first")
     p.add_argument(
         "--draft-head",
-        choices=["fp8", "target", "both"],
-        help="the drafts' LM head: its FP8 copy, the target's own, or each in turn (default: the engine's)",
+        choices=[*FP8_DRAFT_HEAD, "both"],
+        default="auto",
+        help="the drafts' LM head as `serve --draft-head` takes it, or both: the target's, then its FP8 copy",
     )
     p.add_argument("--json", help="write the per-name tables here")
     args = p.parse_args()
@@ -104,7 +105,7 @@ def main() -> None:
     if args.fp8:
         quantize_linears(target, args.fp8)
     prompt = torch.randint(0, target.config.vocab_size, (args.context,)).tolist()
-    heads = {"fp8": [True], "target": [False], "both": [False, True], None: [None]}[args.draft_head]
+    heads = [False, True] if args.draft_head == "both" else [FP8_DRAFT_HEAD[args.draft_head]]
     tables = []
     for fp8_head in heads:  # one engine at a time: the next one's caches and graphs replace its own
         engine = Engine(target, drafter, args.context + 2048, fp8_draft_head=fp8_head)
