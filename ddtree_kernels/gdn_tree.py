@@ -333,9 +333,11 @@ def _tree_blocks_kernel(
     cols = c * BLOCK_T + tl.arange(0, BLOCK_T)
     r_ok, c_ok = rows < n_nodes, cols < n_nodes
     g_r = _path_sums(ANC, G, h, rows, n_nodes, i, stride_anc, HV, BLOCK_T)
-    g_c = _path_sums(ANC, G, h, cols, n_nodes, c, stride_anc, HV, BLOCK_T)
     if c == i:  # one program per node block stores its G (the solve and the commit read it)
         tl.store(GSUM + h * n_nodes + rows, g_r, mask=r_ok)
+        g_c = g_r
+    else:
+        g_c = _path_sums(ANC, G, h, cols, n_nodes, c, stride_anc, HV, BLOCK_T)
     anc = tl.load(ANC + rows[:, None] * stride_anc + cols[None, :])
     decay = tl.where(anc > 0, tl.exp(g_r[:, None] - g_c[None, :]), 0.0)
     tile = h * stride_anc * stride_anc + rows[:, None] * stride_anc + cols[None, :]
