@@ -126,10 +126,19 @@ def test_the_forward_is_the_dequantized_model_up_to_activation_quantization(
 
 def test_transformers_reads_the_block_checkpoint_as_we_do(fp8_pairs, tmp_path: Path) -> None:
     """transformers runs the FP8 checkpoint on a CPU by dequantizing it (no activation quantization):
-    its weights are ours bit for bit and its logits those of our dequantized twin."""
+    its weights are ours bit for bit and its logits those of our dequantized twin. Dequantizing is asked
+    for: on a machine with a GPU transformers would keep the e4m3 weights, which its CPU forward cannot take."""
     transformers = pytest.importorskip("transformers")
     target = fp8_pairs["dense-block"].target
-    hf = transformers.Qwen3ForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    quant = json.loads((target / "config.json").read_text())["quantization_config"]
+    dequantized = transformers.FineGrainedFP8Config(
+        weight_block_size=quant["weight_block_size"],
+        modules_to_not_convert=quant["modules_to_not_convert"],
+        dequantize=True,
+    )
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(
+        target, dtype=torch.float32, quantization_config=dequantized
+    ).eval()
     ours = load_target(target, torch.device("cpu"), torch.float32)
     for i, layer in enumerate(ours.layers):
         qkv, hf_attn = layer.self_attn.qkv_proj, hf.model.layers[i].self_attn
