@@ -101,12 +101,14 @@ class DFlashDrafter(nn.Module):
             attn = layer.self_attn
             if batch is not None:  # every part's K/V in one step and one scatter
                 kc, vc = self.k_caches[:, i], self.v_caches[:, i]
-                attn.rope_slots(attn.qkv(ctx, backend), self.cos, self.sin, batch, kc, vc, backend)
+                attn.rope_slots(
+                    attn.kv(ctx, backend), self.cos, self.sin, batch, kc, vc, backend, queries=False
+                )
                 continue
-            for part, qkv in zip(parts, attn.qkv(ctx, backend).split(sizes), strict=True):
+            for part, kv in zip(parts, attn.kv(ctx, backend).split(sizes), strict=True):
                 kc, vc = self.k_caches[part.slot, i], self.v_caches[part.slot, i]
-                start = as_device_length(part.context_len, qkv.device)
-                attn.rope(qkv, self.cos, self.sin, part.input_pos, kc, vc, start, backend)  # K/V only
+                start = as_device_length(part.context_len, kv.device)
+                attn.rope(kv, self.cos, self.sin, part.input_pos, kc, vc, start, backend, queries=False)
 
     def draft(
         self,

@@ -147,6 +147,18 @@ class Attention(nn.Module):
         assert isinstance(x, Tensor), "unfused projections read unquantized rows"
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
+    def kv(self, x: Tensor, backend: Backend) -> Tensor:
+        """x: [T, hidden] -> [T, 2 Hkv D], the keys and values alone: a DFlash drafter's context rows
+        need no queries, and the q rows are 2/3 of a 27B drafter's projection (a bandwidth-bound
+        read of 42 MB a layer at a round's few rows)."""
+        fused = self.qkv_proj
+        if fused is None:
+            return torch.cat([self.k_proj(x), self.v_proj(x)], dim=-1)
+        assert isinstance(fused, nn.Linear), "a drafter's projections stay in its own dtype"
+        q_rows = self.n_heads * self.head_dim
+        out = backend.linear(x, fused.weight[q_rows:])
+        return out if fused.bias is None else out + fused.bias[q_rows:]
+
     def rope(
         self,
         qkv: Tensor,
@@ -157,9 +169,11 @@ class Attention(nn.Module):
         v_cache: Tensor,
         context_len: Tensor,
         backend: Backend,
+        queries: bool = True,
     ) -> Tensor:
         """Queries [Hq, T, D] of a projection `qkv` [T, ...] (q/k norm and RoPE); its keys and
-        values go to cache rows `context_len ..`."""
+        values go to cache rows `context_len ..`. With `queries=False` qkv holds the keys and
+        values alone (`kv`) and no queries come back ([0, T, D])."""
         q = backend.qk_rope(
             qkv,
             self.q_norm.weight,
@@ -171,7 +185,7 @@ class Attention(nn.Module):
             k_cache,
             v_cache,
             context_len,
-            self.n_heads,
+            self.n_heads if queries else 0,
         )  # [T, Hq, D]
         return q.transpose(0, 1)
 
@@ -184,14 +198,15 @@ class Attention(nn.Module):
         k_caches: Tensor,
         v_caches: Tensor,
         backend: Backend,
+        queries: bool = True,
     ) -> Tensor:
         """`rope` of several parts' projection rows `qkv` [T, ...] in one step (into scratch K/V),
         then one scatter of their K/V rows into each part's slot of this layer's caches
-        [S, Hkv, S_max, D]. Returns the queries [Hq, T, D]."""
+        [S, Hkv, S_max, D]. Returns the queries [Hq, T, D] (none with `queries=False`, as `rope`)."""
         t, d = qkv.shape[0], self.head_dim
         k_new, v_new = qkv.new_empty(self.n_kv, t, d), qkv.new_empty(self.n_kv, t, d)
         start = as_device_length(0, qkv.device)
-        q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend)
+        q = self.rope(qkv, cos, sin, batch.positions, k_new, v_new, start, backend, queries)
         write_slots(batch, k_new, v_new, k_caches, v_caches)
         return q
 

@@ -49,6 +49,7 @@ def test_rms_norm(dtype: torch.dtype, rows: int, hidden: int, residual: bool, sc
         (7, 6, 2, 32, 0, 32, False),
         (3, 2, 2, 24, 40, 24, False),
         (5, 4, 2, 64, 7, 16, True),  # Qwen3.5: gated query heads, a quarter of each head rotated
+        (4, 0, 2, 32, 11, 32, False),  # a DFlash drafter's context rows: keys and values alone
     ],
 )
 def test_qk_rope_writes_the_cache_and_returns_q(
@@ -67,7 +68,7 @@ def test_qk_rope_writes_the_cache_and_returns_q(
     ref = TorchBackend.qk_rope(
         qkv, qw, kw, 1e-6, cos, sin, pos, caches[2], caches[3], length, hq, gated=gated
     )
-    assert q.shape == (t, hq, d) and _rel(q, ref) < TOL[dtype]
+    assert q.shape == ref.shape == (t, hq, d) and (hq == 0 or _rel(q, ref) < TOL[dtype])
     rows = slice(ctx, ctx + t)
     assert _rel(caches[0][:, rows], caches[2][:, rows]) < TOL[dtype]
     assert torch.equal(caches[1][:, rows], caches[3][:, rows])  # values are copied as they are
