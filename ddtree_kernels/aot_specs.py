@@ -551,7 +551,8 @@ def layer_specs(cc: int) -> list[Spec]:
         dict(BLOCK=1024, PDL=PDL),
         4,
     )
-    found = [norm, rope, swiglu]
+    kv_rope = _qk_rope(cc, 0, HKV, HEAD_DIM, HEAD_DIM, gated=False, w_dtype=bf16)
+    found = [norm, rope, kv_rope, swiglu]
     for n, k in ((HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)):
         found.append(_skinny(cc, n, k))
     return found
@@ -600,17 +601,19 @@ def _rms_norm(cc: int, group: int | None, chunk: int | None = None) -> Spec:
 
 
 def _qk_rope(cc: int, hq: int, hkv: int, d: int, rot: int, gated: bool, w_dtype: torch.dtype) -> Spec:
-    """q/k norm + RoPE + cache write of 257 rows: Qwen3's (bf16 weights, all of D rotated) or
-    Qwen3.5's gated attention (a gate after each query head, fp32 (1 + w) scales, rot of D rotated)."""
+    """q/k norm + RoPE + cache write of 257 rows: Qwen3's (bf16 weights, all of D rotated), a DFlash
+    drafter's context rows (hq = 0: keys and values alone) or Qwen3.5's gated attention (a gate after
+    each query head, fp32 (1 + w) scales, rot of D rotated)."""
     bf16 = torch.bfloat16
     width = 2 * d if gated else d
+    heads = f"{hq}/{hkv} heads" if hq else f"{hkv} K/V heads alone"
     qkv = _empty(257, hq * width + 2 * hkv * d, dtype=bf16)
     cache_ = _empty(hkv, CONTEXT + BUDGET + 1, d, dtype=bf16)
     table_ = _empty(CONTEXT + BUDGET + 1, rot)
     q = _empty(257, hq, d, dtype=bf16)
     return Spec(
         "qk_rope",
-        f"{'gated ' if gated else ''}{hq}/{hkv} heads D={d}{f' rotary {rot}' if rot < d else ''}",
+        f"{'gated ' if gated else ''}{heads} D={d}{f' rotary {rot}' if rot < d else ''}",
         cc,
         qk_rope._qk_rope_kernel,
         dict(
@@ -762,7 +765,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             n_blocks=blocks,
             stride_anc=pad,
         )
-        a = _empty(p, GDN_HV, pad, pad)
+        a = _empty(p, GDN_HV, pad, pad, dtype=gdn_tree.scratch_dtype(bf16))
         inv = _empty(p, GDN_HV, blocks, block_t, block_t)
         r = _empty(p, GDN_HV, pad, GDN_D)
         shapes = dict(**GDN_HEADS, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)
@@ -781,7 +784,7 @@ def gdn_specs(cc: int) -> list[Spec]:
                     G=_empty(p, n, GDN_HV),
                     S0=_empty(GDN_HV, GDN_D, GDN_D),
                     GSUM=_empty(GDN_HV, n),
-                    ANC=_empty(p, pad, pad),
+                    ANC=_empty(p, pad, pad, dtype=torch.int8),
                     STEPS=steps,
                     A=a,
                     P=a,
@@ -835,7 +838,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             dict(
                 PARENTS=_empty(257, dtype=i64),
                 DEPTH=_empty(257, dtype=i64),
-                ANC=_empty(320, 320),
+                ANC=_empty(320, 320, dtype=torch.int8),
                 WINDOWS=_empty(257, CONV, dtype=torch.int32),
                 stride_anc=320,
             ),

@@ -19,7 +19,7 @@ root path it is exactly the chain.
 
 **The ancestor structure is computed once per round** (``tree_plan``): the tree is the same for all
 heads and all DeltaNet layers of a verify pass. The plan holds the dense ancestor-or-self matrix
-(0/1, fp32, padded to whole node blocks of BLOCK_T), which blocks pairs of node blocks have any
+(0/1, int8, padded to whole node blocks of BLOCK_T), which blocks pairs of node blocks have any
 ancestor link at all (a best-first tree hangs most nodes off a few early ones, so most pairs are
 empty and skipped), for each diagonal block the number of squarings its solve needs, and each
 node's conv window (``ddtree_kernels/gdn_inputs.py``). One launch walks every node's parent chain.
@@ -43,8 +43,8 @@ earlier blocks that hold its ancestors (read back from the D it stored), applies
 gathers o_i = O0_i + sum_c P[i, c] D_c. A verify tree has 2^k + 1 nodes (the root and a budget of
 2^k), so whole blocks would leave the last node alone in a block step of its own (5 steps for 257
 nodes in 64-node blocks, 2 for 65). That lone node is a leaf (nothing depends on it), so it rides
-along as the solve's **tail** instead: after the last full block, its row, held in a 16-row matmul
-tile, against the blocks that hold its ancestors, with no squarings (its diagonal block is 1); the
+along as the solve's **tail** instead: after the last full block, its row (a row-vector product,
+not a matmul tile) against the blocks that hold its ancestors, with no squarings (its diagonal block is 1); the
 plan says ``tail``. Measured on the H200 (Qwen3.6-27B's 48 value heads, graph-timed per layer)
 against the schedule before these two (the state products inside the solve's steps, the lone node a
 step of its own): 257 nodes 84.3 -> 75.3 µs (fla's chunked chain over 257 tokens: 59.6), 65 nodes
@@ -60,7 +60,12 @@ The path sums G = anc @ g come out of the first kernel too: each program sums it
 columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first
 kernel's whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
 the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
-key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The outputs come with the
+key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The blocks A and P that the first
+kernel hands the second are stored in a 16-bit model's dtype (``scratch_dtype``), the inverses and
+the blocks against the state in fp32: the solve reads every block once per value block, and on the
+H100 (27B layer, 257 nodes, graph-timed, with the tail below as a row) the pair took 58.9 µs a layer
+against 66.0 with fp32 blocks, an fp32 ancestor matrix and a 16-row tail, for an error against fp64
+of 1.88e-3 against 1.76e-3. The outputs come with the
 corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
 follows with no second pass:
 
@@ -96,6 +101,13 @@ def node_block(n: int, cc: int) -> int:
     return 16 if n <= 16 else 32 if n <= 128 or cc // 10 != 9 else 64
 
 
+def scratch_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the off-diagonal blocks A and P between the two kernels: a 16-bit model's own
+    (the solve reads each block once per value block, and fla keeps its inverted blocks in bf16 too;
+    the inverses, right-hand sides and D stay fp32); fp32 for an fp32 model, which must stay exact."""
+    return torch.float32 if dtype == torch.float32 else dtype
+
+
 def lone_tail(n: int, block: int) -> bool:
     """Whether n nodes in blocks of ``block`` leave one node alone in the last block (2^k + 1)."""
     return n > block and n % block == 1
@@ -113,7 +125,7 @@ def _capability(device: torch.device) -> int:
 class TreePlan:
     """What every DeltaNet layer of one verify pass shares about its tree (see the module docstring)."""
 
-    anc: Tensor  # [NP, NP] fp32 0/1: anc[i, j] = 1 iff j is an ancestor-or-self of i (NP = blocks * block)
+    anc: Tensor  # [NP, NP] int8 0/1: anc[i, j] = 1 iff j is an ancestor-or-self of i (NP = blocks * block)
     blocks: Tensor  # [NB, NB] int32: 1 iff node block i has an ancestor in node block c
     steps: Tensor  # [NB] int32: squarings of diagonal block i's solve
     windows: Tensor  # [N, K] int32: hist rows of each node's conv window, oldest first
@@ -131,7 +143,7 @@ def _plan_kernel(PARENTS, DEPTH, ANC, WINDOWS, stride_anc, KERNEL: tl.constexpr)
     node = tl.program_id(0)
     cur = node.to(tl.int32)
     for _ in range(tl.load(DEPTH + node).to(tl.int32) + 1):
-        tl.store(ANC + node * stride_anc + cur, 1.0)
+        tl.store(ANC + node * stride_anc + cur, 1)
         cur = tl.load(PARENTS + tl.maximum(cur, 0)).to(tl.int32)
     # window: the node, then its K - 1 nearest ancestors, then the cached conv rows above the root
     cur = node.to(tl.int32)
@@ -156,7 +168,7 @@ def tree_plan(parents: Tensor, depth: Tensor, kernel: int, block: int | None = N
     block = block or node_block(n, _capability(parents.device))
     nb = cdiv(n, block)
     np_ = nb * block
-    anc = torch.zeros(np_, np_, device=parents.device, dtype=torch.float32)
+    anc = torch.zeros(np_, np_, device=parents.device, dtype=torch.int8)
     windows = torch.empty(n, kernel, device=parents.device, dtype=torch.int32)
     _plan_kernel[(n,)](parents, depth, anc, windows, anc.stride(0), KERNEL=kernel, num_warps=1)
     tiles = anc.view(nb, block, nb, block)
@@ -249,7 +261,7 @@ def _path_sums(ANC, G, h, nodes, n_nodes, last_block, stride_anc, HV: tl.constex
         cols = jb * BLOCK_T + tl.arange(0, BLOCK_T)
         g = tl.load(G + cols * HV + h, mask=cols < n_nodes, other=0.0)
         anc = tl.load(ANC + nodes[:, None] * stride_anc + cols[None, :])
-        acc += tl.sum(anc * g[None, :], 1)
+        acc += tl.sum(tl.where(anc != 0, g[None, :], 0.0), 1)
     return acc
 
 
@@ -342,11 +354,11 @@ def _tree_blocks_kernel(
     decay = tl.where(anc > 0, tl.exp(g_r[:, None] - g_c[None, :]), 0.0)
     tile = h * stride_anc * stride_anc + rows[:, None] * stride_anc + cols[None, :]
     qk = _products(Q, K, rows, cols, r_ok, c_ok, HK * DK, DK, BLOCK_K, PRECISION)
-    tl.store(P + tile, qk * decay)
+    tl.store(P + tile, (qk * decay).to(P.dtype.element_ty))
     beta = tl.load(BETA + rows * HV + h, mask=r_ok, other=0.0)
     a = beta[:, None] * _products(K, K, rows, cols, r_ok, c_ok, HK * DK, DK, BLOCK_K, PRECISION) * decay
     if c < i:
-        tl.store(A + tile, a)
+        tl.store(A + tile, a.to(A.dtype.element_ty))
     else:
         eye = rows[:, None] == cols[None, :]
         x = tl.where(eye, 0.0, -a)  # -A_ii, strictly lower in node order
@@ -419,32 +431,27 @@ def _tree_solve_kernel(
                     other=0.0,
                 )
                 tile = rows[:, None] * stride_anc + cols[None, :]
-                rhs -= dot(tl.load(A + tile), dc, PRECISION)
-                out += dot(tl.load(P + tile), dc, PRECISION)
+                rhs -= dot(tl.load(A + tile).to(tl.float32), dc, PRECISION)
+                out += dot(tl.load(P + tile).to(tl.float32), dc, PRECISION)
         inv = tl.load(INV + ((h * n_blocks + i) * BLOCK_T + local[:, None]) * BLOCK_T + local[None, :])
         d = dot(inv, rhs, PRECISION)
-        out += dot(tl.load(P + rows[:, None] * stride_anc + rows[None, :]), d, PRECISION)
+        out += dot(tl.load(P + rows[:, None] * stride_anc + rows[None, :]).to(tl.float32), d, PRECISION)
         tl.store(D + rows[:, None] * DV + vcol[None, :], d, mask=mask)
         tl.store(OUT + (rows[:, None] * HV + h) * DV + vcol[None, :], out.to(OUT.dtype.element_ty), mask=mask)
         tl.debug_barrier()  # this block's D is read back by the later blocks
-    if TAIL:  # the lone last node as a block, its row repeated over a matmul's least height (16); its
-        # diagonal block is 1, and its row of A and P is masked off the blocks without its ancestors
-        t = tl.full([16], n_nodes - 1, tl.int32)
-        d_tail = tl.load(R + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-        out_tail = tl.load(O0 + t[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+    if TAIL:  # the lone last node, a row against the blocks that hold its ancestors (its diagonal is 1)
+        t = n_nodes - 1
+        d_tail = tl.load(R + t * DV + vcol, mask=v_ok, other=0.0)
+        out_tail = tl.load(O0 + t * DV + vcol, mask=v_ok, other=0.0)
         for c in range(steps):
-            cols = c * BLOCK_T + local
-            tile = t[:, None] * stride_anc + cols[None, :]
-            linked = (tl.zeros_like(tile) + tl.load(BLOCKS + steps * n_blocks + c)) != 0
-            dc = tl.load(D + cols[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
-            d_tail -= dot(tl.load(A + tile, mask=linked, other=0.0), dc, PRECISION)
-            out_tail += dot(tl.load(P + tile, mask=linked, other=0.0), dc, PRECISION)
-        out_tail += tl.load(P + t * stride_anc + t)[:, None] * d_tail
-        once = (tl.arange(0, 16) == 0)[:, None] & v_ok[None, :]
-        tl.store(D + t[:, None] * DV + vcol[None, :], d_tail, mask=once)
-        tl.store(
-            OUT + (t[:, None] * HV + h) * DV + vcol[None, :], out_tail.to(OUT.dtype.element_ty), mask=once
-        )
+            if tl.load(BLOCKS + steps * n_blocks + c) != 0:
+                cols = c * BLOCK_T + local
+                dc = tl.load(D + cols[:, None] * DV + vcol[None, :], mask=v_ok[None, :], other=0.0)
+                d_tail -= tl.sum(tl.load(A + t * stride_anc + cols).to(tl.float32)[:, None] * dc, 0)
+                out_tail += tl.sum(tl.load(P + t * stride_anc + cols).to(tl.float32)[:, None] * dc, 0)
+        out_tail += tl.load(P + t * stride_anc + t).to(tl.float32) * d_tail
+        tl.store(D + t * DV + vcol, d_tail, mask=v_ok)
+        tl.store(OUT + (t * HV + h) * DV + vcol, out_tail.to(OUT.dtype.element_ty), mask=v_ok)
 
 
 def gdn_tree(
@@ -564,7 +571,7 @@ def _launch(
     hv, dv = v.shape[-2:]
     parts = 1 if slots is None else slots.shape[0]
     block, n_blocks, stride = plan.block, plan.blocks.shape[-1], plan.anc.shape[-1]
-    a = torch.empty(parts, hv, stride, stride, device=q.device, dtype=torch.float32)
+    a = torch.empty(parts, hv, stride, stride, device=q.device, dtype=scratch_dtype(q.dtype))
     p = torch.empty_like(a)
     inv = torch.empty(parts, hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
     r = torch.empty(parts, hv, stride, dv, device=q.device, dtype=torch.float32)
