@@ -43,9 +43,9 @@ earlier blocks that hold its ancestors (read back from the D it stored), applies
 gathers o_i = O0_i + sum_c P[i, c] D_c. A verify tree has 2^k + 1 nodes (the root and a budget of
 2^k), so whole blocks would leave the last node alone in a block step of its own (5 steps for 257
 nodes in 64-node blocks, 2 for 65). That lone node is a leaf (nothing depends on it), so it rides
-along as the solve's **tail** instead: after the last full block, its row (a row-vector product,
-not a matmul tile) against the blocks that hold its ancestors, with no squarings (its diagonal block is 1); the
-plan says ``tail``. Measured on the H200 (Qwen3.6-27B's 48 value heads, graph-timed per layer)
+along as the solve's **tail** instead: after the last full block, its row against the blocks that
+hold its ancestors (row-vector products, not a matmul tile), with no squarings (its diagonal block
+is 1); the plan says ``tail``. Measured on the H200 (Qwen3.6-27B's 48 value heads, graph-timed per layer)
 against the schedule before these two (the state products inside the solve's steps, the lone node a
 step of its own): 257 nodes 84.3 -> 75.3 µs (fla's chunked chain over 257 tokens: 59.6), 65 nodes
 35.5 -> 31.1; 17 nodes, one block and no tail, 19.1 -> 19.5.
