@@ -10,7 +10,8 @@ of two shapes, measures the ceilings in the same run, and times:
   with a 27B-shaped drafter (5 layers [S, S, S, S, F], window 2048, 32/8 heads, block 16).
 
 Rows: the `ar` step, the `dflash` round and `ddtree` rounds at each budget, at each context (wall
-time per round of `Engine.generate`: the replayed graph plus the one host sync), as a ratio to its
+time per round of `Engine.generate`: the replayed graph plus the one host sync; beside it the same
+graph replayed back to back, the round's GPU time alone), as a ratio to its
 floor (`ddtree_runtime/roofline.py`) and to the `ar` step; peak memory per context; at 4096 (or the
 first context) the prefill against its compute floor, the verify pass of 257 nodes alone (one
 graph) and the per-phase split of the largest budget's round. `--projection` runs the `ar` step and
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddtree_runtime.config import DFlashConfig, Qwen3_5Config, Qwen3Config
 from ddtree_runtime.engine import Engine
-from ddtree_runtime.graphs import RoundGraphs
+from ddtree_runtime.graphs import RoundGraphs, key_bound
 from ddtree_runtime.models.dflash import DFlashDrafter
 from ddtree_runtime.models.qwen3 import Qwen3
 from ddtree_runtime.models.qwen3_5 import Qwen3_5
@@ -51,6 +52,9 @@ from ddtree_runtime.roofline import (
     phase_times_s,
     round_floor_s,
 )
+from specops_contract import verify_rows
+
+REPLAYS = 10  # replays of each round's graph timed back to back after its `generate`
 
 QWEN3_8B = {
     "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
@@ -151,6 +155,28 @@ class Clock:
         return sorted(times)[1]
 
 
+def round_key(engine: Engine, mode: str, budget: int, reps: int) -> tuple[str, int, int]:
+    """The graph key of the engine's next `reps` rounds from where its last `generate` stopped (each
+    round may add up to a block and its bonus to the context)."""
+    rows = verify_rows(mode, engine.buffers.feats.shape[0], budget)
+    needed = int(engine.buffers.ctx) + rows + reps * (engine.buffers.feats.shape[0] + 1)
+    key = (mode, budget, key_bound(needed, engine.max_context, bucketed=True))
+    assert engine.graphs is not None and key in engine.graphs, f"no graph {key}"
+    return key
+
+
+def replay_ms(engine: Engine, key: tuple[str, int, int], reps: int) -> float:
+    """ms per replay of the round graph `key`, `reps` back to back: the round's GPU time with no host
+    turnaround between rounds, which `generate`'s wall time per round adds."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        engine.graphs.replay(key)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 @torch.inference_mode()
 def verify_pass_ms(engine: Engine, clock: Clock, context: int, nodes: int) -> float:
     """The target's forward over a random `nodes`-node tree at `context`, one graph, median."""
@@ -204,6 +230,9 @@ def measure_context(
         floor = round_floor_s(ceil, tcfg, dcfg, mode, budget, context, head_elem(engine))
         floor_ms = 1e3 * (floor["target"] + floor["drafter"])
         ar_ms = wall_ms if mode == "ar" else ar_ms
+        replay = None
+        if engine.graphs is not None:
+            replay = replay_ms(engine, round_key(engine, mode, budget, REPLAYS), REPLAYS)
         row = {
             "context": context,
             "mode": mode,
@@ -211,6 +240,7 @@ def measure_context(
             "rounds": res.rounds,
             "tau": round(res.mean_accepted, 2),
             "round_ms": round(wall_ms, 3),
+            "replay_ms": None if replay is None else round(replay, 3),
             "floor_ms": round(floor_ms, 3),
             "ratio": round(wall_ms / floor_ms, 2),
             "x_ar_step": round(wall_ms / ar_ms, 2),
@@ -340,12 +370,14 @@ def main() -> None:
     projected = projection(engine, ceil, context, budgets, args.new_tokens, rows) if args.projection else []
 
     print(
-        f"\n{'context':>7} {'mode':7} {'B':>4} {'round ms':>9} {'floor ms':>9} {'ratio':>6} {'x ar':>6} {'peak GiB':>8}"
+        f"\n{'context':>7} {'mode':7} {'B':>4} {'round ms':>9} {'replay ms':>9} {'floor ms':>9} {'ratio':>6} "
+        f"{'x ar':>6} {'peak GiB':>8}"
     )
     for r in rows:
+        replay = "-" if r["replay_ms"] is None else f"{r['replay_ms']:.3f}"
         print(
-            f"{r['context']:>7} {r['mode']:7} {r['budget'] or '':>4} {r['round_ms']:>9.3f} {r['floor_ms']:>9.3f} "
-            f"{r['ratio']:>6.2f} {r['x_ar_step']:>6.2f} {r['peak_gib']:>8.2f}"
+            f"{r['context']:>7} {r['mode']:7} {r['budget'] or '':>4} {r['round_ms']:>9.3f} {replay:>9} "
+            f"{r['floor_ms']:>9.3f} {r['ratio']:>6.2f} {r['x_ar_step']:>6.2f} {r['peak_gib']:>8.2f}"
         )
     print(
         f"prefill {context}: {1e3 * prefill_s:.1f} ms (floor {1e3 * prefill_floor:.1f}, {summary['prefill_ratio']}x); "
@@ -368,12 +400,12 @@ def append_results(
         f"`python benchmarks/roofline.py --shape {args.shape} --contexts {args.contexts} --budgets {args.budgets}"
         f"{' --projection' if args.projection else ''}`; ceilings copy {summary['copy_tb_s']} TB/s, matmul "
         f"{summary['matmul_tflop_s']:.0f} TFLOP/s; weights {summary['weights_gib']} GiB; warm-up {summary['warmup_s']} s.\n",
-        "| context | mode | B | round ms | floor ms | ratio | × ar step | peak GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| context | mode | B | round ms | replay ms | floor ms | ratio | × ar step | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['context']} | {r['mode']} | {r['budget'] or ''} | {r['round_ms']} | {r['floor_ms']} | {r['ratio']} | "
-        f"{r['x_ar_step']} | {r['peak_gib']} |"
+        f"| {r['context']} | {r['mode']} | {r['budget'] or ''} | {r['round_ms']} | {r['replay_ms'] or '-'} | "
+        f"{r['floor_ms']} | {r['ratio']} | {r['x_ar_step']} | {r['peak_gib']} |"
         for r in rows
     ]
     lines.append(f"\nSummary: `{json.dumps(summary)}`\n")
