@@ -765,7 +765,7 @@ def gdn_specs(cc: int) -> list[Spec]:
             n_blocks=blocks,
             stride_anc=pad,
         )
-        a = _empty(p, GDN_HV, pad, pad, dtype=gdn_tree.scratch_dtype(bf16))
+        a = _empty(p, GDN_HV, pad, pad, dtype=bf16)  # A and P in the model's dtype
         inv = _empty(p, GDN_HV, blocks, block_t, block_t)
         r = _empty(p, GDN_HV, pad, GDN_D)
         shapes = dict(**GDN_HEADS, BLOCK_K=32, BLOCK_T=block_t, PRECISION=0)

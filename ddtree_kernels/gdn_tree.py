@@ -61,12 +61,12 @@ columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on
 kernel's whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
 the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
 key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The blocks A and P that the first
-kernel hands the second are stored in a 16-bit model's dtype (``scratch_dtype``), the inverses and
-the blocks against the state in fp32: the solve reads every block once per value block, and on the
-H100 (27B layer, 257 nodes, graph-timed, with the tail below as a row) the pair took 58.9 µs a layer
-against 66.0 with fp32 blocks, an fp32 ancestor matrix and a 16-row tail, for an error against fp64
-of 1.88e-3 against 1.76e-3. The outputs come with the
-corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
+kernel hands the second are stored in the model's dtype (a 16-bit model's, as fla keeps its inverted
+blocks in bf16; an fp32 model stays exact), the inverses and the blocks against the state in fp32:
+the solve reads every block once per value block, and on the H100 (27B layer, 257 nodes,
+graph-timed, with the tail below as a row) the pair took 58.9 µs a layer against 66.0 with fp32
+blocks, an fp32 ancestor matrix and a 16-row tail, for an error against fp64 of 1.88e-3 against
+1.76e-3. The outputs come with the corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
 follows with no second pass:
 
     S_new = exp(G_last) S0 + sum_a exp(G_last - G_{p_a}) k_{p_a} d_{p_a}^T    (gdn_commit.py)
@@ -99,13 +99,6 @@ def node_block(n: int, cc: int) -> int:
     65-node tree in 32-node blocks took 26.1 µs a layer against 31.3 in 64-node ones (257 nodes:
     94.3 against 74.8)."""
     return 16 if n <= 16 else 32 if n <= 128 or cc // 10 != 9 else 64
-
-
-def scratch_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the off-diagonal blocks A and P between the two kernels: a 16-bit model's own
-    (the solve reads each block once per value block, and fla keeps its inverted blocks in bf16 too;
-    the inverses, right-hand sides and D stay fp32); fp32 for an fp32 model, which must stay exact."""
-    return torch.float32 if dtype == torch.float32 else dtype
 
 
 def lone_tail(n: int, block: int) -> bool:
@@ -571,7 +564,7 @@ def _launch(
     hv, dv = v.shape[-2:]
     parts = 1 if slots is None else slots.shape[0]
     block, n_blocks, stride = plan.block, plan.blocks.shape[-1], plan.anc.shape[-1]
-    a = torch.empty(parts, hv, stride, stride, device=q.device, dtype=scratch_dtype(q.dtype))
+    a = torch.empty(parts, hv, stride, stride, device=q.device, dtype=q.dtype)  # the model's
     p = torch.empty_like(a)
     inv = torch.empty(parts, hv, n_blocks, block, block, device=q.device, dtype=torch.float32)
     r = torch.empty(parts, hv, stride, dv, device=q.device, dtype=torch.float32)
