@@ -56,18 +56,19 @@ inputs, plan and scratch at its own index, and its cached state (and stages its 
 sequence's cache slot, read on the device. A batched round then costs one launch pair per layer
 whatever the number of sequences, instead of a pair per sequence.
 
-The path sums G = anc @ g come out of the first kernel too: each program sums its rows' and
-columns' ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first
-kernel's whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for the q.k terms of a bf16 model, tf32 for the state and
-the solve; true fp32 for an fp32 model, which must stay exact), computed in BLOCK_K slices of the
-key dimension so that no program holds a whole [BLOCK_T, Dk] tile. The blocks A and P that the first
-kernel hands the second are stored in the model's dtype (a 16-bit model's, as fla keeps its inverted
-blocks in bf16; an fp32 model stays exact), the inverses and the blocks against the state in fp32:
-the solve reads every block once per value block, and on the H100 (27B layer, 257 nodes,
-graph-timed, with the tail below as a row) the pair took 58.9 µs a layer against 66.0 with fp32
-blocks, an fp32 ancestor matrix and a 16-row tail, for an error against fp64 of 1.88e-3 against
-1.76e-3. The outputs come with the corrections d and the path sums G, from which the state after an accepted path p_0..p_{n-1}
-follows with no second pass:
+The path sums G = anc @ g come out of the first kernel too: each program sums its rows' and columns'
+ancestors in fp32 (an fp32 GEMM launch of its own cost 8 µs a layer on the H200, the first kernel's
+whole run 13), and the diagonal programs store them. Every product is a tensor-core matmul (bf16 for
+the q.k terms of a bf16 model, tf32 for the state and the solve; true fp32 for an fp32 model, which
+must stay exact), computed in BLOCK_K slices of the key dimension so that no program holds a whole
+[BLOCK_T, Dk] tile. The blocks A and P that the first kernel hands the second are stored in the
+model's dtype (a 16-bit model's, as fla keeps its inverted blocks in bf16; an fp32 model stays
+exact), the inverses and the blocks against the state in fp32: the solve reads every block once per
+value block, and on the H100 (27B layer, 257 nodes, graph-timed, with the tail above as a row) the
+pair took 58.9 µs a layer against 66.0 with fp32 blocks, an fp32 ancestor matrix and a 16-row tail,
+for an error against fp64 of 1.88e-3 against 1.76e-3. The outputs come with the corrections d and
+the path sums G, from which the state after an accepted path p_0..p_{n-1} follows with no second
+pass:
 
     S_new = exp(G_last) S0 + sum_a exp(G_last - G_{p_a}) k_{p_a} d_{p_a}^T    (gdn_commit.py)
 """
