@@ -10,7 +10,9 @@ This module is the machinery: a ``Spec`` (one launch), compiling it for a target
 cubin, the checks and the table. What is compiled, each kernel's launch at the model's shapes, is
 ``ddtree_kernels/aot_specs.py``.
 
-``python -m ddtree_kernels.aot --write`` regenerates ``ddtree_kernels/ARCH.md``.
+``python -m ddtree_kernels.aot --write`` regenerates ``ddtree_kernels/ARCH.md``; ``--loops KEY`` prints
+what each loop of the matching specs' SASS issues (the instruction mix of one trip), which is how a
+kernel change can be judged where no GPU is lent.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -151,19 +154,26 @@ def _cuobjdump() -> str | None:
         return None
 
 
-def read_cubin(cubin: bytes) -> dict[str, Any]:
-    """Registers, stack, spill ops and matrix-instruction counts from ``cuobjdump`` ({} without it)."""
+def _cuobjdump_text(cubin: bytes, flag: str) -> str:
     tool = _cuobjdump()
-    if tool is None:
-        return {}
+    assert tool is not None, "callers check _cuobjdump() first"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run(
-            [tool, "-res-usage", f.name], capture_output=True, text=True, check=True
-        ).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+# one SASS instruction: its address, predicate, the opcode's first part (QGMMA of QGMMA.64x128x32...)
+# and its operands
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([^;]*);")
+
+
+def read_cubin(cubin: bytes) -> dict[str, Any]:
+    """Registers, stack, spill ops and matrix-instruction counts from ``cuobjdump`` ({} without it)."""
+    if _cuobjdump() is None:
+        return {}
+    usage = _cuobjdump_text(cubin, "-res-usage")
+    opcodes = [op for _, _, op, _ in _INSTRUCTION.findall(_cuobjdump_text(cubin, "-sass"))]
     return dict(
         registers=int(re.search(r"REG:(\d+)", usage).group(1)),
         stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
@@ -172,16 +182,35 @@ def read_cubin(cubin: bytes) -> dict[str, Any]:
     )
 
 
-def compile_spec(key: str) -> Compiled:
-    """Compile one spec (by key, so that worker processes can rebuild it) and read its cubin."""
-    spec = _specs()[key]
+def _compile(spec: Spec) -> Any:
     with contextlib.redirect_stdout(io.StringIO()):  # TRITON_DUMP_PTXAS_LOG and friends
-        kernel = triton.compile(
+        return triton.compile(
             spec.source(),
             target=GPUTarget("cuda", spec.cc, 32),
             options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
         )
+
+
+def compile_spec(key: str) -> Compiled:
+    """Compile one spec (by key, so that worker processes can rebuild it) and read its cubin."""
+    kernel = _compile(_specs()[key])
     return Compiled(shared=kernel.metadata.shared, **read_cubin(kernel.asm["cubin"]))
+
+
+@contextlib.contextmanager
+def _compiler_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
+    """Fresh processes, which import the kernels compiled even where this one interprets them
+    (tests/kernels sets TRITON_INTERPRET=1 before our modules are imported)."""
+    interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            yield pool
+    finally:
+        if interpret is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = interpret
 
 
 def compile_all(keys: list[str] | None = None, workers: int | None = None) -> dict[str, Compiled]:
@@ -195,19 +224,8 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
         spec = _specs()[key]
         first.setdefault((spec.kernel, spec.case, spec.cc, spec.num_warps, spec.num_stages), key)
     unique = list(first.values())
-    workers = workers or min(4, os.cpu_count() or 1)
-    # fresh processes, which import the kernels compiled even where this one interprets them
-    # (tests/kernels sets TRITON_INTERPRET=1 before our modules are imported)
-    interpret = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "0"
-    try:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            done = dict(zip(unique, pool.map(compile_spec, unique), strict=True))
-    finally:
-        if interpret is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = interpret
+    with _compiler_pool(workers or min(4, os.cpu_count() or 1)) as pool:
+        done = dict(zip(unique, pool.map(compile_spec, unique), strict=True))
     return {
         key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]]
         for key, s in ((key, _specs()[key]) for key in keys)
@@ -228,6 +246,56 @@ def problems(spec: Spec, result: Compiled) -> list[str]:
             f"{result.stack} B stack) (fix: more warps or smaller tiles)"
         )
     return found
+
+
+# --- what a kernel's loops issue -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The instructions from a backward branch's target to the branch: one trip of a kernel loop (a
+    forward branch inside it may skip part, e.g. a conditional rescale)."""
+
+    start: int
+    end: int
+    opcodes: collections.Counter[str]
+
+    def summary(self, most: int = 14) -> str:
+        ops = ", ".join(f"{op} {n}" for op, n in self.opcodes.most_common(most))
+        return f"{self.start:#06x}-{self.end:#06x}: {self.opcodes.total()} instructions ({ops})"
+
+
+def loops(sass: str) -> list[Loop]:
+    """Every loop of a kernel's SASS: a predicated branch back to an earlier instruction (nested
+    loops each get their own; the outer one's counts include the inner body once). Left out: spin-
+    waits on a barrier (a branch to itself or the instruction before it) and the unconditional jump
+    from an out-of-line wait back into the loop that called it."""
+    found = _INSTRUCTION.findall(sass)
+    index = {int(address, 16): i for i, (address, _, _, _) in enumerate(found)}
+    out = []
+    for i, (address, predicate, op, operands) in enumerate(found):
+        target = re.search(r"0x([0-9a-f]+)", operands)
+        if op != "BRA" or not predicate or target is None:
+            continue
+        start = index.get(int(target.group(1), 16))
+        if start is not None and start < i - 1:
+            body = found[start : i + 1]
+            out.append(
+                Loop(int(body[0][0], 16), int(address, 16), collections.Counter(o for _, _, o, _ in body))
+            )
+    return out
+
+
+def _sass_of(key: str) -> str:
+    return _cuobjdump_text(_compile(_specs()[key]).asm["cubin"], "-sass")
+
+
+def spec_sass(key: str) -> str:
+    """The SASS of one compiled spec (needs Triton's cuobjdump), compiled in a fresh process."""
+    if _cuobjdump() is None:
+        raise RuntimeError("reading SASS needs cuobjdump (Triton's NVIDIA backend ships one)")
+    with _compiler_pool(1) as pool:
+        return pool.submit(_sass_of, key).result()
 
 
 # --- the committed table ---------------------------------------------------------------------------
@@ -284,13 +352,34 @@ def table(results: dict[str, Compiled]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def print_loops(part: str) -> int:
+    """``--loops``: for each spec whose key contains ``part``, its loops' instruction mix, so that a
+    kernel change can be read in the compiled code on a machine without a GPU."""
+    keys = [key for key in _specs() if part in key]
+    if not keys:
+        print(f"no spec key contains {part!r} (see ddtree_kernels/ARCH.md for the keys)")
+        return 1
+    for key in keys:
+        print(key)
+        for loop in loops(spec_sass(key)):
+            print(f"  {loop.summary()}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Compile every kernel for sm_90/100/120 and check the planner's configs."
     )
     parser.add_argument("--write", action="store_true", help=f"write the table to {ARCH_MD}")
     parser.add_argument("--workers", type=int, help="compile processes (default: cores, 4 at most)")
+    parser.add_argument(
+        "--loops",
+        metavar="KEY",
+        help="compile only the specs whose key contains KEY and print what each loop of their SASS issues",
+    )
     args = parser.parse_args(argv)
+    if args.loops is not None:
+        return print_loops(args.loops)
     results = compile_all(workers=args.workers)
     text = table(results)
     if args.write:

@@ -1,7 +1,7 @@
 """Every kernel compiled for sm_90, sm_100 and sm_120 on this CPU machine (ddtree_kernels/aot.py compiles
 the launches of ddtree_kernels/aot_specs.py): each config the planner (ddtree_kernels/arch.py) can choose fits its
-family's shared memory without spills, each architecture gets its own matrix instructions, and
-ddtree_kernels/ARCH.md lists what is compiled.
+family's shared memory without spills, each architecture gets its own matrix instructions,
+ddtree_kernels/ARCH.md lists what is compiled, and ``--loops`` shows what a kernel's loops issue.
 
 A cold run compiles ~60 launches (about a minute on 2 cores); Triton's cache makes reruns quick.
 """
@@ -88,3 +88,27 @@ def test_the_committed_table_is_current(compiled) -> None:
         assert text == aot.table(compiled), (
             "ddtree_kernels/ARCH.md is stale (fix: python -m ddtree_kernels.aot --write)"
         )
+
+
+def _fp8_gemm_key() -> str:
+    return next(k for k in aot_specs.specs() if k.startswith("fp8_gemm | T=65") and k.endswith("| sm_90"))
+
+
+@pytest.mark.slow
+def test_loops_show_what_one_trip_of_a_kernel_loop_issues() -> None:
+    """The FP8 GEMM on sm_90: its K loop issues four 64x128x32 wgmma products a 128-wide step, and the
+    last split's sum of the partials is a loop of its own; the out-of-line barrier waits are not loops."""
+    found = aot.loops(aot.spec_sass(_fp8_gemm_key()))
+    assert [loop.opcodes["QGMMA"] for loop in found] == [4, 0]
+    assert all(loop.start < loop.end and loop.opcodes["BRA"] >= 1 for loop in found)
+    assert "QGMMA 4" in found[0].summary()
+
+
+@pytest.mark.slow
+def test_the_loops_command_names_each_spec_and_refuses_a_key_it_does_not_know(capsys) -> None:
+    key = _fp8_gemm_key()
+    assert aot.main(["--loops", key]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == key and len(out) == 3 and all(line.startswith("  0x") for line in out[1:])
+    assert aot.main(["--loops", "no such kernel"]) == 1
+    assert "no spec key contains 'no such kernel'" in capsys.readouterr().out
