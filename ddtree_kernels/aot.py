@@ -290,12 +290,12 @@ def _sass_of(key: str) -> str:
     return _cuobjdump_text(_compile(_specs()[key]).asm["cubin"], "-sass")
 
 
-def spec_sass(key: str) -> str:
-    """The SASS of one compiled spec (needs Triton's cuobjdump), compiled in a fresh process."""
+def specs_sass(keys: list[str], workers: int | None = None) -> list[str]:
+    """The SASS of each spec (needs Triton's cuobjdump), compiled in one pool of fresh processes."""
     if _cuobjdump() is None:
         raise RuntimeError("reading SASS needs cuobjdump (Triton's NVIDIA backend ships one)")
-    with _compiler_pool(1) as pool:
-        return pool.submit(_sass_of, key).result()
+    with _compiler_pool(workers or min(4, os.cpu_count() or 1, len(keys))) as pool:
+        return list(pool.map(_sass_of, keys))
 
 
 # --- the committed table ---------------------------------------------------------------------------
@@ -352,16 +352,16 @@ def table(results: dict[str, Compiled]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def print_loops(part: str) -> int:
+def print_loops(part: str, workers: int | None = None) -> int:
     """``--loops``: for each spec whose key contains ``part``, its loops' instruction mix, so that a
     kernel change can be read in the compiled code on a machine without a GPU."""
     keys = [key for key in _specs() if part in key]
     if not keys:
         print(f"no spec key contains {part!r} (see ddtree_kernels/ARCH.md for the keys)")
         return 1
-    for key in keys:
+    for key, sass in zip(keys, specs_sass(keys, workers), strict=True):
         print(key)
-        for loop in loops(spec_sass(key)):
+        for loop in loops(sass):
             print(f"  {loop.summary()}")
     return 0
 
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.loops is not None:
-        return print_loops(args.loops)
+        return print_loops(args.loops, args.workers)
     results = compile_all(workers=args.workers)
     text = table(results)
     if args.write:

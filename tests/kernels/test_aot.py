@@ -98,7 +98,8 @@ def _fp8_gemm_key() -> str:
 def test_loops_show_what_one_trip_of_a_kernel_loop_issues() -> None:
     """The FP8 GEMM on sm_90: its K loop issues four 64x128x32 wgmma products a 128-wide step, and the
     last split's sum of the partials is a loop of its own; the out-of-line barrier waits are not loops."""
-    found = aot.loops(aot.spec_sass(_fp8_gemm_key()))
+    (sass,) = aot.specs_sass([_fp8_gemm_key()])
+    found = aot.loops(sass)
     assert [loop.opcodes["QGMMA"] for loop in found] == [4, 0]
     assert all(loop.start < loop.end and loop.opcodes["BRA"] >= 1 for loop in found)
     assert "QGMMA 4" in found[0].summary()
