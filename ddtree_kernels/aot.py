@@ -275,7 +275,9 @@ def loops(sass: str) -> list[Loop]:
     out = []
     for i, (address, predicate, op, operands) in enumerate(found):
         target = re.search(r"0x([0-9a-f]+)", operands)
-        if op != "BRA" or not predicate or target is None:
+        # the condition comes first (@!P0 BRA) or, from sm_100 on, as a uniform operand (BRA.U !UP0, ...)
+        conditional = predicate or re.match(r"\.U\s+!?UP\w+,", operands)
+        if op != "BRA" or not conditional or target is None:
             continue
         start = index.get(int(target.group(1), 16))
         if start is not None and start < i - 1:

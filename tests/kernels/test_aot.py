@@ -90,19 +90,25 @@ def test_the_committed_table_is_current(compiled) -> None:
         )
 
 
-def _fp8_gemm_key() -> str:
-    return next(k for k in aot_specs.specs() if k.startswith("fp8_gemm | T=65") and k.endswith("| sm_90"))
+def _fp8_gemm_key(target: str = "sm_90") -> str:
+    return next(k for k in aot_specs.specs() if k.startswith("fp8_gemm | T=65") and k.endswith(f"| {target}"))
 
 
 @pytest.mark.slow
-def test_loops_show_what_one_trip_of_a_kernel_loop_issues() -> None:
-    """The FP8 GEMM on sm_90: its K loop issues four 64x128x32 wgmma products a 128-wide step, and the
-    last split's sum of the partials is a loop of its own; the out-of-line barrier waits are not loops."""
-    (sass,) = aot.specs_sass([_fp8_gemm_key()])
+@pytest.mark.parametrize(
+    ("target", "matrix", "per_loop"), [("sm_90", "QGMMA", [4, 0]), ("sm_120", "QMMA", [32, 0])]
+)
+def test_loops_show_what_one_trip_of_a_kernel_loop_issues(
+    target: str, matrix: str, per_loop: list[int]
+) -> None:
+    """The FP8 GEMM's K loop issues one 128-wide K step of FP8 products (four 64x128x32 wgmma on sm_90,
+    32 mma.sync on sm_120, whose back edge is a uniform-predicate BRA.U), and the last split's sum of the
+    partials is a loop of its own; the out-of-line barrier waits are not loops."""
+    (sass,) = aot.specs_sass([_fp8_gemm_key(target)])
     found = aot.loops(sass)
-    assert [loop.opcodes["QGMMA"] for loop in found] == [4, 0]
+    assert [loop.opcodes[matrix] for loop in found] == per_loop
     assert all(loop.start < loop.end and loop.opcodes["BRA"] >= 1 for loop in found)
-    assert "QGMMA 4" in found[0].summary()
+    assert f"{matrix} {per_loop[0]}" in found[0].summary()
 
 
 @pytest.mark.slow
