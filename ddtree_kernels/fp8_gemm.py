@@ -9,19 +9,22 @@ row when the weight has per-channel scales, ``block_k >= K``):
     s_x[t, g] = max(|x[t, group g]|, 1e-10) / 448,    x8 = e4m3(x / s_x)   (round to nearest even)
     out[t, n] = sum_g s_x[t, g] * S_w[n // block_n, g] * sum_{k in g} x8[t, k] * W8[n, k]
 
-The inner sums are exact products of e4m3 values accumulated in fp32 by the tensor cores; the
-scales are applied once per group. ``_act_quant_kernel`` writes x8 and s_x (one program per row and
-group); ``_fp8_gemm_kernel`` then tiles ``[BLOCK_M, BLOCK_N]`` of the output and walks K in steps
-of whole groups (or, with per-row groups, accumulates the whole row unscaled and scales once at the
-end). Its e4m3 tiles come through TMA descriptors, which read rows and K past the ends as zeros:
-no per-element masks or addresses (the pointer-loaded kernel before it ran 1.07-1.75x slower at a
-B=64 tree's 65 rows on the H200). When the tiles leave SMs idle (a 5120-column projection at 65
-rows) K is split and each tile's last split sums the fp32 partials (``split_k.py``). Triton's warp
-specialization of the K loop (producer/consumer warp groups, so that the scaling need not wait on
-each step's product) did not pay on the H100: with Triton 3.6 it failed to compile or never
-returned, with Triton 3.9 it ran 1.4-1.6x slower on every 4-warp tile (benchmarks/RESULTS.md,
-2026-12-06). ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the same function for <= 16
-rows.
+The inner sums are exact products of e4m3 values accumulated in fp32 by the tensor cores; the scales are
+applied once per group. Where a tile's columns share one weight scale (a 128-column tile inside Qwen's
+128-row blocks), the two scales multiply once per row and each element takes one FMA: the per-column form
+broadcast the weight scales through shared memory behind a barrier, 245 SASS instructions a K step on
+sm_90 against 171 (on the H100: 2-3% off the 27B's verify projections, 9% off the 8B's at 257 rows).
+``_act_quant_kernel`` writes x8 and s_x (one program per row and group); ``_fp8_gemm_kernel`` then tiles
+``[BLOCK_M, BLOCK_N]`` of the output and walks K in steps of whole groups (or, with per-row groups,
+accumulates the whole row unscaled and scales once at the end). Its e4m3 tiles come through TMA
+descriptors, which read rows and K past the ends as zeros: no per-element masks or addresses (the
+pointer-loaded kernel before it ran 1.07-1.75x slower at a B=64 tree's 65 rows on the H200). When the
+tiles leave SMs idle (a 5120-column projection at 65 rows) K is split and each tile's last split sums the
+fp32 partials (``split_k.py``). Triton's warp specialization of the K loop (producer/consumer warp
+groups, so that the scaling need not wait on each step's product) did not pay on the H100: with Triton
+3.6 it failed to compile or never returned, with Triton 3.9 it ran 1.4-1.6x slower on every 4-warp tile
+(benchmarks/RESULTS.md, 2026-12-06). ``fp8_skinny`` (ddtree_kernels/fp8_skinny.py) computes the same
+function for <= 16 rows.
 
 The kernel that produces the activations can quantize them itself (``quantize_row``: the fused
 RMSNorm, SwiGLU and gated norm) and hand both wrappers a ``QuantizedRows``: then no ``act_quant``
@@ -159,6 +162,7 @@ def _fp8_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_K: tl.constexpr,
     PER_ROW: tl.constexpr,
+    TILE_SCALE: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -176,6 +180,7 @@ def _fp8_gemm_kernel(
     row_ok = rows < n_rows
     col_ok = cols < n_cols
     w_scale_row = W_SCALE + (cols // block_n) * stride_ws  # [BLOCK_N] pointers to each column's scales
+    w_scale_tile = W_SCALE + (pid_n * BLOCK_N // block_n) * stride_ws  # the tile's one row of scales
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     k0 = split * k_per_split
     for k in range(k0, k0 + k_per_split, BLOCK_K):
@@ -189,8 +194,12 @@ def _fp8_gemm_kernel(
                 # a split's last step may lie past K: read the last group's (finite) scales, x8 is 0
                 group = tl.minimum(kk // GROUP_K, (k_total - 1) // GROUP_K)
                 x_s = tl.load(X_SCALE + rows * stride_xs + group, mask=row_ok, other=0.0)
-                w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
-                acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
+                if TILE_SCALE:  # one weight scale for the whole tile: one FMA an element
+                    row_scale = x_s * tl.load(w_scale_tile + group)
+                    acc += dot(x8, tl.trans(w), PRECISION) * row_scale[:, None]
+                else:
+                    w_s = tl.load(w_scale_row + group, mask=col_ok, other=0.0)
+                    acc += dot(x8, tl.trans(w), PRECISION) * x_s[:, None] * w_s[None, :]
     if PER_ROW:
         x_s = tl.load(X_SCALE + rows * stride_xs, mask=row_ok, other=0.0)
         acc = acc * x_s[:, None] * tl.load(w_scale_row, mask=col_ok, other=0.0)[None, :]
@@ -332,6 +341,7 @@ def fp8_gemm(
         BLOCK_K=cfg.block_k,
         GROUP_K=group_k,
         PER_ROW=per_row,
+        TILE_SCALE=block[0] % cfg.block_n == 0,
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
         num_warps=cfg.num_warps,

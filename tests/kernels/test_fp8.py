@@ -95,6 +95,7 @@ def test_fp8_skinny(dtype, t, n, k, block, config) -> None:
         (33, 130, 208, (1, 208), GemmConfig(64, 32, 128, 4, 2, split_k=2)),  # per-channel, K split
         (40, 96, 256, (32, 32), GemmConfig(64, 32, 64, 4, 2)),  # two scale groups a step
         (65, 136, 384, (128, 128), GemmConfig(64, 64, 128, 4, 2, split_k=2)),  # a 65-row tree: two row tiles
+        (20, 96, 128, (32, 32), GemmConfig(16, 64, 32, 4, 2)),  # a tile across two rows of weight scales
     ],
 )
 def test_fp8_gemm(dtype, t, n, k, block, config) -> None:
