@@ -154,13 +154,17 @@ def _cuobjdump() -> str | None:
         return None
 
 
-def _cuobjdump_text(cubin: bytes, flag: str) -> str:
+def _cuobjdump_texts(cubin: bytes, *flags: str) -> list[str]:
+    """``cuobjdump``'s output for each flag, from one temporary copy of the cubin."""
     tool = _cuobjdump()
     assert tool is not None, "callers check _cuobjdump() first"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+        return [
+            subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+            for flag in flags
+        ]
 
 
 # one SASS instruction: its address, predicate, the opcode's first part (QGMMA of QGMMA.64x128x32...)
@@ -172,8 +176,8 @@ def read_cubin(cubin: bytes) -> dict[str, Any]:
     """Registers, stack, spill ops and matrix-instruction counts from ``cuobjdump`` ({} without it)."""
     if _cuobjdump() is None:
         return {}
-    usage = _cuobjdump_text(cubin, "-res-usage")
-    opcodes = [op for _, _, op, _ in _INSTRUCTION.findall(_cuobjdump_text(cubin, "-sass"))]
+    usage, sass = _cuobjdump_texts(cubin, "-res-usage", "-sass")
+    opcodes = [op for _, _, op, _ in _INSTRUCTION.findall(sass)]
     return dict(
         registers=int(re.search(r"REG:(\d+)", usage).group(1)),
         stack=int(re.search(r"STACK:(\d+)", usage).group(1)),
@@ -198,13 +202,15 @@ def compile_spec(key: str) -> Compiled:
 
 
 @contextlib.contextmanager
-def _compiler_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
-    """Fresh processes, which import the kernels compiled even where this one interprets them
-    (tests/kernels sets TRITON_INTERPRET=1 before our modules are imported)."""
+def _compiler_pool(workers: int | None, jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """Fresh processes (by default one per core, 4 at most, none idle for ``jobs`` compiles), which
+    import the kernels compiled even where this one interprets them (tests/kernels sets
+    TRITON_INTERPRET=1 before our modules are imported)."""
     interpret = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
     try:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        size = workers or min(4, os.cpu_count() or 1, jobs)
+        with ProcessPoolExecutor(size, mp_context=get_context("spawn")) as pool:
             yield pool
     finally:
         if interpret is None:
@@ -224,7 +230,7 @@ def compile_all(keys: list[str] | None = None, workers: int | None = None) -> di
         spec = _specs()[key]
         first.setdefault((spec.kernel, spec.case, spec.cc, spec.num_warps, spec.num_stages), key)
     unique = list(first.values())
-    with _compiler_pool(workers or min(4, os.cpu_count() or 1)) as pool:
+    with _compiler_pool(workers, len(unique)) as pool:
         done = dict(zip(unique, pool.map(compile_spec, unique), strict=True))
     return {
         key: done[first[(s.kernel, s.case, s.cc, s.num_warps, s.num_stages)]]
@@ -289,14 +295,15 @@ def loops(sass: str) -> list[Loop]:
 
 
 def _sass_of(key: str) -> str:
-    return _cuobjdump_text(_compile(_specs()[key]).asm["cubin"], "-sass")
+    (sass,) = _cuobjdump_texts(_compile(_specs()[key]).asm["cubin"], "-sass")
+    return sass
 
 
 def specs_sass(keys: list[str], workers: int | None = None) -> list[str]:
     """The SASS of each spec (needs Triton's cuobjdump), compiled in one pool of fresh processes."""
     if _cuobjdump() is None:
         raise RuntimeError("reading SASS needs cuobjdump (Triton's NVIDIA backend ships one)")
-    with _compiler_pool(workers or min(4, os.cpu_count() or 1, len(keys))) as pool:
+    with _compiler_pool(workers, len(keys)) as pool:
         return list(pool.map(_sass_of, keys))
 
 
