@@ -1187,7 +1187,7 @@ def _fp8_gemm_spec(cc: int, rows: int, n: int, k: int, block: tuple[int, int]) -
             BLOCK_K=cfg.block_k,
             GROUP_K=group_k,
             PER_ROW=per_row,
-            TILE_SCALE=block[0] % cfg.block_n == 0,
+            TILE_SCALE=fp8_gemm.shares_tile_scale(block, cfg),
             SPLIT=cfg.split_k > 1,
             PRECISION=0,
         ),

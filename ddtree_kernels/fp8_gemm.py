@@ -293,6 +293,12 @@ def gemm_config(rows: int, n: int, k: int, capability: tuple[int, int] | None, s
     return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, split)
 
 
+def shares_tile_scale(block: tuple[int, int], cfg: GemmConfig) -> bool:
+    """Whether each output tile's columns lie in one weight block, so that a K group has one weight
+    scale for the whole tile (the kernel's ``TILE_SCALE``: one FMA an element)."""
+    return block[0] % cfg.block_n == 0
+
+
 def fp8_gemm(
     x: Tensor | QuantizedRows,
     weight: Tensor,
@@ -341,7 +347,7 @@ def fp8_gemm(
         BLOCK_K=cfg.block_k,
         GROUP_K=group_k,
         PER_ROW=per_row,
-        TILE_SCALE=block[0] % cfg.block_n == 0,
+        TILE_SCALE=shares_tile_scale(block, cfg),
         SPLIT=cfg.split_k > 1,
         PRECISION=dot_precision(torch.float8_e4m3fn),
         num_warps=cfg.num_warps,
