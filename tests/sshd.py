@@ -194,6 +194,27 @@ class SshdHost:
                 os.kill(pid, signal.SIGKILL)
         self._proc.wait()
         self._proc = None
+        self._wait_refused()
+
+    def _wait_refused(self) -> None:
+        """Return once the port refuses connections. The kernel completes `_wait_ready`'s probe
+        before sshd accepts it, so on a busy machine the daemon may fork that connection's child
+        after `_descendants` looked. The child holds the listening socket until it closes it, and
+        a connection made meanwhile is accepted and then reset."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                with socket.create_connection((self.address, self.port), timeout=0.2):
+                    pass
+            except ConnectionRefusedError:
+                return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.address}:{self.port} still accepts {READY_TIMEOUT_S}s after sshd was killed"
+                )
+            time.sleep(0.01)
 
     def freeze(self) -> None:
         """SIGSTOP the daemon and every session it serves: TCP stays up, nothing answers (a stopped
